@@ -1,0 +1,25 @@
+# Two commands for a newcomer: `make demo` (set up + main job) and `make test`.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
+
+.PHONY: setup demo test lint
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# torch first, pinned: an unpinned torch pulls a CUDA build of several GB.
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[local,test]'
+	touch $@
+
+demo: setup
+	$(VENV)/bin/eagle-data demo
+
+test: setup
+	$(VENV)/bin/ruff check eagle_data eagle_data_tests benchmarks
+	$(VENV)/bin/pytest -q
+
+lint: setup
+	$(VENV)/bin/ruff check eagle_data eagle_data_tests benchmarks

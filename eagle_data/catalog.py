@@ -1,0 +1,157 @@
+"""The dataset catalog: validated settings read from `catalog.toml`, one entry per dataset.
+
+Adding a dataset is one `[datasets.<name>]` table in the TOML file; no code changes. A profile
+(`EAGLE_DATA_PROFILE=demo`) overlays settings on every entry, e.g. bundled samples and small shards.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tomllib
+from functools import cache
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+CATALOG_PATH = Path(__file__).with_name("catalog.toml")
+SAMPLES_DIR = Path(__file__).parent / "data" / "samples"
+PROFILE_ENV = "EAGLE_DATA_PROFILE"
+
+
+class CatalogError(ValueError):
+    """A catalog or dataset-name problem the user must fix; the message says what and how."""
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Adapter(_Frozen):
+    """Where a source row keeps its conversation.
+
+    Either `messages_field` (a list of turns with `role_key`/`content_key`) or a single-turn pair
+    `prompt_field`/`response_field`. `system_field` is an optional column holding a system prompt;
+    `id_field` an optional column with the source's own row id.
+    """
+
+    messages_field: str | None = None
+    role_key: str = "role"
+    content_key: str = "content"
+    prompt_field: str | None = None
+    response_field: str | None = None
+    system_field: str | None = None
+    id_field: str | None = None
+
+    @model_validator(mode="after")
+    def _one_layout(self) -> Adapter:
+        if (self.messages_field is None) == (self.prompt_field is None):
+            raise ValueError("set exactly one of messages_field or prompt_field")
+        return self
+
+
+class Generation(_Frozen):
+    """Sampling settings; part of the resume key (config hash)."""
+
+    max_tokens: int = Field(4096, gt=0)
+    temperature: float = Field(0.7, ge=0)
+    top_p: float = Field(0.95, gt=0, le=1)
+    thinking: bool = True
+
+
+class Checks(_Frozen):
+    """Quality thresholds (see quality.py for what each gates)."""
+
+    min_loss_tokens: int = 16
+    max_short_share: float = 0.01
+    max_same_loss_share: float = 0.20
+    max_repeat_share: float = 0.05
+    max_truncated_share: float = 0.05
+    max_failed_share: float = 0.02
+    max_length_shift: float = 0.50
+
+
+class DatasetSpec(_Frozen):
+    """One catalog entry with defaults and the active profile applied."""
+
+    name: str
+    title: str = ""
+    hub_id: str | None = None
+    config: str | None = None
+    split: str = "train"
+    source: str | None = None  # None: the hub; "sample": the bundled sample; else a local file path
+    adapter: Adapter
+    shard_size: int = Field(500, gt=0)
+    max_prompts: int = Field(100_000, gt=0)
+    max_prompt_chars: int = Field(32_000, gt=0)
+    regenerate: Literal["all", "first"] = "all"
+    max_turns: int = Field(8, gt=0)
+    token_budget: int = Field(0, ge=0)
+    cost_budget_usd: float = Field(0.0, ge=0)
+    target: str = "qwen3"
+    generation: Generation = Generation()
+    checks: Checks = Checks()
+
+    @property
+    def num_shards(self) -> int:
+        return math.ceil(self.max_prompts / self.shard_size)
+
+    @property
+    def partition_keys(self) -> list[str]:
+        return [shard_key(i) for i in range(self.num_shards)]
+
+    @property
+    def sample_path(self) -> Path:
+        return SAMPLES_DIR / f"{self.name}.jsonl"
+
+
+def shard_key(index: int) -> str:
+    """Partition key of shard `index`: zero-padded so keys sort in shard order."""
+    return f"{index:05d}"
+
+
+def shard_index(key: str) -> int:
+    return int(key)
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def load_catalog(path: Path = CATALOG_PATH, profile: str | None = None) -> dict[str, DatasetSpec]:
+    """Read and validate the catalog; `profile` defaults to $EAGLE_DATA_PROFILE."""
+    raw = tomllib.loads(path.read_text())
+    profile = os.environ.get(PROFILE_ENV, "") if profile is None else profile
+    profiles = raw.get("profiles", {})
+    if profile and profile not in profiles:
+        raise CatalogError(f"unknown profile {profile!r} in {PROFILE_ENV}; known: {', '.join(sorted(profiles))}")
+    overlay = profiles.get(profile, {}) if profile else {}
+    specs = {}
+    for name, entry in raw.get("datasets", {}).items():
+        merged = _merge(_merge(raw.get("defaults", {}), entry), overlay)
+        try:
+            specs[name] = DatasetSpec(name=name, **merged)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            raise CatalogError(f"catalog entry {name!r}: {where}: {first['msg']} (fix {path})") from exc
+    return specs
+
+
+@cache
+def catalog() -> dict[str, DatasetSpec]:
+    """The catalog as configured by the environment, read once per process."""
+    return load_catalog()
+
+
+def get_dataset(name: str) -> DatasetSpec:
+    specs = catalog()
+    if name not in specs:
+        raise CatalogError(
+            f"unknown dataset {name!r}; known: {', '.join(specs)} (add a [datasets.{name}] entry to {CATALOG_PATH})"
+        )
+    return specs[name]

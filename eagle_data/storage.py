@@ -1,0 +1,174 @@
+"""Parquet shards on a local folder or S3, written atomically, under one path scheme.
+
+Layout: `{root}/{dataset}/{asset}/{partition}.parquet`. A reader never sees a half-written shard:
+locally we write a temp file and `os.replace` it; on S3 a PUT is atomic by the protocol.
+The Dagster layer writes every partition itself (no IO manager): Dagster's UPath IO managers refuse
+single-run partition ranges, and dagster-polars breaks on polars 2.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+ROOT_ENV = "EAGLE_DATA_ROOT"
+DEFAULT_ROOT = "eagle-output"
+
+
+class StorageError(RuntimeError):
+    """A storage problem the user must fix; the message names the location and the fix."""
+
+
+def default_root() -> str:
+    """$EAGLE_DATA_ROOT, else ./eagle-output (absolute, so every process agrees)."""
+    root = os.environ.get(ROOT_ENV, "").strip() or DEFAULT_ROOT
+    return root if root.startswith("s3://") else str(Path(root).expanduser().resolve())
+
+
+class ShardStore:
+    """Reads and writes keys (relative paths) under a root that is a folder or `s3://bucket/prefix`."""
+
+    def __init__(self, root: str | None = None, s3_client_factory: Callable[[], Any] | None = None) -> None:
+        self.root = (root or default_root()).rstrip("/")
+        self._s3_factory = s3_client_factory
+        self._s3: Any = None
+        if self.is_s3:
+            bucket, _, prefix = self.root.removeprefix("s3://").partition("/")
+            if not bucket:
+                raise StorageError(f"{ROOT_ENV}={self.root!r} names no bucket; use s3://bucket/prefix")
+            self.bucket, self.prefix = bucket, prefix.strip("/")
+
+    @property
+    def is_s3(self) -> bool:
+        return self.root.startswith("s3://")
+
+    # ---- one path scheme -------------------------------------------------------------------------
+    @staticmethod
+    def shard_key(dataset: str, asset: str, partition: str) -> str:
+        return f"{dataset}/{asset}/{partition}.parquet"
+
+    def uri(self, key: str) -> str:
+        return f"{self.root}/{key}"
+
+    # ---- frames ----------------------------------------------------------------------------------
+    def write_frame(self, key: str, frame: pl.DataFrame) -> str:
+        buf = io.BytesIO()
+        frame.write_parquet(buf, compression="zstd", statistics=True)
+        return self.write_bytes(key, buf.getvalue())
+
+    def read_frame(self, key: str) -> pl.DataFrame:
+        return pl.read_parquet(io.BytesIO(self.read_bytes(key)))
+
+    def write_shard(self, dataset: str, asset: str, partition: str, frame: pl.DataFrame) -> str:
+        return self.write_frame(self.shard_key(dataset, asset, partition), frame)
+
+    def read_shard(self, dataset: str, asset: str, partition: str) -> pl.DataFrame:
+        key = self.shard_key(dataset, asset, partition)
+        if not self.exists(key):
+            raise StorageError(
+                f"{self.uri(key)} does not exist: materialize {asset if asset != dataset else dataset} "
+                f"partition {partition} first"
+            )
+        return self.read_frame(key)
+
+    def shard_exists(self, dataset: str, asset: str, partition: str) -> bool:
+        return self.exists(self.shard_key(dataset, asset, partition))
+
+    # ---- bytes -----------------------------------------------------------------------------------
+    def write_bytes(self, key: str, data: bytes) -> str:
+        if self.is_s3:
+            self._client().put_object(Bucket=self.bucket, Key=self._s3_key(key), Body=data)
+        else:
+            path = Path(self.root, key)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+            try:
+                with os.fdopen(fd, "wb") as fh:
+                    fh.write(data)
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                os.replace(tmp, path)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+        return self.uri(key)
+
+    def read_bytes(self, key: str) -> bytes:
+        if self.is_s3:
+            return self._client().get_object(Bucket=self.bucket, Key=self._s3_key(key))["Body"].read()
+        return Path(self.root, key).read_bytes()
+
+    def exists(self, key: str) -> bool:
+        if self.is_s3:
+            from botocore.exceptions import ClientError
+
+            try:
+                self._client().head_object(Bucket=self.bucket, Key=self._s3_key(key))
+            except ClientError as exc:
+                if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                    return False
+                raise
+            return True
+        return Path(self.root, key).is_file()
+
+    def list(self, prefix: str) -> list[str]:
+        """Keys under `prefix` (a folder-like key), sorted."""
+        if self.is_s3:
+            pages = self._client().get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=self._s3_key(prefix.rstrip("/") + "/")
+            )
+            cut = len(self.prefix) + 1 if self.prefix else 0
+            return sorted(obj["Key"][cut:] for page in pages for obj in page.get("Contents", []))
+        base = Path(self.root, prefix)
+        if not base.is_dir():
+            return []
+        return sorted(
+            str(p.relative_to(self.root)) for p in base.rglob("*") if p.is_file() and not p.name.startswith(".")
+        )
+
+    def delete(self, key: str) -> None:
+        if self.is_s3:
+            self._client().delete_object(Bucket=self.bucket, Key=self._s3_key(key))
+        else:
+            Path(self.root, key).unlink(missing_ok=True)
+
+    # ---- S3 plumbing -----------------------------------------------------------------------------
+    def _s3_key(self, key: str) -> str:
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def _client(self) -> Any:
+        if self._s3 is None:
+            if self._s3_factory is not None:
+                client = self._s3_factory()
+            else:
+                import boto3
+
+                client = boto3.client("s3")
+            self._check_bucket(client)
+            self._s3 = client
+        return self._s3
+
+    def _check_bucket(self, client: Any) -> None:
+        from botocore.exceptions import ClientError, EndpointConnectionError
+
+        endpoint = client.meta.endpoint_url
+        try:
+            client.head_bucket(Bucket=self.bucket)
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code", "")
+            if code in ("404", "NoSuchBucket", "NotFound"):
+                raise StorageError(
+                    f"S3 bucket {self.bucket!r} does not exist at {endpoint}: create it, or point {ROOT_ENV} "
+                    "at an existing bucket"
+                ) from None
+            raise StorageError(f"S3 bucket {self.bucket!r} at {endpoint}: {code} ({exc}); check credentials") from None
+        except EndpointConnectionError:
+            raise StorageError(
+                f"cannot reach the S3 endpoint {endpoint}: start it or fix AWS_ENDPOINT_URL"
+            ) from None

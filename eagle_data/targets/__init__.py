@@ -1,0 +1,1 @@
+"""Target-model profiles: tokenizers, chat formats, token ids and loss masks."""

@@ -1,0 +1,108 @@
+"""Result types, the engine interface and the retryable/fatal error split shared by every room.
+
+Kept tiny and dependency-free on purpose: engines, the runner, targets and the Dagster layer all
+import from here, and nothing here imports them back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, TypedDict
+
+Role = Literal["system", "user", "assistant"]
+Status = Literal["ok", "truncated", "failed", "skipped_budget"]
+
+
+class Message(TypedDict, total=False):
+    """One chat turn. `reasoning` is set only on regenerated assistant turns."""
+
+    role: Role
+    content: str
+    reasoning: str
+    output_ids: list[int]  # the model's own tokens for this turn, when the engine returns them
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One engine reply to one conversation prefix (the next assistant turn)."""
+
+    content: str
+    reasoning: str = ""
+    finish_reason: str = "stop"  # "stop" | "length" | engine-specific
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    reasoning_tokens: int = 0
+    cost_usd: float = 0.0
+    provider: str = ""
+    output_ids: list[int] | None = None  # the model's own tokens, when the engine returns them
+
+    @property
+    def truncated(self) -> bool:
+        return self.finish_reason == "length"
+
+
+class EngineError(Exception):
+    """An engine call failed. `kind` is a short label used in error counts (e.g. "http_429")."""
+
+    def __init__(self, message: str, *, kind: str = "error") -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class RetryableError(EngineError):
+    """Worth another attempt: rate limits, 5xx, timeouts, resets, errors inside a 200 body."""
+
+    def __init__(
+        self, message: str, *, kind: str = "error", retry_after: float | None = None, throttle: bool = False
+    ) -> None:
+        super().__init__(message, kind=kind)
+        self.retry_after = retry_after
+        self.throttle = throttle  # the server asked us to slow down (429/503/402-in-flight)
+
+
+class FatalError(EngineError):
+    """Retrying cannot help (bad request, auth, budget the server will never grant)."""
+
+
+class Engine(Protocol):
+    """A generation backend: send a conversation, get the next assistant turn back."""
+
+    name: str  # "local" | "openai" | "openrouter" | "sglang"
+    model: str
+
+    def config(self) -> dict[str, Any]:
+        """Everything that changes the output (model, sampling, max tokens, reasoning, routing).
+
+        Hashed into `config_hash`, the resume key: never put secrets here.
+        """
+        ...
+
+    async def complete(self, messages: list[Message], *, prompt_id: str) -> Completion: ...
+
+    async def aclose(self) -> None: ...
+
+
+@dataclass
+class Generation:
+    """One row of the generation stage (DESIGN.md data contract)."""
+
+    prompt_id: str
+    dataset: str
+    config_hash: str
+    engine: str
+    model: str
+    status: Status
+    messages: list[Message] = field(default_factory=list)  # the conversation with regenerated replies
+    provider: str = ""
+    finish_reason: str = ""
+    reasoning: str = ""  # of the last regenerated turn
+    content: str = ""  # of the last regenerated turn
+    output_ids: list[int] | None = None  # of the last regenerated turn
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    reasoning_tokens: int = 0
+    cost_usd: float = 0.0
+    latency_s: float = 0.0
+    attempts: int = 0
+    error: str = ""
+    finished_at: float = 0.0  # unix seconds
