@@ -55,6 +55,7 @@ class Generation(_Frozen):
     """Sampling settings; part of the resume key (config hash)."""
 
     max_tokens: int = Field(4096, gt=0)
+    min_tokens: int = Field(0, ge=0)  # honoured by engines that support it (local, SGLang)
     temperature: float = Field(0.7, ge=0)
     top_p: float = Field(0.95, gt=0, le=1)
     thinking: bool = True
@@ -70,6 +71,7 @@ class Checks(_Frozen):
     max_truncated_share: float = 0.05
     max_failed_share: float = 0.02
     max_length_shift: float = 0.50
+    max_missing_reasoning_share: float = 0.01
 
 
 class DatasetSpec(_Frozen):

@@ -1,0 +1,16 @@
+"""The code location: `dagster dev -m eagle_data.definitions` or `dagster asset materialize -m ...`."""
+
+from __future__ import annotations
+
+import dagster as dg
+
+from eagle_data.catalog import catalog
+from eagle_data.defs.assets import build_dataset_assets
+from eagle_data.defs.resources import StorageResource, engine_from_env
+
+specs = list(catalog().values())
+
+defs = dg.Definitions(
+    assets=[asset for spec in specs for asset in build_dataset_assets(spec)],
+    resources={"storage": StorageResource(), "engine": engine_from_env()},
+)

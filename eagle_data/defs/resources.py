@@ -1,0 +1,57 @@
+"""Dagster resources: one per external system. Secrets arrive only through `dg.EnvVar`."""
+
+from __future__ import annotations
+
+import os
+
+import dagster as dg
+from dagster_aws.s3 import S3Resource
+from pydantic import Field
+
+from eagle_data.catalog import DatasetSpec
+from eagle_data.engines import make_engine
+from eagle_data.storage import ShardStore, default_root
+from eagle_data.types import Engine
+
+ENGINE_ENV = "EAGLE_DATA_ENGINE"
+
+
+class StorageResource(dg.ConfigurableResource):
+    """Where shards live: a local folder (default ./eagle-output) or s3://bucket/prefix."""
+
+    root: str = Field("", description="Folder or s3://bucket/prefix; empty: $EAGLE_DATA_ROOT or ./eagle-output.")
+    s3: S3Resource = Field(
+        default_factory=S3Resource,
+        description="S3 client settings (endpoint_url for MinIO); credentials from the AWS_* environment.",
+    )
+
+    def store(self) -> ShardStore:
+        return ShardStore(self.root or default_root(), s3_client_factory=self.s3.get_client)
+
+
+class EngineResource(dg.ConfigurableResource):
+    """The generation backend: the embedded local model, an OpenAI-compatible API, or an SGLang fleet."""
+
+    kind: str = Field("local", description="local | openai | openrouter | sglang")
+    model: str = Field("", description="Served model name; for `local` a checkpoint folder (default: the demo).")
+    base_url: str = Field("", description="API base URL (openai/openrouter), or comma-separated SGLang servers.")
+    api_key_env: str = Field("", description="Name of the environment variable holding the API key (never the key).")
+    timeout_s: float = Field(600.0, description="Per-request timeout.")
+    max_in_flight: int = Field(0, description="Ceiling of concurrent requests; 0: the engine's default.")
+
+    def make(self, spec: DatasetSpec) -> Engine:
+        settings = {"model": self.model, "base_url": self.base_url, "api_key_env": self.api_key_env}
+        return make_engine(
+            self.kind, timeout_s=self.timeout_s, **spec.generation.model_dump(), **{k: v for k, v in settings.items() if v}
+        )
+
+
+def engine_from_env() -> EngineResource:
+    """The engine the code location starts with: $EAGLE_DATA_ENGINE (default the embedded local model)."""
+    kind = os.environ.get(ENGINE_ENV, "local")
+    return EngineResource(
+        kind=kind,
+        model=os.environ.get("EAGLE_DATA_MODEL", ""),
+        base_url=os.environ.get("EAGLE_DATA_BASE_URL", ""),
+        api_key_env={"openrouter": "OPENROUTER_API_KEY", "openai": "OPENAI_API_KEY"}.get(kind, ""),
+    )

@@ -1,0 +1,118 @@
+"""The embedded demo checkpoint: a tiny random-weight Qwen3 model with the real Qwen3 vocabulary.
+
+It lets a newcomer run the whole pipeline with no API key, GPU or network. Its text is random word salad:
+real runs point the engine at OpenRouter or SGLang. Two weight tweaks keep the demo's data plausible for
+the quality gates: the output layer only ever prefers plain-ASCII tokens (so replies decode cleanly),
+and a constant residual feature drives the end-of-turn logit, so replies end after a few dozen tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+DEMO_MODEL_ENV = "EAGLE_DATA_DEMO_MODEL"
+DEMO_VERSION = "1"
+
+# ChatML with Qwen3's thinking blocks, written for this project (Qwen3's own template behaves the same way
+# for plain chat): reasoning is shown only on assistant turns after the last user message; with thinking
+# off the generation prompt carries an empty think block.
+CHAT_TEMPLATE = (
+    "{%- set ns = namespace(last_user=-1) -%}"
+    "{%- for m in messages -%}{%- if m.role == 'user' -%}{%- set ns.last_user = loop.index0 -%}{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- for m in messages -%}"
+    "{%- if m.role == 'assistant' -%}"
+    "{{- '<|im_start|>assistant\\n' -}}"
+    "{%- if loop.index0 > ns.last_user -%}"
+    "{{- '<think>\\n' + (m.reasoning_content or m.reasoning or '').strip('\\n') + '\\n</think>\\n\\n' -}}"
+    "{%- endif -%}"
+    "{{- m.content.lstrip('\\n') + '<|im_end|>\\n' -}}"
+    "{%- else -%}"
+    "{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' -}}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}"
+    "{%- if enable_thinking is defined and not enable_thinking -%}{{- '<think>\\n\\n</think>\\n\\n' -}}{%- endif -%}"
+    "{%- endif -%}"
+)
+
+
+def demo_model_path() -> Path:
+    default = Path.home() / ".cache" / "eagle-data" / f"demo-qwen3-v{DEMO_VERSION}"
+    return Path(os.environ.get(DEMO_MODEL_ENV, "") or default).expanduser()
+
+
+def ensure_demo_model(path: Path | None = None) -> Path:
+    """Build the demo checkpoint once (about 10 s, 60 MB); later calls reuse it."""
+    path = path or demo_model_path()
+    if not (path / "model.safetensors").is_file():
+        build_demo_model(path)
+    return path
+
+
+def _ascii_token_ids(tokenizer) -> list[int]:
+    """Ids of ordinary tokens made of printable ASCII (letters, digits, punctuation, spaces)."""
+    keep = []
+    for token, idx in tokenizer.get_vocab().items():
+        text = tokenizer.decode([idx])
+        if text and text.isascii() and text.isprintable() and token not in tokenizer.all_special_tokens:
+            keep.append(idx)
+    return sorted(keep)
+
+
+def build_demo_model(path: Path, *, seed: int = 0, eos_bias: float = 1.0, ascii_scale: float = 40.0) -> Path:
+    import torch
+    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+
+    from eagle_data.targets.vocab import qwen_tokenizer
+
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=qwen_tokenizer(),
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        chat_template=CHAT_TEMPLATE,
+        clean_up_tokenization_spaces=False,
+    )
+    torch.manual_seed(seed)
+    config = Qwen3Config(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=8192,
+        attention_bias=True,
+        tie_word_embeddings=False,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+    )
+    model = Qwen3ForCausalLM(config).eval()
+    eos = tokenizer.eos_token_id
+    with torch.no_grad():
+        # Feature 0 of the residual stream is held large by the last layer's output bias, so after the
+        # final norm it is nearly constant: the end-of-turn logit reads it, every other row ignores it.
+        model.model.layers[-1].self_attn.o_proj.bias.zero_()
+        model.model.layers[-1].self_attn.o_proj.bias[0] = 30.0
+        head = model.lm_head.weight
+        allowed = torch.tensor(_ascii_token_ids(tokenizer))
+        mask = torch.zeros(head.shape[0], dtype=torch.bool)
+        mask[allowed] = True
+        head[~mask] = 0.0
+        head[mask] = torch.randn(int(mask.sum()), head.shape[1]) * ascii_scale
+        head[:, 0] = 0.0
+        # Other tokens get logit 0 exactly, far below the ASCII rows' spread; end-of-turn gets a fixed logit.
+        head[~mask, 0] = -4.0
+        head[eos] = 0.0
+        head[eos, 0] = eos_bias
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    (path / "DEMO_MODEL.json").write_text(
+        json.dumps({"note": "random weights: generated text is meaningless", "version": DEMO_VERSION}, indent=1)
+    )
+    return path

@@ -1,0 +1,107 @@
+"""The embedded default engine: a transformers checkpoint generating in-process (CPU or GPU).
+
+Needs no key, server or network. Requests are queued onto one worker thread (torch already uses every
+core), each seeded from its prompt so a re-run reproduces the same text. It returns the model's own
+output ids, so training ids need no re-tokenization.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import threading
+from pathlib import Path
+from typing import Any
+
+from eagle_data.catalog import Generation
+from eagle_data.types import Completion, FatalError, Message
+
+
+class LocalEngine:
+    """In-process generation with `transformers` (extra `local`: torch)."""
+
+    name = "local"
+
+    def __init__(self, model_path: str | Path, generation: Generation, *, device: str = "cpu") -> None:
+        self.model_path = Path(model_path).expanduser()
+        if not (self.model_path / "config.json").is_file():
+            raise FatalError(
+                f"local engine: no checkpoint at {self.model_path}; run `eagle-data demo-model` to build the demo "
+                "checkpoint, or set EAGLE_DATA_LOCAL_MODEL to a transformers model folder",
+                kind="config",
+            )
+        self.model = self.model_path.name
+        self.generation = generation
+        self.device = device
+        self._lock = threading.Lock()
+        self._loaded: tuple[Any, Any] | None = None
+
+    def config(self) -> dict[str, Any]:
+        return {"engine": self.name, "model": self.model, **self.generation.model_dump()}
+
+    def _load(self) -> tuple[Any, Any]:
+        if self._loaded is None:
+            import torch
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+            model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32).to(self.device).eval()
+            self._loaded = (tokenizer, model)
+        return self._loaded
+
+    def _generate(self, messages: list[Message], prompt_id: str) -> Completion:
+        import torch
+
+        with self._lock:
+            tokenizer, model = self._load()
+            prompt = tokenizer.apply_chat_template(
+                [{"role": m["role"], "content": m["content"]} for m in messages],
+                add_generation_prompt=True,
+                enable_thinking=self.generation.thinking,
+                return_dict=True,
+                return_tensors="pt",
+            ).to(self.device)
+            turn = sum(m["role"] == "user" for m in messages)
+            torch.manual_seed(int(hashlib.sha256(f"{prompt_id}:{turn}".encode()).hexdigest()[:8], 16))
+            g = self.generation
+            with torch.no_grad():
+                out = model.generate(
+                    **prompt,
+                    max_new_tokens=g.max_tokens,
+                    min_new_tokens=min(g.min_tokens, g.max_tokens),
+                    do_sample=g.temperature > 0,
+                    temperature=g.temperature or None,
+                    top_p=g.top_p,
+                    pad_token_id=tokenizer.pad_token_id,
+                )
+        prompt_len = prompt["input_ids"].shape[1]
+        output_ids = out[0, prompt_len:].tolist()
+        return _to_completion(tokenizer, output_ids, prompt_len)
+
+    async def complete(self, messages: list[Message], *, prompt_id: str) -> Completion:
+        return await asyncio.to_thread(self._generate, messages, prompt_id)
+
+    async def aclose(self) -> None:
+        self._loaded = None
+
+
+def _to_completion(tokenizer: Any, output_ids: list[int], prompt_tokens: int) -> Completion:
+    """Split the model's tokens into reasoning and content at `</think>`; the end-of-turn id stays in output_ids."""
+    eos = tokenizer.eos_token_id
+    stopped = bool(output_ids) and output_ids[-1] == eos
+    body = output_ids[:-1] if stopped else output_ids
+    think_end = tokenizer.convert_tokens_to_ids("</think>")
+    reasoning = ""
+    if think_end in body:
+        cut = body.index(think_end)
+        reasoning = tokenizer.decode(body[:cut]).removeprefix("<think>").strip("\n")
+        body = body[cut + 1 :]
+    return Completion(
+        content=tokenizer.decode(body).lstrip("\n"),
+        reasoning=reasoning,
+        finish_reason="stop" if stopped else "length",
+        prompt_tokens=prompt_tokens,
+        completion_tokens=len(output_ids),
+        output_ids=output_ids,
+        provider="local",
+    )

@@ -1,0 +1,57 @@
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from eagle_data.catalog import Generation
+from eagle_data.engines import make_engine
+from eagle_data.engines.local import LocalEngine, _to_completion
+from eagle_data.types import FatalError
+
+GEN = Generation(max_tokens=40, min_tokens=8, temperature=0.8, top_p=0.95, thinking=False)
+CHAT = [{"role": "user", "content": "Write a haiku about compilers."}]
+
+
+@pytest.fixture(scope="module")
+def engine(demo_model: Path) -> LocalEngine:
+    return LocalEngine(demo_model, GEN)
+
+
+def test_local_engine_returns_its_own_tokens(engine: LocalEngine):
+    tokenizer, _ = engine._load()
+    done = asyncio.run(engine.complete(CHAT, prompt_id="p1"))
+    assert done.output_ids and 8 <= done.completion_tokens == len(done.output_ids) <= 40
+    stopped = done.output_ids[-1] == tokenizer.eos_token_id
+    assert done.finish_reason == ("stop" if stopped else "length")
+    body = done.output_ids[:-1] if stopped else done.output_ids
+    assert done.content == tokenizer.decode(body).lstrip("\n")
+    prompt = tokenizer.apply_chat_template(CHAT, add_generation_prompt=True, enable_thinking=False, return_dict=True)
+    assert done.prompt_tokens == len(prompt["input_ids"])
+
+
+def test_local_engine_is_reproducible_per_prompt(engine: LocalEngine):
+    a = asyncio.run(engine.complete(CHAT, prompt_id="same"))
+    b = asyncio.run(engine.complete(CHAT, prompt_id="same"))
+    c = asyncio.run(engine.complete(CHAT, prompt_id="other"))
+    assert a.output_ids == b.output_ids != c.output_ids
+
+
+def test_reasoning_is_split_at_the_think_end_token(engine: LocalEngine):
+    tokenizer, _ = engine._load()
+    ids = tokenizer.encode("<think>\nstep one\n</think>\n\nThe answer.<|im_end|>", add_special_tokens=False)
+    done = _to_completion(tokenizer, ids, prompt_tokens=5)
+    assert (done.reasoning, done.content, done.finish_reason) == ("step one", "The answer.", "stop")
+    cut = _to_completion(tokenizer, ids[:-1], prompt_tokens=5)
+    assert cut.finish_reason == "length" and cut.truncated
+
+
+def test_config_carries_sampling_but_not_paths(engine: LocalEngine):
+    config = engine.config()
+    assert config["max_tokens"] == 40 and config["model"] == engine.model_path.name
+    assert str(engine.model_path.parent) not in str(config)
+
+
+def test_missing_checkpoint_is_a_one_line_error(tmp_path: Path):
+    with pytest.raises(FatalError) as err:
+        make_engine("local", model=str(tmp_path / "nothing"), **GEN.model_dump())
+    assert "nothing" in str(err.value) and "eagle-data demo-model" in str(err.value)

@@ -1,0 +1,120 @@
+import json
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from eagle_data.catalog import load_catalog
+from eagle_data.sources import (
+    PROMPTS_SCHEMA,
+    BadRow,
+    SourceError,
+    build_index,
+    load_index,
+    normalize,
+    prompt_id,
+    source_location,
+)
+from eagle_data.storage import ShardStore
+
+SPECS = load_catalog(profile="demo")
+
+
+@pytest.mark.parametrize("name", list(SPECS))
+def test_every_adapter_reads_its_sample(name: str):
+    spec = SPECS[name]
+    index = build_index(spec, source_location(spec))
+    assert index.frame.height == 36
+    assert sum(index.skipped.values()) == index.rows_read - 36 >= 4
+    roles = {m["role"] for msgs in index.frame["messages"].to_list() for m in msgs}
+    assert roles <= {"system", "user", "assistant"} and "user" in roles
+    for msgs in index.frame["messages"].to_list():
+        first = 1 if msgs[0]["role"] == "system" else 0
+        assert msgs[first]["role"] == "user"
+
+
+def test_sharegpt_roles_map_to_user_and_assistant():
+    row = {"conversations": [{"from": "system", "value": "s"}, {"from": "human", "value": "q"},
+                             {"from": "bing", "value": "a"}, {"from": "human", "value": "q2"},
+                             {"from": "bard", "value": "a2"}, {"from": "chatgpt", "value": "a3"}]}
+    msgs = normalize(row, SPECS["b7_sharegpt"].adapter, 1000)
+    assert [m["role"] for m in msgs] == ["system", "user", "assistant", "user", "assistant", "assistant"]
+
+
+def test_instruction_response_pairs_become_two_turns():
+    msgs = normalize({"instruction": "do it", "response": "done"}, SPECS["b3_magicoder"].adapter, 1000)
+    assert msgs == [{"role": "user", "content": "do it"}, {"role": "assistant", "content": "done"}]
+
+
+def test_system_column_is_prepended():
+    row = {"system": "be terse", "conversations": [{"from": "user", "value": "hi"}]}
+    assert normalize(row, SPECS["b5_openthoughts"].adapter, 1000)[0] == {"role": "system", "content": "be terse"}
+
+
+@pytest.mark.parametrize(
+    ("row", "reason"),
+    [
+        ({"conversations": [{"from": "human", "value": ""}]}, "empty_content"),
+        ({"conversations": [{"from": "human", "value": "  \n"}]}, "empty_content"),
+        ({"conversations": [{"from": "human", "value": 7}]}, "non_string_content"),
+        ({"conversations": [{"from": "human", "value": None}]}, "non_string_content"),
+        ({"conversations": [{"from": "gpt", "value": "only me"}]}, "no_user_turn"),
+        ({"conversations": []}, "no_user_turn"),
+        ({"conversations": "not a list"}, "no_user_turn"),
+        ({"conversations": [{"from": "human", "value": "q"}, {"from": "robot", "value": "a"}]}, "unknown_role"),
+        ({"conversations": [{"from": "gpt", "value": "a"}, {"from": "human", "value": "q"}]}, "bad_turn_order"),
+        ({"conversations": [{"from": "human", "value": "q"}, {"from": "system", "value": "s"}]}, "bad_turn_order"),
+        ({"conversations": [{"from": "human", "value": "x" * 101}]}, "prompt_too_long"),
+    ],
+)
+def test_bad_rows_are_classified(row: dict, reason: str):
+    with pytest.raises(BadRow) as bad:
+        normalize(row, SPECS["b7_sharegpt"].adapter, 100)
+    assert bad.value.reason == reason
+
+
+def test_prompt_id_is_stable_and_content_addressed():
+    msgs = [{"role": "user", "content": "hello"}]
+    assert prompt_id("b7_sharegpt", msgs) == prompt_id("b7_sharegpt", [dict(m) for m in msgs])
+    assert prompt_id("b7_sharegpt", msgs) != prompt_id("b6_ultrachat", msgs)
+    assert prompt_id("b7_sharegpt", msgs) != prompt_id("b7_sharegpt", [{"role": "user", "content": "hello!"}])
+
+
+def test_duplicates_and_malformed_lines_are_counted_not_fatal(tmp_path: Path):
+    path = tmp_path / "src.jsonl"
+    good = {"id": "a", "conversations": [{"from": "human", "value": "hi"}]}
+    path.write_text("\n".join([json.dumps(good), json.dumps(good), "{not json", "[1, 2]", ""]) + "\n")
+    index = build_index(SPECS["b7_sharegpt"], str(path))
+    assert index.frame.height == 1
+    assert index.skipped == {"duplicate": 1, "malformed_row": 2}
+
+
+def test_local_parquet_source(tmp_path: Path):
+    path = tmp_path / "src.parquet"
+    pl.DataFrame({"instruction": ["a", "b", "a"], "response": ["1", "2", "1"]}).write_parquet(path)
+    index = build_index(SPECS["b3_magicoder"], str(path))
+    assert index.frame.height == 2 and index.skipped == {"duplicate": 1}
+
+
+def test_missing_source_file_is_a_one_line_error(tmp_path: Path):
+    with pytest.raises(SourceError) as err:
+        build_index(SPECS["b7_sharegpt"], str(tmp_path / "nope.jsonl"))
+    assert "b7_sharegpt" in str(err.value) and "nope.jsonl" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_shards_slice_the_index_in_order(tmp_path: Path):
+    spec = SPECS["b7_sharegpt"]
+    index = load_index(spec, ShardStore(str(tmp_path)))
+    shards = [index.shard(spec, key) for key in spec.partition_keys]
+    assert [s.height for s in shards] == [10, 10, 10, 6]
+    assert pl.concat(shards)["prompt_id"].to_list() == index.frame["prompt_id"].to_list()
+    assert dict(shards[1].schema) == PROMPTS_SCHEMA and set(shards[1]["shard"]) == {1}
+
+
+def test_saved_index_keeps_shards_stable_and_refuses_another_source(tmp_path: Path):
+    spec, store = SPECS["b7_sharegpt"], ShardStore(str(tmp_path))
+    first = load_index(spec, store)
+    again = load_index(spec, store)
+    assert again.frame.equals(first.frame) and again.skipped == first.skipped
+    with pytest.raises(SourceError, match="delete"):
+        load_index(spec, store, source_path=str(tmp_path / "other.jsonl"))

@@ -1,0 +1,78 @@
+from pathlib import Path
+
+import boto3
+import polars as pl
+import pytest
+
+from eagle_data.storage import ShardStore, StorageError
+
+
+@pytest.fixture(params=["local", "s3"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> ShardStore:
+    if request.param == "local":
+        return ShardStore(str(tmp_path / "out"))
+    endpoint = request.getfixturevalue("s3_endpoint")
+    bucket = request.getfixturevalue("s3_bucket")
+    return ShardStore(f"s3://{bucket}/runs/a", s3_client_factory=lambda: boto3.client("s3", endpoint_url=endpoint))
+
+
+FRAME = pl.DataFrame(
+    {"prompt_id": ["a", "b"], "input_ids": [[1, 2, 3], [4]], "loss_mask": [[0, 1, 1], [1]]},
+    schema={"prompt_id": pl.String, "input_ids": pl.List(pl.Int32), "loss_mask": pl.List(pl.UInt8)},
+)
+
+
+def test_shard_round_trip_keeps_rows_and_types(store: ShardStore):
+    uri = store.write_shard("b7_sharegpt", "b7_sharegpt_validated", "00001", FRAME)
+    assert uri == f"{store.root}/b7_sharegpt/b7_sharegpt_validated/00001.parquet"
+    back = store.read_shard("b7_sharegpt", "b7_sharegpt_validated", "00001")
+    assert back.equals(FRAME) and back.schema == FRAME.schema
+
+
+def test_listing_and_existence(store: ShardStore):
+    for key in ("00000", "00002"):
+        store.write_shard("ds", "ds_prompts", key, FRAME)
+    assert store.list("ds/ds_prompts") == ["ds/ds_prompts/00000.parquet", "ds/ds_prompts/00002.parquet"]
+    assert store.shard_exists("ds", "ds_prompts", "00002") and not store.shard_exists("ds", "ds_prompts", "00001")
+    assert store.list("nothing/here") == []
+
+
+def test_reading_a_missing_shard_says_what_to_materialize(store: ShardStore):
+    with pytest.raises(StorageError, match="materialize ds_prompts partition 00007 first"):
+        store.read_shard("ds", "ds_prompts", "00007")
+
+
+def test_rewrite_replaces_the_shard_whole(store: ShardStore):
+    store.write_shard("ds", "ds", "00000", FRAME)
+    store.write_shard("ds", "ds", "00000", FRAME.head(1))
+    assert store.read_shard("ds", "ds", "00000").height == 1
+
+
+def test_local_write_is_atomic_when_it_fails_midway(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    store = ShardStore(str(tmp_path))
+    store.write_shard("ds", "ds", "00000", FRAME)
+
+    def disk_full(fd: int) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr("eagle_data.storage.os.fsync", disk_full)
+    with pytest.raises(OSError, match="disk full"):
+        store.write_shard("ds", "ds", "00000", FRAME.head(1))
+    assert store.read_shard("ds", "ds", "00000").equals(FRAME)
+    assert [p.name for p in (tmp_path / "ds" / "ds").iterdir()] == ["00000.parquet"]
+
+
+def test_missing_bucket_is_a_one_line_error(s3_endpoint: str):
+    store = ShardStore("s3://no-such-bucket/x", s3_client_factory=lambda: boto3.client("s3", endpoint_url=s3_endpoint))
+    with pytest.raises(StorageError) as err:
+        store.write_shard("ds", "ds", "00000", FRAME)
+    message = str(err.value)
+    assert "no-such-bucket" in message and "create it" in message and "\n" not in message
+
+
+def test_unreachable_s3_endpoint_is_a_one_line_error():
+    store = ShardStore(
+        "s3://bucket", s3_client_factory=lambda: boto3.client("s3", endpoint_url="http://127.0.0.1:9")
+    )
+    with pytest.raises(StorageError, match="cannot reach the S3 endpoint http://127.0.0.1:9"):
+        store.exists("x")
