@@ -74,5 +74,5 @@ def test_unreachable_s3_endpoint_is_a_one_line_error():
     store = ShardStore(
         "s3://bucket", s3_client_factory=lambda: boto3.client("s3", endpoint_url="http://127.0.0.1:9")
     )
-    with pytest.raises(StorageError, match="cannot reach the S3 endpoint http://127.0.0.1:9"):
+    with pytest.raises(StorageError, match=r"cannot reach the S3 endpoint http://127\.0\.0\.1:9"):
         store.exists("x")

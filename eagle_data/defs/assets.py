@@ -1,20 +1,16 @@
 """The three assets of every catalog dataset: `{ds}_prompts` -> `{ds}` (generation) -> `{ds}_validated`.
 
 Each asset writes its own per-partition Parquet shards through the storage resource (no IO manager),
-so a single run can cover a partition range. The bodies only wire the pure rooms together.
+so a single run can cover a partition range. The bodies only call `eagle_data.pipeline`.
 """
-
 
 from typing import Any
 
 import dagster as dg
-import polars as pl
 
-from eagle_data import quality, sources
-from eagle_data.catalog import DatasetSpec, shard_index
+from eagle_data import pipeline, quality
+from eagle_data.catalog import DatasetSpec
 from eagle_data.defs.resources import EngineResource, StorageResource
-from eagle_data.runner import run_generation
-from eagle_data.targets import build_training_rows, load_target
 
 
 class PromptsConfig(dg.Config):
@@ -23,13 +19,6 @@ class PromptsConfig(dg.Config):
 
 def partitions(spec: DatasetSpec) -> dg.StaticPartitionsDefinition:
     return dg.StaticPartitionsDefinition(spec.partition_keys)
-
-
-def validated_rows(spec: DatasetSpec, generations: pl.DataFrame, partition: str) -> pl.DataFrame:
-    """Token ids, loss masks and per-row verdicts for one generation shard."""
-    rows = build_training_rows(load_target(spec.target), generations, thinking=spec.generation.thinking)
-    rows = rows.with_columns(pl.lit(shard_index(partition), pl.Int32).alias("shard"))
-    return quality.row_verdicts(rows, spec.checks, thinking=spec.generation.thinking)
 
 
 def quality_metadata(figures: quality.Figures) -> dict[str, Any]:
@@ -45,7 +34,7 @@ def build_dataset_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
     }
 
     @dg.asset(
-        name=f"{ds}_prompts",
+        name=pipeline.prompts_asset(spec),
         kinds={"polars", "parquet"},
         description=f"{spec.title}: normalized, de-duplicated prompts, {spec.shard_size} per shard.",
         **common,
@@ -54,24 +43,10 @@ def build_dataset_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
         context: dg.AssetExecutionContext, config: PromptsConfig, storage: StorageResource
     ) -> dg.MaterializeResult:
         store = storage.store()
-        index = sources.load_index(spec, store, config.source_path)
-        counts = {}
-        for key in context.partition_keys:
-            shard = index.shard(spec, key)
-            store.write_shard(ds, f"{ds}_prompts", key, shard)
-            counts[key] = shard.height
-        context.log.info(f"{ds}: wrote {sum(counts.values())} prompts in {len(counts)} shard(s) under {store.root}")
-        return dg.MaterializeResult(
-            metadata={
-                "prompts": sum(counts.values()),
-                "prompts_in_source": index.frame.height,
-                "rows_read": index.rows_read,
-                "skipped": sum(index.skipped.values()),
-                **{f"skipped_{reason}": n for reason, n in index.skipped.items()},
-                "source": index.source,
-                "path": dg.MetadataValue.path(store.uri(store.shard_key(ds, f"{ds}_prompts", "{partition}"))),
-            }
-        )
+        figures = pipeline.write_prompts(spec, store, context.partition_keys, config.source_path)
+        context.log.info(f"{ds}: wrote {figures['prompts']} prompts, skipped {figures['skipped']} rows")
+        path = store.uri(store.shard_key(ds, pipeline.prompts_asset(spec), "{partition}"))
+        return dg.MaterializeResult(metadata={**figures, "path": dg.MetadataValue.path(path)})
 
     @dg.asset(
         name=ds,
@@ -83,43 +58,26 @@ def build_dataset_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
     def generation(
         context: dg.AssetExecutionContext, storage: StorageResource, engine: EngineResource
     ) -> dg.MaterializeResult:
-        store = storage.store()
-        shards = {key: store.read_shard(ds, f"{ds}_prompts", key) for key in context.partition_keys}
         backend = engine.make(spec)
         if backend.name == "local":
-            context.log.warning("local engine: a random-weight demo model writes meaningless text unless "
-                                "EAGLE_DATA_MODEL points at a real checkpoint; real runs use OpenRouter or SGLang")
-        reports = run_generation(backend, spec, shards, store, log=context.log.info)
-        return dg.MaterializeResult(metadata=_merge_figures([r.figures for r in reports.values()]))
+            context.log.warning(
+                "local engine: the demo model has random weights and writes meaningless text; "
+                "real runs use EAGLE_DATA_ENGINE=openrouter or sglang"
+            )
+        figures = pipeline.generate(spec, storage.store(), context.partition_keys, backend, log=context.log.info)
+        return dg.MaterializeResult(metadata=figures)
 
     @dg.asset(
-        name=f"{ds}_validated",
+        name=pipeline.validated_asset(spec),
         deps=[generation],
         kinds={"polars", "parquet"},
         description=f"{spec.title}: token ids and loss masks for target {spec.target}, with per-row verdicts.",
         **common,
     )
     def validated(context: dg.AssetExecutionContext, storage: StorageResource) -> dg.MaterializeResult:
-        store = storage.store()
-        frames = []
-        for key in context.partition_keys:
-            rows = validated_rows(spec, store.read_shard(ds, ds, key), key)
-            store.write_shard(ds, f"{ds}_validated", key, rows)
-            frames.append(rows)
-        figures = quality.figures(pl.concat(frames, how="diagonal_relaxed"), spec.checks)
-        context.log.info(f"{ds}: {figures.verdicts} under {store.root}/{ds}/{ds}_validated/")
+        rows = pipeline.validate(spec, storage.store(), context.partition_keys)
+        figures = quality.figures(rows, spec.checks)
+        context.log.info(f"{ds}: verdicts {figures.verdicts}")
         return dg.MaterializeResult(metadata=quality_metadata(figures))
 
     return [prompts, generation, validated]
-
-
-def _merge_figures(per_shard: list[dict]) -> dict:
-    """Shard figures -> one metadata dict: counts add up, rates and gauges come from the last shard."""
-    if len(per_shard) == 1:
-        return per_shard[0]
-    merged: dict = {}
-    for figures in per_shard:
-        for name, value in figures.items():
-            is_count = isinstance(value, int) and not isinstance(value, bool)
-            merged[name] = merged.get(name, 0) + value if is_count else value
-    return merged

@@ -41,9 +41,8 @@ class EngineResource(dg.ConfigurableResource):
 
     def make(self, spec: DatasetSpec) -> Engine:
         settings = {"model": self.model, "base_url": self.base_url, "api_key_env": self.api_key_env}
-        return make_engine(
-            self.kind, timeout_s=self.timeout_s, **spec.generation.model_dump(), **{k: v for k, v in settings.items() if v}
-        )
+        settings = {k: v for k, v in settings.items() if v}
+        return make_engine(self.kind, timeout_s=self.timeout_s, **spec.generation.model_dump(), **settings)
 
 
 def engine_from_env() -> EngineResource:

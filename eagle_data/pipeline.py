@@ -1,0 +1,119 @@
+"""The three stages of a dataset as plain functions over shards: prompts, generation, validation.
+
+Dagster assets (defs/assets.py) and the catalog-walking job (defs/jobs.py) both call these, so the
+stage logic exists once and runs without Dagster. Each stage reads the previous stage's shards from the
+store and writes its own, one Parquet file per partition.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import polars as pl
+
+from eagle_data import quality, sources
+from eagle_data.catalog import DatasetSpec, shard_index
+from eagle_data.runner import Estimate, RunnerSettings, estimate_generation, run_generation
+from eagle_data.storage import ShardStore
+from eagle_data.targets import build_training_rows, load_target
+from eagle_data.types import Engine
+
+Log = Callable[[str], None]
+
+
+def prompts_asset(spec: DatasetSpec) -> str:
+    return f"{spec.name}_prompts"
+
+
+def validated_asset(spec: DatasetSpec) -> str:
+    return f"{spec.name}_validated"
+
+
+def write_prompts(
+    spec: DatasetSpec, store: ShardStore, partitions: list[str], source_path: str | None = None
+) -> dict[str, Any]:
+    """Normalize the source once (the saved prompt index) and write the requested shards."""
+    index = sources.load_index(spec, store, source_path)
+    written = 0
+    for key in partitions:
+        shard = index.shard(spec, key)
+        store.write_shard(spec.name, prompts_asset(spec), key, shard)
+        written += shard.height
+    return {
+        "prompts": written,
+        "prompts_in_source": index.frame.height,
+        "rows_read": index.rows_read,
+        "skipped": sum(index.skipped.values()),
+        **{f"skipped_{reason}": n for reason, n in index.skipped.items()},
+        "source": index.source,
+    }
+
+
+def generate(
+    spec: DatasetSpec,
+    store: ShardStore,
+    partitions: list[str],
+    engine: Engine,
+    log: Log = print,
+    settings: RunnerSettings | None = None,
+) -> dict[str, Any]:
+    """Regenerate every reply of the requested shards; returns the run's figures (counts summed)."""
+    shards = {key: store.read_shard(spec.name, prompts_asset(spec), key) for key in partitions}
+    reports = run_generation(engine, spec, shards, store, settings=settings, log=log)
+    return merge_figures([report.figures for report in reports.values()])
+
+
+def estimate(
+    spec: DatasetSpec,
+    store: ShardStore,
+    engine: Engine,
+    *,
+    sample_prompts: int,
+    usd_per_prompt_token: float,
+    usd_per_completion_token: float,
+    log: Log = print,
+) -> Estimate:
+    """Generate the first few prompts of shard 0 (kept: the full run resumes past them), project the rest."""
+    first = spec.partition_keys[0]
+    prompts = [store.read_shard(spec.name, prompts_asset(spec), key) for key in spec.partition_keys]
+    run_generation(engine, spec, {first: prompts[0].head(sample_prompts)}, store, log=log)
+    tokenizer = load_target(spec.target).text_encoder
+    return estimate_generation(
+        pl.concat(prompts),
+        spec,
+        lambda text: len(tokenizer.encode(text, add_special_tokens=False).ids),
+        store.read_shard(spec.name, spec.name, first),
+        usd_per_prompt_token,
+        usd_per_completion_token,
+    )
+
+
+def validated_rows(spec: DatasetSpec, generations: pl.DataFrame, partition: str) -> pl.DataFrame:
+    """Token ids, loss masks and per-row verdicts for one generation shard."""
+    rows = build_training_rows(load_target(spec.target), generations, thinking=spec.generation.thinking)
+    rows = rows.with_columns(pl.lit(shard_index(partition), pl.Int32).alias("shard"))
+    return quality.row_verdicts(rows, spec.checks, thinking=spec.generation.thinking)
+
+
+def validate(spec: DatasetSpec, store: ShardStore, partitions: list[str]) -> pl.DataFrame:
+    """Build and write the validated shards; returns them concatenated for checks and figures."""
+    frames = []
+    for key in partitions:
+        rows = validated_rows(spec, store.read_shard(spec.name, spec.name, key), key)
+        store.write_shard(spec.name, validated_asset(spec), key, rows)
+        frames.append(rows)
+    return pl.concat(frames, how="diagonal_relaxed")
+
+
+ADDITIVE = ("total", "done", "ok", "truncated", "failed", "skipped_budget", "reused", "requests",
+            "prompt_tokens", "completion_tokens", "reasoning_tokens", "tokens", "cost_usd")
+
+
+def merge_figures(per_shard: list[dict[str, Any]]) -> dict[str, Any]:
+    """Shard figures -> one dict: counts add up; rates, gauges and run-wide totals come from the last shard."""
+    merged: dict[str, Any] = {}
+    for figures in per_shard:
+        for name, value in figures.items():
+            merged[name] = merged[name] + value if name in ADDITIVE and name in merged else value
+    return merged

@@ -1,0 +1,62 @@
+"""The catalog walk job: one dataset at a time, estimate first, nothing generated twice."""
+
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from eagle_data.defs.jobs import walk_catalog
+from eagle_data.defs.resources import EngineResource, StorageResource
+
+
+@pytest.fixture
+def run_walk(tmp_path: Path, demo_model: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("EAGLE_DATA_PROFILE", "demo")
+
+    def run(**config) -> dg.ExecuteInProcessResult:
+        return walk_catalog.execute_in_process(
+            run_config={"ops": {"walk_datasets": {"config": config}}},
+            resources={
+                "storage": StorageResource(root=str(tmp_path / "out")),
+                "engine": EngineResource(kind="local", model=str(demo_model)),
+            },
+            instance=dg.DagsterInstance.ephemeral(),
+        )
+
+    return run
+
+
+def _events(result: dg.ExecuteInProcessResult, kind: str) -> list[tuple[str, str | None, dict]]:
+    return [
+        (e.asset_key.to_user_string(), e.partition, e.event_specific_data.materialization.metadata
+         if kind == "ASSET_MATERIALIZATION" else e.event_specific_data.asset_observation.metadata)
+        for e in result.all_events
+        if e.event_type_value == kind
+    ]
+
+
+def test_estimate_only_spends_just_the_sample(run_walk):
+    result = run_walk(datasets=["b5_openthoughts"], sample_prompts=4, usd_per_million_completion_tokens=2.0,
+                      estimate_only=True)
+    assert result.success
+    observed = _events(result, "ASSET_OBSERVATION")
+    assert [a for a, _, _ in observed] == ["b5_openthoughts"]
+    figures = {k: v.value for k, v in observed[0][2].items()}
+    assert figures["est_prompts"] == 36 and figures["est_sample_rows"] == 4
+    assert figures["est_cost_usd"] == pytest.approx(figures["est_completion_tokens"] * 2e-6, abs=1e-4) > 0
+    assert {a for a, _, _ in _events(result, "ASSET_MATERIALIZATION")} == {"b5_openthoughts_prompts"}
+
+
+def test_walk_materializes_every_partition_and_reuses_the_sample(run_walk):
+    result = run_walk(datasets=["b3_magicoder"], sample_prompts=5)
+    assert result.success
+    done = _events(result, "ASSET_MATERIALIZATION")
+    for asset in ("b3_magicoder_prompts", "b3_magicoder", "b3_magicoder_validated"):
+        assert sorted(p for a, p, _ in done if a == asset) == ["00000", "00001", "00002", "00003"]
+    generation = next(meta for a, p, meta in done if a == "b3_magicoder")
+    assert generation["reused"].value == 5 and generation["ok"].value + generation["truncated"].value == 36
+
+
+def test_unknown_dataset_in_the_walk_is_a_clear_error(run_walk):
+    with pytest.raises(Exception, match="unknown dataset 'b0_nothing'"):
+        run_walk(datasets=["b0_nothing"])
