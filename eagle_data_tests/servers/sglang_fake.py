@@ -1,0 +1,221 @@
+"""A stand-in SGLang server on 127.0.0.1: the part of SGLang's HTTP API that eagle-data uses.
+
+Endpoints: `/generate` (input_ids -> output_ids + meta_info), `/v1/chat/completions` (with
+`reasoning_content`), `/health`, `/get_model_info`, `/get_server_info`.
+
+Replies are deterministic functions of (seed, input): a test can recompute them, and servers with
+different seeds give different tokens, so a test can tell which server answered. Some replies think
+(`<think>` 151667 … `</think>` 151668, Qwen's ids), all end with `<|im_end|>` 151645 unless cut at
+`max_new_tokens`. Like SGLang with `--skip-tokenizer-init`, `/generate` returns ids without `text`.
+
+Every answered request is appended to `--log` (one JSON line, flushed before the reply is sent), so a
+test can count answers per prompt even for a server it SIGKILLed.
+
+Run as SGLang would be: `python -m eagle_data_tests.servers.sglang_fake --model-path M --port N`;
+unknown SGLang flags are accepted and ignored, so the launcher can start it in place of sglang.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import random
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+THINK_START, THINK_END, IM_END = 151667, 151668, 151645
+NEWLINE, DOUBLE_NEWLINE = 198, 271
+PROMPT_ID_HEADER = "X-Eagle-Prompt-Id"  # what eagle-data's engines send; a stand-in imports no client code
+WORDS = ("alpha", "beta", "gamma", "delta", "kappa", "sigma", "omega", "theta")
+
+
+def reply_ids(seed: int, input_ids: list[int], max_new_tokens: int) -> tuple[list[int], dict[str, Any]]:
+    """The output ids and SGLang-shaped finish_reason for one prompt (pure; tests recompute it)."""
+    rng = _rng(seed, input_ids)
+    body: list[int] = []
+    if rng.random() < 0.5:
+        body += [THINK_START, NEWLINE, *(rng.randrange(1000, 50000) for _ in range(rng.randrange(3, 30)))]
+        body += [NEWLINE, THINK_END, DOUBLE_NEWLINE]
+    body += [rng.randrange(1000, 50000) for _ in range(rng.randrange(2, 30))]
+    body.append(IM_END)
+    if len(body) > max_new_tokens:
+        return body[:max_new_tokens], {"type": "length", "length": max_new_tokens}
+    return body, {"type": "stop", "matched": IM_END}
+
+
+def _rng(seed: int, key: object) -> random.Random:
+    digest = hashlib.sha256(json.dumps([seed, key]).encode()).digest()
+    return random.Random(int.from_bytes(digest[:8], "big"))
+
+
+class FakeSGLang:
+    """State of one stand-in server: its settings, the answer log and the in-flight count."""
+
+    def __init__(
+        self,
+        *,
+        model: str,
+        seed: int = 0,
+        delay_s: float = 0.0,
+        log_path: str | None = None,
+        unhealthy: bool = False,
+        fail_status: int = 0,
+    ) -> None:
+        self.model, self.seed, self.delay_s, self.unhealthy = model, seed, delay_s, unhealthy
+        self.fail_status = fail_status  # nonzero: /generate answers this HTTP status, as SGLang's errors
+        self.log = Path(log_path).open("a", encoding="utf-8") if log_path else None  # noqa: SIM115
+        self.requests: list[dict[str, Any]] = []  # every body received, answered or not
+        self.answers: list[dict[str, Any]] = []
+        self.running = self.max_running = 0
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/get_model_info", self.model_info)
+        app.router.add_get("/get_server_info", self.server_info)
+        app.router.add_post("/generate", self.generate)
+        app.router.add_post("/v1/chat/completions", self.chat)
+        app.on_cleanup.append(self._close)
+        return app
+
+    async def _close(self, _app: web.Application) -> None:
+        if self.log:
+            self.log.close()
+
+    async def health(self, _request: web.Request) -> web.Response:
+        return web.Response(status=503 if self.unhealthy else 200)
+
+    async def model_info(self, _request: web.Request) -> web.Response:
+        info = {"model_path": self.model, "tokenizer_path": self.model, "is_generation": True}
+        return web.json_response(info)
+
+    async def server_info(self, _request: web.Request) -> web.Response:
+        return web.json_response(
+            {
+                "model_path": self.model,
+                "max_running_requests": 8,
+                "version": "fake",
+                "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+                "running": self.running,
+            }
+        )
+
+    async def generate(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.requests.append(body)
+        if self.fail_status:
+            error = {"object": "error", "message": "fake failure", "code": self.fail_status}
+            return web.json_response(error, status=self.fail_status)
+        input_ids = body["input_ids"]
+        params = body.get("sampling_params", {})
+        output_ids, finish = reply_ids(self.seed, input_ids, int(params.get("max_new_tokens", 128)))
+        await self._work(input_ids)
+        meta = {
+            "id": body.get("rid", ""),
+            "finish_reason": finish,
+            "prompt_tokens": len(input_ids),
+            "completion_tokens": len(output_ids),
+            "cached_tokens": 0,
+        }
+        self._record(request, "generate", body.get("rid", ""), output_ids)
+        return web.json_response({"output_ids": output_ids, "meta_info": meta})
+
+    async def chat(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.requests.append(body)
+        key = [m.get("content", "") for m in body["messages"]]
+        rng = _rng(self.seed, key)
+        thinking = body.get("chat_template_kwargs", {}).get("enable_thinking", True)
+        reasoning = " ".join(rng.choice(WORDS) for _ in range(rng.randrange(3, 20))) if thinking else ""
+        words = [rng.choice(WORDS) for _ in range(rng.randrange(2, 30))]
+        limit = int(body.get("max_tokens") or 1 << 30)
+        finish = "length" if len(words) > limit else "stop"
+        content = " ".join(words[:limit])
+        await self._work(key)
+        self._record(request, "chat", body.get("rid", ""), content)
+        message = {"role": "assistant", "content": content, "reasoning_content": reasoning or None}
+        usage = {
+            "prompt_tokens": sum(len(k.split()) for k in key),
+            "completion_tokens": len(reasoning.split()) + min(len(words), limit),
+        }
+        return web.json_response(
+            {
+                "id": "chatcmpl-fake",
+                "object": "chat.completion",
+                "model": self.model,
+                "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+                "usage": usage,
+            }
+        )
+
+    async def _work(self, key: object) -> None:
+        """Take a deterministic 0.5x-1.5x of `delay_s`, counted as running."""
+        self.running += 1
+        self.max_running = max(self.max_running, self.running)
+        try:
+            await asyncio.sleep(self.delay_s * (0.5 + _rng(self.seed, key).random()))
+        finally:
+            self.running -= 1
+
+    def _record(self, request: web.Request, kind: str, rid: str, output: object) -> None:
+        entry = {
+            "kind": kind,
+            "rid": rid,
+            "prompt_id": request.headers.get(PROMPT_ID_HEADER, ""),
+            "port": request.transport.get_extra_info("sockname")[1] if request.transport else 0,
+            "output": output,
+            "t": time.time(),
+        }
+        self.answers.append(entry)
+        if self.log:
+            self.log.write(json.dumps(entry) + "\n")
+            self.log.flush()
+
+
+def free_port_block(n: int) -> int:
+    """A base port with `n` free ports after it on 127.0.0.1 (bind-tested), for servers started by port."""
+    for base in range(41000 + (os.getpid() % 1000) * 17, 64000, 7):
+        with contextlib.ExitStack() as stack:
+            try:
+                for port in range(base, base + n):
+                    stack.enter_context(socket.socket()).bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return base
+    raise RuntimeError(f"no {n} consecutive free ports")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model-path", "--model", dest="model", required=True)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--seed", type=int, default=None, help="default: the port (servers differ)")
+    parser.add_argument("--delay", type=float, default=0.0, help="seconds per request (0.5x-1.5x)")
+    parser.add_argument("--log", default=None, help="append one JSON line per answer; {port} is filled in")
+    parser.add_argument("--unhealthy", action="store_true", help="/health answers 503 forever")
+    args, ignored = parser.parse_known_args(argv)
+    server = FakeSGLang(
+        model=args.model,
+        seed=args.port if args.seed is None else args.seed,
+        delay_s=args.delay,
+        log_path=args.log.format(port=args.port) if args.log else None,
+        unhealthy=args.unhealthy,
+    )
+    print(f"fake sglang: model={args.model} port={args.port} ignored={ignored}", flush=True)
+    if args.unhealthy:
+        print("fake sglang: loading weights (never finishes)", flush=True)
+    web.run_app(server.app(), host=args.host, port=args.port, print=None, handle_signals=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
