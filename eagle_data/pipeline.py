@@ -73,11 +73,12 @@ def estimate(
     usd_per_prompt_token: float,
     usd_per_completion_token: float,
     log: Log = print,
+    settings: RunnerSettings | None = None,
 ) -> Estimate:
     """Generate the first few prompts of shard 0 (kept: the full run resumes past them), project the rest."""
     first = spec.partition_keys[0]
     prompts = [store.read_shard(spec.name, prompts_asset(spec), key) for key in spec.partition_keys]
-    run_generation(engine, spec, {first: prompts[0].head(sample_prompts)}, store, log=log)
+    run_generation(engine, spec, {first: prompts[0].head(sample_prompts)}, store, settings=settings, log=log)
     tokenizer = load_target(spec.target).text_encoder
     return estimate_generation(
         pl.concat(prompts),
@@ -106,8 +107,21 @@ def validate(spec: DatasetSpec, store: ShardStore, partitions: list[str]) -> pl.
     return pl.concat(frames, how="diagonal_relaxed")
 
 
-ADDITIVE = ("total", "done", "ok", "truncated", "failed", "skipped_budget", "reused", "requests",
-            "prompt_tokens", "completion_tokens", "reasoning_tokens", "tokens", "cost_usd")
+ADDITIVE = (
+    "total",
+    "done",
+    "ok",
+    "truncated",
+    "failed",
+    "skipped_budget",
+    "reused",
+    "requests",
+    "prompt_tokens",
+    "completion_tokens",
+    "reasoning_tokens",
+    "tokens",
+    "cost_usd",
+)
 
 
 def merge_figures(per_shard: list[dict[str, Any]]) -> dict[str, Any]:

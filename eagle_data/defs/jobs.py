@@ -30,7 +30,7 @@ def _report(context: dg.OpExecutionContext, asset: str, partitions: list[str], m
 def walk_datasets(
     context: dg.OpExecutionContext, config: WalkConfig, storage: StorageResource, engine: EngineResource
 ) -> None:
-    store = storage.store()
+    store, settings = storage.store(), engine.runner_settings()
     specs = [get_dataset(name) for name in config.datasets] if config.datasets else list(catalog().values())
     for spec in specs:
         keys = spec.partition_keys
@@ -45,12 +45,14 @@ def walk_datasets(
             usd_per_prompt_token=config.usd_per_million_prompt_tokens / 1e6,
             usd_per_completion_token=config.usd_per_million_completion_tokens / 1e6,
             log=context.log.info,
+            settings=settings,
         )
         context.log.info(f"pre-flight estimate: {estimate.line()}")
         context.log_event(dg.AssetObservation(asset_key=spec.name, metadata=estimate.figures()))
         if config.estimate_only:
             continue
-        _report(context, spec.name, keys, pipeline.generate(spec, store, keys, backend, log=context.log.info))
+        figures = pipeline.generate(spec, store, keys, backend, log=context.log.info, settings=settings)
+        _report(context, spec.name, keys, figures)
         figures = quality.figures(pipeline.validate(spec, store, keys), spec.checks)
         _report(context, pipeline.validated_asset(spec), keys, figures.numbers)
 

@@ -9,7 +9,8 @@ from dagster_aws.s3 import S3Resource
 from pydantic import Field
 
 from eagle_data.catalog import DatasetSpec
-from eagle_data.engines import make_engine
+from eagle_data.engines import engine_for, runner_settings_for
+from eagle_data.runner import RunnerSettings
 from eagle_data.storage import ShardStore, default_root
 from eagle_data.types import Engine
 
@@ -40,9 +41,11 @@ class EngineResource(dg.ConfigurableResource):
     max_in_flight: int = Field(0, description="Ceiling of concurrent requests; 0: the engine's default.")
 
     def make(self, spec: DatasetSpec) -> Engine:
-        settings = {"model": self.model, "base_url": self.base_url, "api_key_env": self.api_key_env}
-        settings = {k: v for k, v in settings.items() if v}
-        return make_engine(self.kind, timeout_s=self.timeout_s, **spec.generation.model_dump(), **settings)
+        return engine_for(self.kind, spec, model=self.model, base_url=self.base_url, api_key_env=self.api_key_env,
+                          timeout_s=self.timeout_s)  # fmt: skip
+
+    def runner_settings(self) -> RunnerSettings:
+        return runner_settings_for(self.kind, self.max_in_flight)
 
 
 def engine_from_env() -> EngineResource:

@@ -78,11 +78,14 @@ class LocalEngine:
         output_ids = out[0, prompt_len:].tolist()
         return _to_completion(tokenizer, output_ids, prompt_len)
 
+    async def check(self) -> None:
+        await asyncio.to_thread(self._load)
+
     async def complete(self, messages: list[Message], *, prompt_id: str) -> Completion:
         return await asyncio.to_thread(self._generate, messages, prompt_id)
 
     async def aclose(self) -> None:
-        self._loaded = None
+        """Nothing to release per run: the model stays loaded for the next run in this process."""
 
 
 def _to_completion(tokenizer: Any, output_ids: list[int], prompt_tokens: int) -> Completion:

@@ -153,6 +153,9 @@ class SGLangEngine:
                 raise
             self._fleet = fleet
 
+    async def check(self) -> None:
+        await self.start()
+
     async def complete(self, messages: list[Message], *, prompt_id: str) -> Completion:
         await self.start()
         assert self._fleet is not None

@@ -1,0 +1,108 @@
+"""Pre-flight estimate: tokens and dollars a dataset will take, shown before anything is spent.
+
+Prompt tokens are counted with the real tokenizer over the turns that will be sent (each turn
+re-sends the conversation so far, with earlier replies at the sample's average length); completion
+tokens and dollars are projected from a small sample run and the model's per-token prices.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import polars as pl
+
+from eagle_data.catalog import DatasetSpec
+from eagle_data.runner.rows import plan_turns
+
+TEMPLATE_TOKENS_PER_MESSAGE = 4  # chat-template framing per message (role markers, separators)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    dataset: str
+    prompts: int
+    turns: int
+    prompt_tokens: int
+    completion_tokens: int
+    usd: float
+    avg_completion_tokens: float  # per reply, from the sample
+    sample_rows: int
+    token_budget: int
+    cost_budget_usd: float
+
+    @property
+    def tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    def line(self) -> str:
+        fits = []
+        if self.token_budget:
+            fits.append(f"{self.tokens / self.token_budget:.0%} of the token budget")
+        if self.cost_budget_usd:
+            fits.append(f"{self.usd / self.cost_budget_usd:.0%} of the cost budget")
+        head = f"{self.dataset}: {self.prompts} prompts, {self.turns} replies"
+        tokens = (
+            f"~{self.prompt_tokens / 1e6:.2f}M prompt + ~{self.completion_tokens / 1e6:.2f}M completion "
+            f"tokens "
+            f"(avg_comp={self.avg_completion_tokens:.0f}tok from {self.sample_rows} sampled rows)"
+        )
+        return f"{head}, {tokens}, ~${self.usd:.2f}" + (f"; {', '.join(fits)}" if fits else "")
+
+    def figures(self) -> dict[str, Any]:
+        return {
+            "est_prompts": self.prompts,
+            "est_turns": self.turns,
+            "est_prompt_tokens": self.prompt_tokens,
+            "est_completion_tokens": self.completion_tokens,
+            "est_tokens": self.tokens,
+            "est_cost_usd": round(self.usd, 4),
+            "est_avg_comp": round(self.avg_completion_tokens, 1),
+            "est_sample_rows": self.sample_rows,
+            "token_budget": self.token_budget,
+            "cost_budget_usd": self.cost_budget_usd,
+        }
+
+
+def sample_avg_completion(sample: pl.DataFrame) -> float:
+    """Completion tokens per reply in a generations frame (ok and truncated rows)."""
+    answered = sample.filter(pl.col("status").is_in(["ok", "truncated"]))
+    replies = answered.select(
+        pl.col("messages").list.eval(pl.element().struct.field("role") == "assistant").list.sum().sum()
+    ).item()
+    if not replies:
+        raise ValueError("the sample has no answered rows: run a small sample generation first")
+    return float(answered["completion_tokens"].sum()) / replies
+
+
+def estimate_generation(
+    prompts: pl.DataFrame,
+    spec: DatasetSpec,
+    count_tokens: Callable[[str], int],
+    sample: pl.DataFrame,
+    usd_per_prompt_token: float,
+    usd_per_completion_token: float,
+) -> Estimate:
+    """Project tokens and dollars for `prompts` (a prompts frame) under `spec`'s turn policy."""
+    avg = sample_avg_completion(sample)
+    turns = prompt_tokens = 0
+    for messages in prompts["messages"].to_list():
+        context = 0
+        for k, segment in enumerate(plan_turns(messages, spec.regenerate, spec.max_turns)):
+            context += sum(count_tokens(m["content"]) + TEMPLATE_TOKENS_PER_MESSAGE for m in segment)
+            prompt_tokens += context + round(k * (avg + TEMPLATE_TOKENS_PER_MESSAGE))
+            turns += 1
+    completion_tokens = round(turns * avg)
+    return Estimate(
+        dataset=spec.name,
+        prompts=prompts.height,
+        turns=turns,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        usd=prompt_tokens * usd_per_prompt_token + completion_tokens * usd_per_completion_token,
+        avg_completion_tokens=avg,
+        sample_rows=sample.height,
+        token_budget=spec.token_budget,
+        cost_budget_usd=spec.cost_budget_usd,
+    )

@@ -1,0 +1,50 @@
+"""Runner settings: one frozen dataclass, checked on construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RunnerSettings:
+    """How hard and how carefully the runner drives an engine.
+
+    Attributes:
+        max_in_flight: ceiling of concurrent requests across every shard of a call.
+        initial_in_flight: where the adaptive limit starts; low, so a cold start never causes a 429
+            storm. Set equal to `max_in_flight` for engines we own (local, SGLang).
+        min_in_flight: floor the limit never backs off below.
+        max_attempts: attempts per request for ordinary retryable errors (5xx, timeouts, resets).
+        max_throttle_waits: extra attempts allowed for throttling (429/503/402 in-flight budget),
+            which do not use up `max_attempts`: "429 is always retried", but not forever.
+        backoff_base_s / backoff_cap_s: jittered exponential backoff between attempts.
+        flush_every_s: the open shard's finished rows become durable at least this often.
+        flush_every_rows: ... or as soon as this many rows wait.
+        progress_every: a progress log line every N finished prompts.
+        progress_bar: draw a terminal bar on stderr when it is a TTY.
+    """
+
+    max_in_flight: int = 2000
+    initial_in_flight: int = 32
+    min_in_flight: int = 4
+    max_attempts: int = 6
+    max_throttle_waits: int = 50
+    backoff_base_s: float = 1.0
+    backoff_cap_s: float = 60.0
+    flush_every_s: float = 5.0
+    flush_every_rows: int = 5000
+    progress_every: int = 500
+    progress_bar: bool = True
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_in_flight <= self.initial_in_flight <= self.max_in_flight:
+            raise ValueError(
+                "runner settings: need 1 <= min_in_flight <= initial_in_flight <= max_in_flight, got "
+                f"{self.min_in_flight}, {self.initial_in_flight}, {self.max_in_flight}"
+            )
+        if self.max_attempts < 1 or self.max_throttle_waits < 0:
+            raise ValueError("runner settings: max_attempts must be >= 1 and max_throttle_waits >= 0")
+        if self.backoff_base_s < 0 or self.backoff_cap_s < self.backoff_base_s:
+            raise ValueError("runner settings: need 0 <= backoff_base_s <= backoff_cap_s")
+        if self.flush_every_s <= 0 or self.flush_every_rows < 1 or self.progress_every < 1:
+            raise ValueError("runner settings: flush_every_s, flush_every_rows and progress_every must be > 0")

@@ -1,0 +1,230 @@
+"""The OpenAI-compatible engine: error sorting, response parsing, OpenRouter extras, secrets, pre-flight."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from eagle_data.engines import make_engine
+from eagle_data.engines.openai_compat import OpenAICompatEngine, check_credit, http_error, parse_response
+from eagle_data.runner import RunnerSettings, run_generation
+from eagle_data.storage import ShardStore
+from eagle_data.types import Completion, FatalError, RetryableError
+from eagle_data_tests.conftest import free_port
+from eagle_data_tests.servers.openai_fake import FakeOpenAI, Faults, prompt_shards, spec_for_tests
+
+SECRET = "sk-or-v1-TEST-SECRET-7f3a9c"
+
+
+def _err(status: int, message: str = "m", reason: str = "") -> bytes:
+    return json.dumps({"error": {"code": status, "message": message, "metadata": {"reason": reason}}}).encode()
+
+
+@pytest.fixture
+def server() -> Iterator[FakeOpenAI]:
+    srv = FakeOpenAI(Faults())
+    srv.start()
+    yield srv
+    srv.stop()
+
+
+# ---- error sorting -------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("status", "kind", "throttle"),
+    [
+        (408, "http_408", False),
+        (409, "http_409", False),
+        (425, "http_425", False),
+        (429, "http_429", True),
+        (500, "http_500", False),
+        (502, "http_502", False),
+        (503, "http_503", False),
+    ],
+)
+def test_retryable_statuses(status: int, kind: str, throttle: bool) -> None:
+    err = http_error(status, _err(status), None, 0.0)
+    assert isinstance(err, RetryableError) and err.kind == kind and err.throttle is throttle
+
+
+def test_503_with_retry_after_is_a_throttle_and_carries_the_wait() -> None:
+    err = http_error(503, _err(503), "7", 0.0)
+    assert isinstance(err, RetryableError) and err.throttle and err.retry_after == 7.0
+
+
+@pytest.mark.parametrize("status", [400, 401, 403, 404])
+def test_client_errors_fail_fast_with_the_servers_message(status: int) -> None:
+    err = http_error(status, _err(status, "model xyz is not a valid model ID"), None, 0.0)
+    assert isinstance(err, FatalError) and err.kind == f"http_{status}" and "not a valid model ID" in str(err)
+
+
+def test_402_in_flight_budget_waits_but_weight_exceeds_budget_fails() -> None:
+    waits = http_error(402, _err(402, "busy", "in_flight_budget_exhausted"), "2", 0.0)
+    fails = http_error(402, _err(402, "too heavy", "weight_exceeds_budget"), None, 0.0)
+    assert isinstance(waits, RetryableError) and waits.throttle and waits.retry_after == 2.0
+    assert isinstance(fails, FatalError) and fails.kind == "http_402_budget" and "too heavy" in str(fails)
+
+
+def test_a_200_with_an_error_body_or_finish_error_is_a_failed_attempt() -> None:
+    with pytest.raises(RetryableError, match="died") as body:
+        parse_response(200, _err(502, "provider died"))
+    assert body.value.kind == "body_error"
+    finish = {"choices": [{"message": {"content": "x"}, "finish_reason": "error"}]}
+    with pytest.raises(RetryableError) as fin:
+        parse_response(200, json.dumps(finish).encode())
+    assert fin.value.kind == "finish_error"
+    with pytest.raises(RetryableError) as bad:
+        parse_response(200, b"<html>gateway</html>")
+    assert bad.value.kind == "bad_json"
+
+
+def test_parse_reads_reasoning_usage_cost_and_provider() -> None:
+    body = {
+        "provider": "DeepInfra",
+        "choices": [{"finish_reason": "length", "message": {"content": "hi", "reasoning_content": "hmm"}}],
+        "usage": {
+            "prompt_tokens": 11,
+            "completion_tokens": 7,
+            "cost": 0.0021,
+            "completion_tokens_details": {"reasoning_tokens": 3},
+        },
+    }
+    done = parse_response(200, json.dumps(body).encode())
+    assert done == Completion(
+        content="hi",
+        reasoning="hmm",
+        finish_reason="length",
+        prompt_tokens=11,
+        completion_tokens=7,
+        reasoning_tokens=3,
+        cost_usd=0.0021,
+        provider="DeepInfra",
+    )
+    assert done.truncated
+
+
+# ---- request shape -------------------------------------------------------------------------------------
+def test_openrouter_request_carries_routing_and_reasoning_but_config_has_no_url_or_key() -> None:
+    provider = {
+        "ignore": ["Fireworks"],
+        "quantizations": ["fp8", "bf16"],
+        "allow_fallbacks": False,
+        "sort": "price",
+    }
+    engine = make_engine("openrouter", model="qwen/qwen3-8b", provider=provider, thinking=True, max_tokens=8192)
+    cfg = engine.config()
+    assert cfg["provider"] == provider and cfg["reasoning"] == {"enabled": True} and cfg["max_tokens"] == 8192
+    assert "openrouter.ai" not in json.dumps(cfg) and "api_key" not in json.dumps(cfg)
+    local = make_engine("openai", model="m", thinking=False)
+    assert local.config()["chat_template_kwargs"] == {"enable_thinking": False}
+
+
+def test_unknown_provider_or_reasoning_keys_are_refused() -> None:
+    with pytest.raises(ValueError, match="provider: unknown keys \\['ignored'\\]"):
+        OpenAICompatEngine(model="m", provider={"ignored": ["x"]})
+    with pytest.raises(ValueError, match="reasoning"):
+        OpenAICompatEngine(model="m", reasoning={"budget": 3})
+    with pytest.raises(ValueError, match="unknown engine kind 'vllm'"):
+        make_engine("vllm", model="m")
+
+
+# ---- real HTTP -----------------------------------------------------------------------------------------
+def test_timeouts_and_resets_come_back_as_retryable_kinds(server: FakeOpenAI) -> None:
+    url = f"http://127.0.0.1:{server.port}/v1"
+
+    async def attempt(faults: Faults) -> str:
+        server.faults = faults
+        engine = OpenAICompatEngine(model="m", base_url=url, timeout_s=0.3)
+        try:
+            await engine.complete([{"role": "user", "content": "q"}], prompt_id="p")
+        except RetryableError as exc:
+            return exc.kind
+        finally:
+            await engine.aclose()
+        return "ok"
+
+    assert asyncio.run(attempt(Faults(p_hang=1.0, hang_s=5))) == "timeout"
+    assert asyncio.run(attempt(Faults(p_reset=1.0))) == "reset"
+    assert asyncio.run(attempt(Faults())) == "ok"
+
+
+def test_a_closed_port_is_a_connect_error() -> None:
+    async def attempt() -> str:
+        engine = OpenAICompatEngine(model="m", base_url=f"http://127.0.0.1:{free_port()}/v1", timeout_s=2)
+        try:
+            await engine.complete([{"role": "user", "content": "q"}], prompt_id="p")
+        except RetryableError as exc:
+            return exc.kind
+        finally:
+            await engine.aclose()
+        return "ok"
+
+    assert asyncio.run(attempt()) == "connect"
+
+
+def test_missing_key_fails_every_prompt_without_sending(
+    server: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("EAGLE_TEST_KEY", raising=False)
+    engine = make_engine(
+        "openrouter",
+        model="m",
+        base_url=f"http://127.0.0.1:{server.port}/api/v1",
+        api_key_env="EAGLE_TEST_KEY",
+    )
+    lines: list[str] = []
+    reports = run_generation(
+        engine,
+        spec_for_tests(),
+        prompt_shards(1, 20),
+        ShardStore(str(tmp_path)),
+        settings=RunnerSettings(progress_bar=False),
+        log=lines.append,
+    )
+    assert reports["00000"].figures["failed"] == 20 and server.received == 0
+    assert any("EAGLE_TEST_KEY is empty" in line for line in lines)
+
+
+def test_secret_key_is_used_but_never_logged_stored_or_reported(
+    server: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("EAGLE_TEST_KEY", SECRET)
+    server.faults = Faults(p_5xx=0.2, p_error_body=0.1)  # errors get logged: they must not leak the key either
+    base = f"http://127.0.0.1:{server.port}/api/v1"
+    engine = make_engine("openrouter", model="m", base_url=base, api_key_env="EAGLE_TEST_KEY")
+    lines: list[str] = []
+    reports = run_generation(
+        engine,
+        spec_for_tests(),
+        prompt_shards(2, 50),
+        ShardStore(str(tmp_path)),
+        settings=RunnerSettings(backoff_base_s=0.01, backoff_cap_s=0.05),
+        log=lines.append,
+    )
+    info = check_credit(base, "EAGLE_TEST_KEY")
+    assert server.auth_headers == {f"Bearer {SECRET}"}  # the key was really sent
+    assert (info.limit_usd, info.remaining_usd) == (100.0, 87.5) and "$87.50 credit left" in info.line()
+    exposed = [
+        *lines,
+        json.dumps([r.figures for r in reports.values()]),
+        json.dumps(engine.config()),
+        repr(engine),
+        repr(info),
+        info.line(),
+        *capsys.readouterr(),
+    ]
+    assert not [text for text in exposed if SECRET in text]
+    files = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert files and not [p for p in files if SECRET.encode() in p.read_bytes()]
+
+
+def test_check_credit_refuses_a_bad_key_with_the_servers_message(
+    server: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EAGLE_TEST_KEY", SECRET)
+    server.faults = Faults(force_status=401)
+    with pytest.raises(FatalError, match="HTTP 401: User not found"):
+        check_credit(f"http://127.0.0.1:{server.port}/api/v1", "EAGLE_TEST_KEY")

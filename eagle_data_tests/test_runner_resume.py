@@ -1,0 +1,122 @@
+"""Exact resume: SIGKILL mid-run, re-run; raising max_tokens re-generates only the truncated rows."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from eagle_data.engines import make_engine
+from eagle_data.runner import RunnerSettings, run_generation
+from eagle_data.storage import ShardStore
+from eagle_data_tests.servers.openai_fake import FakeOpenAI, Faults, prompt_shards, spec_for_tests
+
+DS = "b7_sharegpt"
+KILL_SHARDS, KILL_PER_SHARD = 3, 400
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def server() -> Iterator[FakeOpenAI]:
+    srv = FakeOpenAI(Faults(latency_s=0.05, latency_sigma=0.5))
+    srv.start()
+    yield srv
+    srv.stop()
+
+
+def generate(url: str, root: str, max_tokens: int = 4096, shards: dict[str, pl.DataFrame] | None = None) -> dict:
+    """One run against the fake at `url` (also the child process's entry point)."""
+    engine = make_engine("openai", base_url=url, model="m", max_tokens=max_tokens)
+    shards = shards if shards is not None else prompt_shards(KILL_SHARDS, KILL_PER_SHARD, turns=2)
+    settings = RunnerSettings(max_in_flight=200, initial_in_flight=200, flush_every_s=0.2, progress_bar=False)
+    return run_generation(engine, spec_for_tests(), shards, ShardStore(root), settings=settings, log=lambda _: None)
+
+
+def durable_ids(store: ShardStore) -> set[str]:
+    """prompt_ids whose rows are on disk (finished shards and checkpoint parts)."""
+    keys = [k for k in store.list(f"{DS}/{DS}") if k.endswith(".parquet")]
+    return {pid for key in keys for pid in store.read_frame(key)["prompt_id"]}
+
+
+def test_sigkill_mid_run_then_rerun_matches_an_uninterrupted_run_and_resends_nothing_durable(
+    server: FakeOpenAI, tmp_path: Path
+) -> None:
+    url = f"http://127.0.0.1:{server.port}/v1"
+    root = str(tmp_path / "killed")
+    code = f"from eagle_data_tests.test_runner_resume import generate; generate({url!r}, {root!r})"
+    child = subprocess.Popen([sys.executable, "-c", code], cwd=REPO)
+    store = ShardStore(root)
+    deadline = time.monotonic() + 60
+    while child.poll() is None and time.monotonic() < deadline:  # kill mid-shard, once parts are on disk
+        if sum(server.answered.values()) >= 1200 and store.list(f"{DS}/{DS}/_log"):
+            break
+        time.sleep(0.01)
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    before = durable_ids(store)
+    total = KILL_SHARDS * KILL_PER_SHARD
+    assert 0 < len(before) < total, "the kill must land mid-run"
+
+    generate(url, root)
+
+    rerun = pl.concat([store.read_shard(DS, DS, f"{s:05d}") for s in range(KILL_SHARDS)])
+    clean_root = str(tmp_path / "clean")
+    generate(url, clean_root)
+    clean = pl.concat([ShardStore(clean_root).read_shard(DS, DS, f"{s:05d}") for s in range(KILL_SHARDS)])
+    assert rerun.height == total and set(rerun["prompt_id"]) == set(clean["prompt_id"])
+    cols = ["prompt_id", "status", "content", "messages"]
+    assert rerun.select(cols).sort("prompt_id").equals(clean.select(cols).sort("prompt_id"))
+    # the server counts per prompt and turn; the clean run added exactly one request per turn
+    twice = [k for k, n in server.requests.items() if k.split("#")[0] in before and n != 2]
+    assert not twice, f"{len(twice)} turns of prompts durable before the kill were sent again: {twice[:3]}"
+    assert not store.list(f"{DS}/{DS}/_log"), "finished shards supersede their checkpoint parts"
+
+
+def test_raising_max_tokens_regenerates_only_truncated_rows(server: FakeOpenAI, tmp_path: Path) -> None:
+    url, root = f"http://127.0.0.1:{server.port}/v1", str(tmp_path)
+    server.faults = Faults(reply_tokens=(20, 60))  # a prompt's natural reply length is fixed by its id
+    shards = prompt_shards(2, 200)
+    store = ShardStore(root)
+    generate(url, root, max_tokens=40, shards=shards)
+    low = pl.concat([store.read_shard(DS, DS, p) for p in shards])
+    truncated = set(low.filter(pl.col("status") == "truncated")["prompt_id"])
+    assert 0 < len(truncated) < low.height
+    sent_before = dict(server.requests)
+
+    reports = generate(url, root, max_tokens=80, shards=shards)
+
+    high = pl.concat([store.read_shard(DS, DS, p) for p in shards])
+    resent = {k.split("#")[0] for k, n in server.requests.items() if n > sent_before.get(k, 0)}
+    assert resent == truncated
+    assert set(high["status"]) == {"ok"} and high["config_hash"].n_unique() == 1
+    kept = low.filter(pl.col("status") == "ok").select("prompt_id", "content", "finished_at")
+    assert kept.join(high.select("prompt_id", "content", "finished_at"), on=kept.columns).height == kept.height
+    assert sum(r.figures["reused"] for r in reports.values()) == low.height - len(truncated)
+
+    sent_before = dict(server.requests)
+    generate(url, root, max_tokens=40, shards=shards)  # lowered back: rows made at 80 may exceed 40
+    resent = {k.split("#")[0] for k, n in server.requests.items() if n > sent_before.get(k, 0)}
+    assert resent == truncated
+
+
+def test_resume_on_s3_reuses_every_finished_row(server: FakeOpenAI, s3_endpoint: str, s3_bucket: str) -> None:
+    import boto3
+
+    def s3() -> ShardStore:
+        return ShardStore(f"s3://{s3_bucket}/run", lambda: boto3.client("s3", endpoint_url=s3_endpoint))
+
+    url, shards = f"http://127.0.0.1:{server.port}/v1", prompt_shards(2, 50)
+    engine = make_engine("openai", base_url=url, model="m")
+    settings = RunnerSettings(flush_every_s=0.05, progress_bar=False)
+    first = run_generation(engine, spec_for_tests(), shards, s3(), settings=settings, log=lambda _: None)
+    again = run_generation(engine, spec_for_tests(), shards, s3(), settings=settings, log=lambda _: None)
+    assert first["00001"].uri == f"s3://{s3_bucket}/run/{DS}/{DS}/00001.parquet"
+    assert sum(r.figures["reused"] for r in again.values()) == 100 and server.received == 100
+    assert s3().read_shard(DS, DS, "00000").height == 50 and not s3().list(f"{DS}/{DS}/_log")

@@ -1,0 +1,146 @@
+"""The UI as a person uses it: `dagster dev` (webserver + daemon) on 127.0.0.1 and headless Debian
+Chromium through ChromeDriver. Open the global asset lineage and find the six dataset groups, then in
+the b7_sharegpt group click "Materialize all", pick partition 00000, launch, follow the toast to the
+run page and wait for it to report success. Screenshots land in the test's tmp_path.
+
+Needs Debian's chromium and chromium-driver (`bash .ci/services.sh` as root installs them)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.action_chains import ActionChains
+from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
+from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.support import expected_conditions as ec
+from selenium.webdriver.support.ui import WebDriverWait
+
+from eagle_data_tests.conftest import free_port
+
+pytestmark = pytest.mark.browser
+
+REPO = Path(__file__).resolve().parent.parent
+CHROMIUM = os.environ.get("EAGLE_TEST_CHROMIUM", "/usr/bin/chromium")
+CHROMEDRIVER = os.environ.get("EAGLE_TEST_CHROMEDRIVER", "/usr/bin/chromedriver")
+# Headless, and quiet on a closed network: without the background-networking flags Chromium keeps
+# dialing Google's hosts.
+CHROMIUM_FLAGS = [
+    "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--disable-quic", "--no-first-run", "--window-size=1600,1000",
+]
+DATASETS = ["b3_magicoder", "b4_mixturethoughts", "b5_openthoughts", "b6_ultrachat", "b7_sharegpt", "b8_perfectblend"]
+LOCATION = "eagle_data.definitions"  # `dagster dev -m eagle_data.definitions` names the location after the module
+
+
+def wait_for_server(url: str, proc: subprocess.Popen, log: Path, timeout_s: float = 180) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"dagster dev exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(f"{url}/server_info", timeout=2):
+                return
+        except OSError:
+            time.sleep(1)
+    pytest.fail(f"dagster dev did not answer within {timeout_s:.0f} s:\n{log.read_text()[-3000:]}")
+
+
+def stop_process_group(proc: subprocess.Popen) -> None:
+    """SIGINT lets `dagster dev` stop its webserver, daemon and code servers; SIGKILL takes what is left."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=15)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)
+
+
+@pytest.fixture
+def dagster_dev(tmp_path: Path, demo_model: Path) -> Iterator[str]:
+    """`dagster dev` on a free port with the repository's dagster.yaml in a fresh DAGSTER_HOME."""
+    home = tmp_path / "home"
+    home.mkdir()
+    shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("EAGLE_DATA_", "DAGSTER_"))}
+    env.update(EAGLE_DATA_PROFILE="demo", EAGLE_DATA_ROOT=str(tmp_path / "out"), DAGSTER_HOME=str(home),
+               EAGLE_DATA_DEMO_MODEL=str(demo_model))
+    port = free_port()
+    log = tmp_path / "dagster-dev.log"
+    with log.open("w") as sink:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "dagster", "dev", "-h", "127.0.0.1", "-p", str(port), "-m", LOCATION],
+            cwd=REPO, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_for_server(url, proc, log)
+        yield url
+    finally:
+        stop_process_group(proc)
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[WebDriver]:
+    missing = [path for path in (CHROMIUM, CHROMEDRIVER) if not Path(path).is_file()]
+    if missing:
+        reason = f"{', '.join(missing)} not installed: run `bash .ci/services.sh` as root"
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must run the browser tests: {reason}")
+        pytest.skip(reason)
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in [*CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'chromium-profile'}"]:
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def click(wait: WebDriverWait, xpath: str) -> None:
+    wait.until(ec.element_to_be_clickable((By.XPATH, xpath))).click()
+
+
+def test_ui_shows_six_groups_and_materializes_one_b7_partition(
+    dagster_dev: str, browser: WebDriver, tmp_path: Path
+):
+    wait = WebDriverWait(browser, 60)
+    browser.get(f"{dagster_dev}/asset-groups")
+    for group in DATASETS:  # each group shows twice: in the sidebar tree and as a node of the graph
+        wait.until(lambda d, g=group: len(d.find_elements(By.XPATH, f"//*[normalize-space(text())='{g}']")) >= 2)
+    wait.until(lambda d: "fetching statuses" not in d.find_element(By.TAG_NAME, "body").text)
+    browser.save_screenshot(str(tmp_path / "1-asset-graph.png"))
+
+    browser.get(f"{dagster_dev}/locations/{LOCATION}/asset-groups/b7_sharegpt")
+    click(wait, "//button[contains(., 'Materialize all')]")
+    click(wait, "//*[text()='Select a partition or create one']")
+    click(wait, "//span[normalize-space(text())='00000']")
+    ActionChains(browser).send_keys(Keys.ESCAPE).perform()  # close the partition picker, keep the dialog
+    wait.until(ec.text_to_be_present_in_element((By.CSS_SELECTOR, "[role=dialog]"), "1 partition"))
+    browser.save_screenshot(str(tmp_path / "2-launch-dialog.png"))
+    click(wait, "//button[contains(., 'Launch 1 run')]")
+    click(wait, "//*[contains(text(), 'Launched run')]/following::*[normalize-space(text())='View'][1]")
+    wait.until(ec.url_contains("/runs/"))
+
+    status = "//*[normalize-space(text())='Success' or normalize-space(text())='Failure' or " \
+             "normalize-space(text())='Canceled']"
+    outcome = WebDriverWait(browser, 150, poll_frequency=2).until(ec.visibility_of_element_located((By.XPATH, status)))
+    browser.save_screenshot(str(tmp_path / "3-run.png"))
+    assert outcome.text == "Success", (tmp_path / "dagster-dev.log").read_text()[-3000:]
+    assert "partition: 00000" in browser.find_element(By.TAG_NAME, "body").text
+    assert (tmp_path / "out" / "b7_sharegpt" / "b7_sharegpt_validated" / "00000.parquet").is_file()
