@@ -92,6 +92,7 @@ class DatasetSpec(_Frozen):
     token_budget: int = Field(0, ge=0)
     cost_budget_usd: float = Field(0.0, ge=0)
     target: str = "qwen3"
+    mix_weight: float = Field(1.0, ge=0)  # share of this dataset in the training mix (exports)
     generation: Generation = Generation()
     checks: Checks = Checks()
 

@@ -6,13 +6,14 @@ import dagster as dg
 
 from eagle_data.catalog import catalog
 from eagle_data.defs.assets import build_dataset_assets
+from eagle_data.defs.exports import build_exports
 from eagle_data.defs.jobs import walk_catalog
 from eagle_data.defs.resources import StorageResource, engine_from_env
 
 specs = list(catalog().values())
 
 defs = dg.Definitions(
-    assets=[asset for spec in specs for asset in build_dataset_assets(spec)],
+    assets=[*(asset for spec in specs for asset in build_dataset_assets(spec)), build_exports(specs)],
     jobs=[walk_catalog],
     resources={"storage": StorageResource(), "engine": engine_from_env()},
 )

@@ -12,8 +12,9 @@ from typing import Any
 
 import polars as pl
 
-from eagle_data import quality, sources
+from eagle_data import exports, quality, sources
 from eagle_data.catalog import DatasetSpec, shard_index
+from eagle_data.engines.truncation import truncation_report
 from eagle_data.runner import Estimate, RunnerSettings, estimate_generation, run_generation
 from eagle_data.storage import ShardStore
 from eagle_data.targets import build_training_rows, load_target
@@ -58,10 +59,30 @@ def generate(
     log: Log = print,
     settings: RunnerSettings | None = None,
 ) -> dict[str, Any]:
-    """Regenerate every reply of the requested shards; returns the run's figures (counts summed)."""
+    """Regenerate every reply of the requested shards; returns the run's figures (counts summed).
+
+    Also warns when more replies hit max_tokens than the catalog allows, with the max_tokens that would
+    have covered 95% of them, and adds the engine's own figures (e.g. per SGLang server) when it has any.
+    """
     shards = {key: store.read_shard(spec.name, prompts_asset(spec), key) for key in partitions}
     reports = run_generation(engine, spec, shards, store, settings=settings, log=log)
-    return merge_figures([report.figures for report in reports.values()])
+    figures = merge_figures([report.figures for report in reports.values()])
+    answered = pl.concat([store.read_shard(spec.name, spec.name, key) for key in partitions]).filter(
+        pl.col("status").is_in(["ok", "truncated"])
+    )
+    cut = truncation_report(
+        answered["completion_tokens"].to_list(),
+        answered["finish_reason"].to_list(),
+        max_new_tokens=spec.generation.max_tokens,
+        threshold=spec.checks.max_truncated_share,
+    )
+    figures.update(truncation_p95_tokens=cut.p95_tokens, suggested_max_tokens=cut.suggested_max_tokens)
+    if cut.warning:
+        log(f"WARNING {spec.name}: {cut.warning}")
+        figures["truncation_warning"] = cut.warning
+    if stats := getattr(engine, "stats", None):
+        figures["engine_stats"] = stats()
+    return figures
 
 
 def estimate(
@@ -122,6 +143,37 @@ ADDITIVE = (
     "tokens",
     "cost_usd",
 )
+
+
+def shards_written(store: ShardStore, dataset: str, asset: str) -> list[str]:
+    """Partition keys of the shards an asset has written (its top-level .parquet files)."""
+    prefix = f"{dataset}/{asset}/"
+    keys = (key.removeprefix(prefix) for key in store.list(prefix))
+    return [key.removesuffix(".parquet") for key in keys if "/" not in key and key.endswith(".parquet")]
+
+
+def export(specs: list[DatasetSpec], store: ShardStore, *, seed: int) -> dict[str, Any]:
+    """Per dataset, SpecForge conversations JSONL and tokenized parquet of the passing rows; then the
+    weighted training mix across datasets. Datasets with no validated shard yet are left out."""
+    training: dict[str, pl.DataFrame] = {}
+    figures: dict[str, Any] = {}
+    for spec in specs:
+        keys = shards_written(store, spec.name, validated_asset(spec))
+        if not keys:
+            continue
+        validated = pl.concat(
+            [store.read_shard(spec.name, validated_asset(spec), key) for key in keys], how="diagonal_relaxed"
+        )
+        store.write_bytes(f"{spec.name}/export/conversations.jsonl", exports.to_specforge_jsonl(validated))
+        training[spec.name] = exports.to_training_parquet(validated)
+        store.write_frame(f"{spec.name}/export/train.parquet", training[spec.name])
+        figures[f"{spec.name}_rows"] = training[spec.name].height
+    if training:
+        weights = {spec.name: spec.mix_weight for spec in specs if spec.name in training}
+        mixed = exports.mix(training, weights, seed)
+        figures["mix_rows"] = mixed.height
+        figures["mix_path"] = store.write_frame("training_mix/training_mix/mix.parquet", mixed)
+    return figures
 
 
 def merge_figures(per_shard: list[dict[str, Any]]) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from dagster_aws.s3 import S3Resource
 from eagle_data.catalog import load_catalog
 from eagle_data.defs.assets import build_dataset_assets
 from eagle_data.defs.resources import EngineResource, StorageResource
+from eagle_data.quality import KEPT
 from eagle_data.storage import ShardStore
 
 DATASETS = ["b3_magicoder", "b4_mixturethoughts", "b5_openthoughts", "b6_ultrachat", "b7_sharegpt", "b8_perfectblend"]
@@ -42,20 +44,22 @@ def dagster_cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
                           env=env, capture_output=True, text=True, timeout=600)
 
 
-def test_definitions_hold_three_assets_per_dataset_in_six_groups():
+def test_definitions_hold_three_assets_per_dataset_in_six_groups_plus_the_exports():
     from eagle_data.definitions import defs
 
     graph = defs.resolve_asset_graph()
-    keys = {k.to_user_string() for k in graph.get_all_asset_keys()}
-    assert keys == {f"{d}{suffix}" for d in DATASETS for suffix in ("_prompts", "", "_validated")}
-    groups = {graph.get(k).group_name for k in graph.get_all_asset_keys()}
-    assert groups == set(DATASETS)
+    groups: dict[str, set[str]] = {}
+    for key in graph.get_all_asset_keys():
+        groups.setdefault(graph.get(key).group_name, set()).add(key.to_user_string())
+    assert groups.pop("exports") == {"training_mix"}
+    assert groups == {d: {f"{d}_prompts", d, f"{d}_validated"} for d in DATASETS}
 
 
-def test_cli_lists_18_assets(demo_env: dict[str, str]):
+def test_cli_lists_18_dataset_assets_and_the_mix(demo_env: dict[str, str]):
     out = dagster_cli(demo_env, "asset", "list")
     assert out.returncode == 0, out.stderr[-2000:]
-    assert len([line for line in out.stdout.splitlines() if line.strip()]) == 18
+    listed = [line.strip() for line in out.stdout.splitlines() if line.strip()]
+    assert len([a for a in listed if a != "training_mix"]) == 18 and "training_mix" in listed
 
 
 def test_cli_materializes_one_shard_with_the_design_columns(demo_env: dict[str, str], tmp_path: Path):
@@ -65,12 +69,21 @@ def test_cli_materializes_one_shard_with_the_design_columns(demo_env: dict[str, 
     prompts = pl.read_parquet(root / "b7_sharegpt_prompts" / "00002.parquet")
     generations = pl.read_parquet(root / "b7_sharegpt" / "00002.parquet")
     validated = pl.read_parquet(root / "b7_sharegpt_validated" / "00002.parquet")
-    assert PROMPTS_COLUMNS <= set(prompts.columns) and prompts.height == 10
-    assert GENERATION_COLUMNS <= set(generations.columns)
-    assert VALIDATED_COLUMNS <= set(validated.columns)
+    assert set(prompts.columns) >= PROMPTS_COLUMNS and prompts.height == 10
+    assert set(generations.columns) >= GENERATION_COLUMNS
+    assert set(validated.columns) >= VALIDATED_COLUMNS
     assert set(generations["prompt_id"]) == set(prompts["prompt_id"]) == set(validated["prompt_id"])
     assert set(generations["status"]) <= {"ok", "truncated"}
     assert validated.schema["input_ids"] == pl.List(pl.Int32) and validated.schema["loss_mask"] == pl.List(pl.UInt8)
+
+    out = dagster_cli(demo_env, "asset", "materialize", "--select", "training_mix")
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    passing = validated.filter(pl.col("verdict").is_in(list(KEPT)))
+    train = pl.read_parquet(root / "export" / "train.parquet")
+    lines = (root / "export" / "conversations.jsonl").read_text().splitlines()
+    assert train.height == len(lines) == passing.height > 0
+    assert [json.loads(line)["id"] for line in lines] == passing["prompt_id"].to_list()
+    assert pl.read_parquet(tmp_path / "out" / "training_mix" / "training_mix" / "mix.parquet").height == train.height
 
 
 def test_cli_materializes_a_partition_range_in_one_run(demo_env: dict[str, str], tmp_path: Path):

@@ -16,8 +16,16 @@ import pytest
 from aiohttp import web
 
 from eagle_data.engines.launcher import LaunchConfig, Launcher
-from eagle_data.engines.sglang import Codec, SGLangEngine, SGLangSettings, normalize_finish, split_reasoning
+from eagle_data.engines.sglang import (
+    Codec,
+    SGLangEngine,
+    SGLangSettings,
+    codec_for,
+    normalize_finish,
+    split_reasoning,
+)
 from eagle_data.engines.sglang_fleet import ModelMismatchError, model_matches, stats_line
+from eagle_data.targets import load_target
 from eagle_data.targets.vocab import qwen_tokenizer
 from eagle_data.types import FatalError, Message, RetryableError
 from eagle_data_tests.servers.sglang_fake import (
@@ -35,18 +43,14 @@ FAKE = (sys.executable, "-m", "eagle_data_tests.servers.sglang_fake")
 
 
 def chatml_prompt_ids(messages: list[Message], thinking: bool) -> list[int]:
-    """A tiny ChatML renderer (Qwen3's generation prompt) until the targets room provides the real one."""
+    """An independent ChatML renderer (Qwen3's generation prompt): the reference the real codec must match."""
     text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
     text += "<|im_start|>assistant\n" + ("" if thinking else "<think>\n\n</think>\n\n")
     return qwen_tokenizer().encode(text, add_special_tokens=False).ids
 
 
 def qwen_codec() -> Codec:
-    tok = qwen_tokenizer()
-    return Codec(
-        prompt_ids=chatml_prompt_ids, decode=lambda ids: tok.decode(ids, skip_special_tokens=False),
-        think_start_id=THINK_START, think_end_id=THINK_END,
-    )
+    return codec_for(load_target("qwen3-test"))
 
 
 def conversation(i: int) -> list[Message]:

@@ -1,4 +1,4 @@
-"""b7_sharegpt (bundled sample) through the runner and the SGLang engine, one of three servers killed."""
+"""b7_sharegpt (bundled sample) materialized through the SGLang resource, one of three servers killed."""
 
 from __future__ import annotations
 
@@ -9,13 +9,16 @@ import threading
 from collections import Counter
 from pathlib import Path
 
+import dagster as dg
+import polars as pl
+
 from eagle_data.catalog import load_catalog
+from eagle_data.defs.assets import build_dataset_assets
+from eagle_data.defs.resources import EngineResource, StorageResource
 from eagle_data.engines.launcher import LaunchConfig, Launcher
-from eagle_data.runner import RunnerSettings, run_generation
 from eagle_data.sources import build_index, source_location
-from eagle_data.storage import ShardStore
 from eagle_data_tests.servers.sglang_fake import free_port_block
-from eagle_data_tests.test_sglang import FAKE, MODEL, REPO, engine
+from eagle_data_tests.test_sglang import FAKE, MODEL, REPO
 
 
 def answers_in(folder: Path) -> list[dict[str, object]]:
@@ -32,37 +35,43 @@ def kill_when(folder: Path, answered: int, pgid: int, stop: threading.Event) -> 
         stop.wait(0.01)
 
 
-def test_b7_sharegpt_through_three_servers_one_killed(tmp_path: Path) -> None:
+def test_b7_sharegpt_materializes_through_the_sglang_resource_with_one_server_killed(tmp_path: Path) -> None:
     spec = load_catalog(profile="demo")["b7_sharegpt"]
     index = build_index(spec, source_location(spec))
-    shards = {p: index.shard(spec, p) for p in spec.partition_keys}
     logs = tmp_path / "answers"
     logs.mkdir()
     config = LaunchConfig(
         model_path=MODEL, num_servers=3, base_port=free_port_block(3), command=FAKE,
         extra_args=("--delay", "0.1", "--log", str(logs / "answers-{port}.jsonl")),
         env={"PYTHONPATH": str(REPO)}, log_dir=str(tmp_path / "logs"), health_timeout_s=30,
-    )
-    store = ShardStore(str(tmp_path / "out"))
+    )  # fmt: skip
+    storage = StorageResource(root=str(tmp_path / "out"))
     with Launcher(config) as fleet:
         victim = fleet.servers[1]
         stop = threading.Event()
         killer = threading.Thread(target=kill_when, args=(logs, 15, victim.process.pid, stop))
         killer.start()
-        eng = engine(fleet.urls, max_in_flight_per_server=3, max_new_tokens=spec.generation.max_tokens)
-        settings = RunnerSettings(initial_in_flight=64, max_in_flight=64, progress_bar=False)
+        engine = EngineResource(kind="sglang", base_url=",".join(fleet.urls), model=MODEL, max_in_flight=9)
+        keys = spec.partition_keys
         try:
-            reports = run_generation(eng, spec, shards, store, settings=settings, log=lambda _: None)
+            result = dg.materialize(
+                build_dataset_assets(spec),
+                resources={"storage": storage, "engine": engine},
+                instance=dg.DagsterInstance.ephemeral(),
+                tags={"dagster/asset_partition_range_start": keys[0], "dagster/asset_partition_range_end": keys[-1]},
+            )
         finally:
             stop.set()
             killer.join()
+        assert result.success
         assert victim.process.poll() == -signal.SIGKILL  # it really died mid-run
 
-    rows = [r for p in spec.partition_keys for r in store.read_shard(spec.name, spec.name, p).to_dicts()]
+    store = storage.store()
+    rows = [r for p in keys for r in store.read_shard(spec.name, spec.name, p).to_dicts()]
     answers = answers_in(logs)
     victim_port = config.base_port + 1
     survivor_rids = Counter(a["rid"] for a in answers if a["port"] != victim_port)
-    sent = {}
+    sent: dict[str, list] = {}
     for a in answers:
         sent.setdefault(a["prompt_id"], []).append(a["output"])
     assert sorted(r["prompt_id"] for r in rows) == sorted(index.frame["prompt_id"])  # 0 lost, 0 twice
@@ -72,8 +81,14 @@ def test_b7_sharegpt_through_three_servers_one_killed(tmp_path: Path) -> None:
         turns = [m["output_ids"] for m in row["messages"] if m["role"] == "assistant"]
         assert turns and turns[-1] == row["output_ids"]
         assert all(ids in sent[row["prompt_id"]] for ids in turns)  # the servers' own tokens
-    assert sum(r.figures["ok"] + r.figures["truncated"] for r in reports.values()) == len(rows)
     assert any(a["port"] == victim_port for a in answers)
-    stats = eng.stats()  # still there after the runner closed the engine
+    generation = result.asset_materializations_for_node(spec.name)[0].metadata
+    stats = generation["engine_stats"].value
     replies = sum(m["role"] == "assistant" for row in rows for m in row["messages"])
     assert stats["failovers"] >= 1 and stats["requests"] == replies and stats["servers_up"] == 2
+    validated = pl.concat([store.read_shard(spec.name, f"{spec.name}_validated", p) for p in keys])
+    assert validated.height == len(rows) and validated["structure_ok"].all() and validated["eot_ok"].all()
+    by_id = {r["prompt_id"]: r["output_ids"] for r in rows}
+    for prompt_id, input_ids in validated.select("prompt_id", "input_ids").iter_rows():
+        own = by_id[prompt_id]  # the last reply, ending with <|im_end|>; ChatML's "\n" follows it
+        assert input_ids[-len(own) - 1 : -1] == own

@@ -29,7 +29,9 @@ from eagle_data.engines.sglang_fleet import (
     ServerGoneError,
     describe_error,
     fleet_stats,
+    stats_line,
 )
+from eagle_data.targets import Target, prompt_ids
 from eagle_data.types import Completion, FatalError, Message, RetryableError
 
 GONE_STATUSES = frozenset({502, 503, 504})  # the server (or the router's upstream) is going away
@@ -79,6 +81,17 @@ class Codec:
     decode: Callable[[list[int]], str]
     think_start_id: int | None = None
     think_end_id: int | None = None
+
+
+def codec_for(target: Target) -> Codec:
+    """The Codec of a loaded target profile: its chat template, tokenizer and think-token ids."""
+    tokens = target.profile.tokens
+    return Codec(
+        prompt_ids=lambda messages, thinking: prompt_ids(target, messages, thinking=thinking),
+        decode=lambda ids: target.tokenizer.decode(ids, skip_special_tokens=False),
+        think_start_id=tokens.get("<think>"),
+        think_end_id=tokens.get("</think>"),
+    )
 
 
 def normalize_finish(raw: Any) -> tuple[str, Any]:
@@ -133,6 +146,9 @@ class SGLangEngine:
     def stats(self) -> dict[str, Any]:
         """Per-server and total figures (tok/s, running, requests, failovers) for progress and metadata."""
         return fleet_stats(self.servers)
+
+    def stats_line(self) -> str:
+        return stats_line(self.stats())
 
     async def start(self) -> None:
         """Probe the servers (called by the first `complete()`; call it early to fail fast)."""

@@ -122,7 +122,7 @@ class _Run:
                     shard.log.write_part(shard.pending)
             await self.engine.aclose()
         self.total.ended = time.monotonic()
-        self.say(f"{self.spec.name}: {self.total.line()}")
+        self.say(self._progress_line())
         if self.stop_reason:
             self.say(self.stop_reason)
         return {p: self.reports[p] for p in self.frames}
@@ -283,9 +283,14 @@ class _Run:
                 self.flush_now.set()
             self.finished_new += 1
             if self.finished_new % self.settings.progress_every == 0:
-                self.say(f"{self.spec.name}: {self.total.line()}")
+                self.say(self._progress_line())
         self.bar.update(self.total, self.limiter.current)
         self._maybe_finalize(shard)
+
+    def _progress_line(self) -> str:
+        """The standard line, plus the engine's own figures when it has any (an SGLang fleet's servers)."""
+        engine_line = getattr(self.engine, "stats_line", None)
+        return f"{self.spec.name}: {self.total.line()}" + (f" | {engine_line()}" if engine_line else "")
 
     def _maybe_finalize(self, shard: _Shard) -> None:
         if shard.open == 0 and not shard.finalizing:

@@ -42,7 +42,8 @@ def reply_ids(seed: int, input_ids: list[int], max_new_tokens: int) -> tuple[lis
     """The output ids and SGLang-shaped finish_reason for one prompt (pure; tests recompute it)."""
     rng = _rng(seed, input_ids)
     body: list[int] = []
-    if rng.random() < 0.5:
+    thinking_off = input_ids[-2:] == [THINK_END, DOUBLE_NEWLINE]  # the prompt already closed an empty think block
+    if not thinking_off and rng.random() < 0.5:
         body += [THINK_START, NEWLINE, *(rng.randrange(1000, 50000) for _ in range(rng.randrange(3, 30)))]
         body += [NEWLINE, THINK_END, DOUBLE_NEWLINE]
     body += [rng.randrange(1000, 50000) for _ in range(rng.randrange(2, 30))]
