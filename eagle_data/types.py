@@ -77,9 +77,9 @@ class Engine(Protocol):
         """
         ...
 
-    async def check(self) -> None:
-        """Fail fast, before any prompt is sent, with a one-line FatalError saying what to fix
-        (server unreachable, wrong model, missing checkpoint)."""
+    async def check(self) -> str:
+        """Before any prompt is sent: one line on what will serve (credit left, servers up), or a
+        one-line FatalError saying what to fix (server unreachable, wrong model, no key, no credit)."""
         ...
 
     async def complete(self, messages: list[Message], *, prompt_id: str) -> Completion: ...

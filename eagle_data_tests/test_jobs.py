@@ -5,6 +5,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
+from eagle_data.catalog import catalog
 from eagle_data.defs.jobs import walk_catalog
 from eagle_data.defs.resources import EngineResource, StorageResource
 
@@ -12,6 +13,7 @@ from eagle_data.defs.resources import EngineResource, StorageResource
 @pytest.fixture
 def run_walk(tmp_path: Path, demo_model: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("EAGLE_DATA_PROFILE", "demo")
+    catalog.cache_clear()  # the catalog is read once per process; this test's process switches profile
 
     def run(**config) -> dg.ExecuteInProcessResult:
         return walk_catalog.execute_in_process(
@@ -23,7 +25,8 @@ def run_walk(tmp_path: Path, demo_model: Path, monkeypatch: pytest.MonkeyPatch):
             instance=dg.DagsterInstance.ephemeral(),
         )
 
-    return run
+    yield run
+    catalog.cache_clear()
 
 
 def _events(result: dg.ExecuteInProcessResult, kind: str) -> list[tuple[str, str | None, dict]]:
@@ -43,7 +46,8 @@ def test_estimate_only_spends_just_the_sample(run_walk):
     assert [a for a, _, _ in observed] == ["b5_openthoughts"]
     figures = {k: v.value for k, v in observed[0][2].items()}
     assert figures["est_prompts"] == 36 and figures["est_sample_rows"] == 4
-    assert figures["est_cost_usd"] == pytest.approx(figures["est_completion_tokens"] * 2e-6, abs=1e-4) > 0
+    assert figures["est_completion_tokens"] > 0
+    assert figures["est_cost_usd"] == pytest.approx(figures["est_completion_tokens"] * 2e-6, abs=1e-4)
     assert {a for a, _, _ in _events(result, "ASSET_MATERIALIZATION")} == {"b5_openthoughts_prompts"}
 
 

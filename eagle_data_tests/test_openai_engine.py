@@ -165,7 +165,7 @@ def test_a_closed_port_is_a_connect_error() -> None:
     assert asyncio.run(attempt()) == "connect"
 
 
-def test_missing_key_fails_every_prompt_without_sending(
+def test_missing_key_stops_the_run_before_sending(
     server: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("EAGLE_TEST_KEY", raising=False)
@@ -175,17 +175,16 @@ def test_missing_key_fails_every_prompt_without_sending(
         base_url=f"http://127.0.0.1:{server.port}/api/v1",
         api_key_env="EAGLE_TEST_KEY",
     )
-    lines: list[str] = []
-    reports = run_generation(
-        engine,
-        spec_for_tests(),
-        prompt_shards(1, 20),
-        ShardStore(str(tmp_path)),
-        settings=RunnerSettings(progress_bar=False),
-        log=lines.append,
-    )
-    assert reports["00000"].figures["failed"] == 20 and server.received == 0
-    assert any("EAGLE_TEST_KEY is empty" in line for line in lines)
+    with pytest.raises(FatalError, match="EAGLE_TEST_KEY is empty"):
+        run_generation(
+            engine,
+            spec_for_tests(),
+            prompt_shards(1, 20),
+            ShardStore(str(tmp_path)),
+            settings=RunnerSettings(progress_bar=False),
+            log=lambda line: None,
+        )
+    assert server.received == 0
 
 
 def test_secret_key_is_used_but_never_logged_stored_or_reported(
@@ -228,3 +227,23 @@ def test_check_credit_refuses_a_bad_key_with_the_servers_message(
     server.faults = Faults(force_status=401)
     with pytest.raises(FatalError, match="HTTP 401: User not found"):
         check_credit(f"http://127.0.0.1:{server.port}/api/v1", "EAGLE_TEST_KEY")
+
+
+def test_openrouter_preflight_reports_credit_and_refuses_an_empty_key(
+    server: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EAGLE_TEST_KEY", SECRET)
+    base = f"http://127.0.0.1:{server.port}/api/v1"
+    lines: list[str] = []
+    settings = RunnerSettings(progress_bar=False)
+    engine = make_engine("openrouter", model="m", base_url=base, api_key_env="EAGLE_TEST_KEY")
+    run_generation(engine, spec_for_tests(), prompt_shards(1, 3), ShardStore(str(tmp_path / "a")), settings=settings,
+                   log=lines.append)  # fmt: skip
+    assert lines[1] == "OpenRouter key: $87.50 credit left of $100.00 ($12.50 used)"
+    sent = server.received
+    server.faults = Faults(key_usage=100.0)
+    engine = make_engine("openrouter", model="m", base_url=base, api_key_env="EAGLE_TEST_KEY")
+    with pytest.raises(FatalError, match=r"\$0\.00 credit left of \$100\.00.*add credit"):
+        run_generation(engine, spec_for_tests(), prompt_shards(1, 3), ShardStore(str(tmp_path / "b")),
+                       settings=settings, log=lines.append)  # fmt: skip
+    assert server.received == sent  # nothing spent once the credit is gone

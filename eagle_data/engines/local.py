@@ -78,8 +78,9 @@ class LocalEngine:
         output_ids = out[0, prompt_len:].tolist()
         return _to_completion(tokenizer, output_ids, prompt_len)
 
-    async def check(self) -> None:
+    async def check(self) -> str:
         await asyncio.to_thread(self._load)
+        return f"local engine: {self.model_path} on {self.device}"
 
     async def complete(self, messages: list[Message], *, prompt_id: str) -> Completion:
         return await asyncio.to_thread(self._generate, messages, prompt_id)

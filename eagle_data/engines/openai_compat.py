@@ -169,8 +169,9 @@ class OpenAICompatEngine:
             connector=connector, headers=headers, timeout=aiohttp.ClientTimeout(total=self.timeout_s)
         )
 
-    async def check(self) -> None:
-        """Any HTTP answer from `{base_url}/models` proves the server is there; no answer is fatal."""
+    async def check(self) -> str:
+        """Any HTTP answer from `{base_url}/models` proves the server is there; OpenRouter also reports
+        the key's credit (GET /key) and refuses to start with none left."""
         base = self.url.removesuffix("/chat/completions")
         timeout = aiohttp.ClientTimeout(total=min(self.timeout_s, 30.0))
         try:
@@ -182,6 +183,12 @@ class OpenAICompatEngine:
                 "EAGLE_DATA_BASE_URL / the engine resource's base_url",
                 kind="unreachable",
             ) from None
+        if self.name != "openrouter":
+            return f"{self.name} engine at {base}: reachable, model {self.model}"
+        info = await asyncio.to_thread(check_credit, base, self.api_key_env or OPENROUTER_KEY_ENV, timeout.total)
+        if info.remaining_usd is not None and info.remaining_usd <= 0:
+            raise FatalError(f"{info.line()}: add credit or raise the key's limit before running", kind="no_credit")
+        return info.line()
 
     async def complete(self, messages: list[Message], *, prompt_id: str) -> Completion:
         if self._session is None:

@@ -169,8 +169,10 @@ class SGLangEngine:
                 raise
             self._fleet = fleet
 
-    async def check(self) -> None:
+    async def check(self) -> str:
         await self.start()
+        stats = self.stats()
+        return f"SGLang: {stats['servers_up']}/{stats['servers']} servers up, serving {self.settings.model}"
 
     async def complete(self, messages: list[Message], *, prompt_id: str) -> Completion:
         await self.start()

@@ -104,7 +104,7 @@ class _Run:
         )
         if any(shard.todo for shard in shards):
             try:
-                await self.engine.check()
+                self.say(await self.engine.check())
             except BaseException:
                 await self.engine.aclose()
                 raise
