@@ -60,12 +60,18 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--dataset", default=DEMO_DATASET)
     sub.add_parser("demo-model", help="build the tiny random-weight demo checkpoint (offline)")
     args = parser.parse_args(argv)
-    if args.command == "demo-model":
-        from eagle_data.demo import ensure_demo_model
+    from eagle_data.catalog import CatalogError
 
-        print(ensure_demo_model())
-        return 0
-    return demo(args.dataset)
+    try:
+        if args.command == "demo-model":
+            from eagle_data.demo import ensure_demo_model
+
+            print(ensure_demo_model())
+            return 0
+        return demo(args.dataset)
+    except CatalogError as exc:
+        print(f"eagle-data: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -53,3 +53,13 @@ def test_unknown_dataset_is_a_one_line_error():
 def test_unknown_profile_is_refused():
     with pytest.raises(CatalogError, match="unknown profile 'nope'"):
         load_catalog(profile="nope")
+
+
+def test_cli_names_an_unknown_dataset_in_one_line():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "eagle_data.cli", "demo", "--dataset", "b99_nope"],
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.startswith("eagle-data: unknown dataset 'b99_nope'") and out.stderr.count("\n") == 1
