@@ -15,9 +15,9 @@ from eagle_data.runner import RunnerSettings, run_generation
 from eagle_data.storage import ShardStore
 from eagle_data_tests.servers.openai_fake import FakeOpenAI, Faults, prompt_shards, spec_for_tests
 
-# The issue's acceptance is a 429 burst over the first 2,000 requests at 2,000 in flight; scaled down
-# here (same shape: the burst window is a third of the requests, the server's cap far below max).
-BURST = Faults(latency_s=0.02, latency_jitter_s=0.02, rate_limit_first=1000, rate_limit_cap=48, retry_after="0.5")
+# The issue's acceptance at full scale: a 429 burst over the first 2,000 requests, a client allowed 2,000
+# in flight, 10% random 5xx and resets; the server takes at most 48 at once during the burst.
+BURST = Faults(latency_s=0.02, latency_jitter_s=0.02, rate_limit_first=2000, rate_limit_cap=48, retry_after="0.5")
 PROGRESS_RE = r"b7_sharegpt: \d+/\d+ \(\d+ err, \d+ ok\) [\d.]+ req/s avg_comp=\d+tok tot=[\d.]+M ~\$[\d.]+ ETA=[\d.]+h"
 FAST_RETRY = {"backoff_base_s": 0.01, "backoff_cap_s": 0.1, "progress_bar": False}
 
@@ -42,13 +42,13 @@ def test_burst_plus_5xx_and_resets_every_prompt_ends_ok_nothing_lost_or_duplicat
 ) -> None:
     server.faults = Faults(**{**BURST.__dict__, "p_5xx": 0.05, "p_reset": 0.05, "p_error_body": 0.01,
                               "p_finish_error": 0.01})  # fmt: skip
-    shards = prompt_shards(3, 1000)
+    shards = prompt_shards(3, 2000)
     lines: list[str] = []
-    reports = _run(server, tmp_path, shards, RunnerSettings(max_in_flight=1000, **FAST_RETRY), lines)
+    reports = _run(server, tmp_path, shards, RunnerSettings(max_in_flight=2000, **FAST_RETRY), lines)
 
     store = ShardStore(str(tmp_path))
     out = pl.concat([store.read_shard("b7_sharegpt", "b7_sharegpt", p) for p in shards])
-    assert out.height == 3000 and out["prompt_id"].n_unique() == 3000  # 0 lost, 0 duplicated rows
+    assert out.height == 6000 and out["prompt_id"].n_unique() == 6000  # 0 lost, 0 duplicated rows
     assert set(out["prompt_id"]) == {pid for f in shards.values() for pid in f["prompt_id"]}
     assert set(out["status"]) == {"ok"}
     assert max(server.answered.values()) == 1  # no prompt was answered (paid for) twice
@@ -65,8 +65,8 @@ def test_burst_plus_5xx_and_resets_every_prompt_ends_ok_nothing_lost_or_duplicat
 def test_the_same_burst_hits_a_client_that_starts_at_full_width(server: FakeOpenAI, tmp_path: Path) -> None:
     """Proves the fault server bites: without the ramp, the burst rejects far more than 5%."""
     server.faults = BURST
-    settings = RunnerSettings(max_in_flight=1000, initial_in_flight=1000, **FAST_RETRY)
-    _run(server, tmp_path, prompt_shards(1, 1000), settings)
+    settings = RunnerSettings(max_in_flight=2000, initial_in_flight=2000, **FAST_RETRY)
+    _run(server, tmp_path, prompt_shards(1, 2000), settings)
     assert server.outcomes["429"] / server.received > 0.05
 
 
