@@ -16,13 +16,21 @@ from eagle_data_tests.servers.openai_fake import prompt_shards, spec_for_tests
 @pytest.mark.parametrize("kind", ["openai", "openrouter", "sglang"])
 def test_unreachable_engine_url_is_a_one_line_error(kind: str, tmp_path: Path):
     url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
-    settings = {"urls": (url,), "model": "m", "mode": "chat"} if kind == "sglang" else {"base_url": f"{url}/v1", "model": "m"}
+    settings = (
+        {"urls": (url,), "model": "m", "mode": "chat"} if kind == "sglang" else {"base_url": f"{url}/v1", "model": "m"}
+    )
     if kind == "openrouter":
         settings["api_key_env"] = "EAGLE_TEST_UNUSED_KEY"
     started = time.monotonic()
     with pytest.raises(FatalError) as err:
-        run_generation(make_engine(kind, **settings), spec_for_tests(), prompt_shards(1, 3), ShardStore(str(tmp_path)),
-                       settings=RunnerSettings(progress_bar=False), log=lambda line: None)
+        run_generation(
+            make_engine(kind, **settings),
+            spec_for_tests(),
+            prompt_shards(1, 3),
+            ShardStore(str(tmp_path)),
+            settings=RunnerSettings(progress_bar=False),
+            log=lambda line: None,
+        )
     message = str(err.value)
     assert url in message and "\n" not in message
     assert time.monotonic() - started < 30

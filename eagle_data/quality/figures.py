@@ -1,0 +1,132 @@
+"""Report figures: numbers Dagster plots across materializations, markdown tables, histogram bins.
+
+Everything is a plain Python value; the Dagster layer wraps tables in MetadataValue.md and passes
+numbers as they are. The HTML report (eagle_data/report.py) draws the same figures.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import pairwise
+
+import polars as pl
+
+from eagle_data.catalog import Checks
+from eagle_data.quality.summary import Summary, share, summarize
+from eagle_data.quality.verdicts import is_answered
+
+# Doubling bins: a spike of identical short replies (loss-mask sum 6) stands out next to replies of
+# thousands of tokens. The last bin is open-ended.
+EDGES = (0, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+SHARD_COLUMN = "shard"  # optional; when present, per-shard trends are reported
+
+Bins = list[tuple[str, int]]
+
+
+@dataclass(frozen=True)
+class Figures:
+    numbers: dict[str, float | int]  # numeric metadata, plotted by the Dagster UI over time
+    tables: dict[str, str]  # markdown tables
+    completion_hist: Bins
+    loss_hist: Bins
+    shards: list[dict[str, float | int | str]]  # one row per shard, in shard order
+    verdicts: dict[str, int]  # verdict -> rows
+
+
+def histogram(values: pl.Series, edges: tuple[int, ...] = EDGES) -> Bins:
+    """(label, count) per bin [edge, next edge); values below the first edge count in the first bin."""
+    index = (pl.Series(edges).search_sorted(values.drop_nulls(), side="right") - 1).clip(0, len(edges) - 1)
+    counts = index.value_counts()
+    found = dict(zip(counts[counts.columns[0]].to_list(), counts["count"].to_list(), strict=True))
+    labels = [f"{lo}–{hi - 1}" for lo, hi in pairwise(edges)] + [f"{edges[-1]}+"]
+    return [(label, found.get(i, 0)) for i, label in enumerate(labels)]
+
+
+def markdown_table(headers: list[str], rows: list[list[object]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def count_numbers(s: Summary) -> dict[str, float | int]:
+    """The figures that follow from a Summary's counts alone (so they also add up across shards)."""
+    out: dict[str, float | int] = {
+        "rows": s.rows,
+        "train_rows": s.train_rows,
+        "rejected_rows": s.rows - s.train_rows,
+        "pass_share": share(s.verdicts.get("pass", 0), s.rows),
+        "truncated_share": share(s.truncated, s.answered),
+        "failed_share": share(s.failed, s.requested),
+        "short_share": share(s.short, s.completed),
+        "top_loss_share": share(s.top_loss_rows, s.completed),
+        "repeat_share": share(s.top_repeat_prompts, s.prompts),
+        "missing_reasoning_share": share(s.missing_reasoning, s.completed),
+        "ids_mismatch_share": share(s.ids_mismatch, s.ids_checked),
+    }
+    if s.avg_completion_tokens is not None:
+        out["avg_completion_tokens"] = s.avg_completion_tokens
+    return out
+
+
+def _token_numbers(answered: pl.DataFrame) -> dict[str, float | int]:
+    if not answered.height:
+        return {"loss_tokens_total": 0}
+    tokens = answered["completion_tokens"]
+    return {
+        "loss_tokens_total": int(answered["loss_tokens"].sum()),
+        "p50_completion_tokens": float(tokens.quantile(0.5)),  # type: ignore[arg-type]
+        "p90_completion_tokens": float(tokens.quantile(0.9)),  # type: ignore[arg-type]
+        "max_completion_tokens": int(tokens.max()),  # type: ignore[arg-type]
+        "avg_loss_tokens": float(answered["loss_tokens"].mean()),  # type: ignore[arg-type]
+    }
+
+
+def shard_row(key: str, s: Summary) -> dict[str, float | int | str]:
+    """One line of the per-shard trend table."""
+    return {
+        "shard": key,
+        "rows": s.rows,
+        "train_rows": s.train_rows,
+        "truncated_share": round(share(s.truncated, s.answered), 4),
+        "failed_share": round(share(s.failed, s.requested), 4),
+        "short_share": round(share(s.short, s.completed), 4),
+        "avg_completion_tokens": round(s.avg_completion_tokens or 0.0, 1),
+    }
+
+
+def tables(
+    completion_hist: Bins,
+    loss_hist: Bins,
+    verdicts: dict[str, int],
+    shards: list[dict[str, float | int | str]],
+    top_loss: list[tuple[int, int]],
+    replies: int,
+) -> dict[str, str]:
+    """The markdown tables of the report; `top_loss` is (loss-mask sum, rows), most common first."""
+    out = {
+        "completion_tokens_histogram": markdown_table(["completion tokens", "rows"], list(map(list, completion_hist))),
+        "loss_tokens_histogram": markdown_table(["loss-mask sum", "rows"], list(map(list, loss_hist))),
+        "top_loss_sums": markdown_table(
+            ["loss-mask sum", "rows", "share of replies"], [[v, n, f"{share(n, replies):.1%}"] for v, n in top_loss]
+        ),
+        "verdicts": markdown_table(["verdict", "rows"], [[v, n] for v, n in sorted(verdicts.items())]),
+    }
+    if shards:
+        out["shards"] = markdown_table(list(shards[0]), [list(r.values()) for r in shards])
+    return out
+
+
+def figures(frame: pl.DataFrame, checks: Checks) -> Figures:
+    """All report figures of a verdicted frame (one shard, or several with a `shard` column)."""
+    s = summarize(frame, checks)
+    answered = frame.filter(is_answered())
+    completion_hist = histogram(answered["completion_tokens"])
+    loss_hist = histogram(answered["loss_tokens"])
+    top_loss = answered.group_by("loss_tokens").len().sort(["len", "loss_tokens"], descending=[True, False])
+    shards = []
+    if SHARD_COLUMN in frame.columns:
+        parts = sorted(frame.partition_by(SHARD_COLUMN, as_dict=True).items())
+        shards = [shard_row(str(key), summarize(part, checks)) for (key,), part in parts]
+    md = tables(completion_hist, loss_hist, s.verdicts, shards, list(top_loss.head(5).iter_rows()), answered.height)
+    numbers = count_numbers(s) | _token_numbers(answered)
+    return Figures(numbers, md, completion_hist, loss_hist, shards, s.verdicts)

@@ -1,0 +1,180 @@
+"""The static HTML quality report: self-contained pages, charts drawn as inline SVG.
+
+No plotting dependency and no external assets, so a page opens from a local folder or an S3 console
+download alike. `write_reports` stores one page per shard and one per dataset next to the data.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from html import escape
+
+import polars as pl
+
+from eagle_data.catalog import DatasetSpec
+from eagle_data.quality.figures import Bins, Figures, figures
+from eagle_data.quality.gates import CheckResult, Inputs, run_checks
+from eagle_data.quality.rollup import rollup, shard_record
+from eagle_data.quality.verdicts import row_verdicts
+from eagle_data.storage import ShardStore
+
+_W, _H, _PAD = 640, 260, 50  # chart size and margin, px
+_COLORS = ("#2563eb", "#dc2626", "#d97706", "#059669")
+_CSS = """
+body { font: 14px/1.4 system-ui, sans-serif; margin: 2em auto; max-width: 60em; color: #111; }
+table { border-collapse: collapse; margin: 0.5em 0 1.5em; }
+th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: left; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; }
+.pass { color: #059669; font-weight: 600; } .fail { color: #dc2626; font-weight: 600; }
+.warn { color: #d97706; font-weight: 600; }
+svg { display: block; margin: 0.5em 0 1.5em; } svg text { font: 10px system-ui, sans-serif; }
+"""
+
+
+def bar_chart(bins: Bins, title: str) -> str:
+    """Vertical bars, one per bin, count above each bar and the bin label below it."""
+    top = max((n for _, n in bins), default=0) or 1
+    step = (_W - 2 * _PAD) / max(len(bins), 1)
+    bars = []
+    for i, (label, n) in enumerate(bins):
+        h = (_H - 2 * _PAD) * n / top
+        x, y = _PAD + i * step, _H - _PAD - h
+        bars.append(
+            f'<rect x="{x + 2:.1f}" y="{y:.1f}" width="{step - 4:.1f}" height="{h:.1f}" fill="{_COLORS[0]}">'
+            f"<title>{escape(label)}: {n}</title></rect>"
+            f'<text x="{x + step / 2:.1f}" y="{y - 3:.1f}" text-anchor="middle">{n}</text>'
+            f'<text transform="translate({x + step / 2:.1f},{_H - _PAD + 10}) rotate(-35)" text-anchor="end">'
+            f"{escape(label)}</text>"
+        )
+    return _svg(title, "".join(bars))
+
+
+def line_chart(xs: Sequence[str], series: dict[str, Sequence[float]], title: str) -> str:
+    """One polyline per series over shared x labels (shards), y from 0 to the largest value."""
+    top = max((v for values in series.values() for v in values), default=0) or 1
+    step = (_W - 2 * _PAD) / max(len(xs) - 1, 1)
+
+    def point(i: int, v: float) -> tuple[float, float]:
+        return _PAD + i * step, _H - _PAD - (_H - 2 * _PAD) * v / top
+
+    parts = [f'<text x="4" y="{_PAD}">{top:g}</text><text x="4" y="{_H - _PAD}">0</text>']
+    for k, (name, values) in enumerate(series.items()):
+        color = _COLORS[k % len(_COLORS)]
+        points = " ".join(f"{x:.1f},{y:.1f}" for x, y in (point(i, v) for i, v in enumerate(values)))
+        parts.append(f'<polyline points="{points}" fill="none" stroke="{color}" stroke-width="2"/>')
+        parts += [
+            f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{color}"><title>{escape(name)} shard '
+            f"{escape(xs[i])}: {values[i]:g}</title></circle>"
+            for i, (x, y) in enumerate(point(i, v) for i, v in enumerate(values))
+        ]
+        parts.append(f'<text x="{_PAD + 140 * k}" y="{_PAD - 8}" fill="{color}">{escape(name)}</text>')
+    if xs:
+        parts.append(f'<text x="{_PAD}" y="{_H - _PAD + 12}">{escape(xs[0])}</text>')
+        parts.append(f'<text x="{_W - _PAD}" y="{_H - _PAD + 12}" text-anchor="end">{escape(xs[-1])}</text>')
+    return _svg(title, "".join(parts))
+
+
+def _svg(title: str, body: str) -> str:
+    axis = f'<line x1="{_PAD}" y1="{_H - _PAD}" x2="{_W - _PAD}" y2="{_H - _PAD}" stroke="#888"/>'
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{_H}" role="img" '
+        f'aria-label="{escape(title)}"><title>{escape(title)}</title>{axis}{body}</svg>'
+    )
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    def cell(v: object) -> str:
+        num = isinstance(v, int | float)
+        text = f"{v:,.4g}" if isinstance(v, float) else f"{v:,}" if isinstance(v, int) else escape(str(v))
+        return f'<td class="num">{text}</td>' if num else f"<td>{text}</td>"
+
+    head = "".join(f"<th>{escape(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(cell(v) for v in row) + "</tr>" for row in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _check_rows(results: Sequence[CheckResult]) -> list[str]:
+    rows = []
+    for r in results:
+        css, label = ("pass", "PASS") if r.passed else ("fail", "FAIL") if r.severity == "ERROR" else ("warn", "WARN")
+        blocking = " (blocking)" if r.blocking else ""
+        rows.append(
+            f'<tr><td>{escape(r.name)}</td><td class="{css}">{label}</td><td>{r.severity}{blocking}</td>'
+            f"<td>{escape(r.message)}</td></tr>"
+        )
+    return rows
+
+
+def render_report(title: str, figures: Figures, results: Sequence[CheckResult]) -> bytes:
+    """The report page as UTF-8 bytes: checks, key figures, histograms, per-shard trends, verdicts."""
+    sections = [
+        f"<h1>{escape(title)}</h1>",
+        "<h2>Checks</h2><table><tr><th>check</th><th>result</th><th>severity</th><th>figures</th></tr>",
+        *_check_rows(results),
+        "</table><h2>Figures</h2>",
+        _table(["figure", "value"], sorted(figures.numbers.items())),
+        "<h2>Completion tokens</h2>",
+        bar_chart(figures.completion_hist, "Replies by completion tokens"),
+        "<h2>Loss-mask sums</h2>",
+        bar_chart(figures.loss_hist, "Replies by loss-mask sum"),
+    ]
+    if figures.shards:
+        xs = [str(r["shard"]) for r in figures.shards]
+        shares = {k: [float(r[k]) for r in figures.shards] for k in ("truncated_share", "failed_share", "short_share")}
+        sections += [
+            "<h2>Per shard</h2>",
+            line_chart(xs, shares, "Shares per shard"),
+            line_chart(
+                xs,
+                {"avg_completion_tokens": [float(r["avg_completion_tokens"]) for r in figures.shards]},
+                "Average completion tokens per shard",
+            ),
+            _table(list(figures.shards[0]), [list(r.values()) for r in figures.shards]),
+        ]
+    sections += ["<h2>Verdicts</h2>", _table(["verdict", "rows"], _verdict_rows(figures))]
+    page = "\n".join(sections)
+    return (
+        f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title>'
+        f"<style>{_CSS}</style></head><body>\n{page}\n</body></html>\n"
+    ).encode()
+
+
+def _verdict_rows(figures: Figures) -> list[tuple[str, int]]:
+    return sorted(figures.verdicts.items(), key=lambda kv: -kv[1])
+
+
+def partition_label(keys: Sequence[str]) -> str:
+    """ "00003" for one partition, "00000...00009" for a range."""
+    return keys[0] if len(keys) == 1 else f"{keys[0]}...{keys[-1]}"
+
+
+def quality_prefix(spec: DatasetSpec) -> str:
+    """Where a dataset's reports live: `{ds}/{ds}_quality/` next to its shards."""
+    return f"{spec.name}/{spec.name}_quality"
+
+
+def write_reports(
+    spec: DatasetSpec,
+    store: ShardStore,
+    frames: Mapping[str, pl.DataFrame],
+    previous_avg_completion_tokens: float | None = None,
+) -> str:
+    """Write each shard's record and page, then refresh the dataset page from every shard's record.
+
+    `frames` maps partition keys to verdicted validated shards. Returns the dataset page's URI
+    (`{root}/{ds}/{ds}_quality/index.html`). Two runs finishing at once may leave the page one shard
+    behind; the next materialization brings it up to date.
+    """
+    prefix, inputs = quality_prefix(spec), Inputs(spec.checks, spec.generation.thinking, previous_avg_completion_tokens)
+    for key, shard in frames.items():
+        frame = shard if "verdict" in shard.columns else row_verdicts(shard, spec.checks, spec.generation.thinking)
+        results = run_checks(frame, inputs)
+        record = shard_record(key, frame, spec.checks, results)
+        store.write_bytes(f"{prefix}/{key}.json", json.dumps(record).encode())
+        page = render_report(f"{spec.title or spec.name}: shard {key}", figures(frame, spec.checks), results)
+        store.write_bytes(f"{prefix}/{key}.html", page)
+    records = [json.loads(store.read_bytes(k)) for k in store.list(prefix) if k.endswith(".json")]
+    fig, results = rollup(records)
+    title = f"{spec.title or spec.name} ({spec.name}): {len(records)} of {spec.num_shards} shards"
+    return store.write_bytes(f"{prefix}/index.html", render_report(title, fig, results))

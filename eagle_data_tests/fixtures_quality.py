@@ -1,0 +1,166 @@
+"""Validated-shaped frames for the quality tests, with real Qwen3 token ids, and a webhook receiver.
+
+Each row is a one-turn ChatML conversation. The loss mask starts after the `<think>` that ends the
+generation prompt (as in templates whose prompt ends in `<think>`), so the empty reply
+`<think>\\n\\n</think>\\n\\nOK.<|im_end|>` has a loss-mask sum of 6, as in the real incident.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import polars as pl
+
+from eagle_data.targets.vocab import qwen_tokenizer
+
+EMPTY_REPLY_LOSS = 6
+_SENTENCES = (
+    "the model reads each prompt and writes a careful answer about code data tokens shards loss masks "
+    "python function returns list values sorted order because first second then finally check result "
+    "speculative decoding draft target accepts proposal"
+)
+_WORDS = _SENTENCES.split()
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One generation outcome to turn into a validated row."""
+
+    question: str
+    reasoning: str = ""
+    content: str = ""
+    status: str = "ok"  # ok | truncated | failed | skipped_budget
+
+
+def _row(i: int, r: Reply, dataset: str) -> dict[str, object]:
+    tok = qwen_tokenizer()
+    prompt = f"<|im_start|>user\n{r.question}<|im_end|>\n<|im_start|>assistant\n<think>"
+    answered = r.status in ("ok", "truncated")
+    reply = f"\n{r.reasoning}\n</think>\n\n{r.content}" if r.reasoning else f"\n\n</think>\n\n{r.content}"
+    reply += "<|im_end|>" if r.status == "ok" else ""
+    prompt_ids = tok.encode(prompt, add_special_tokens=False).ids
+    reply_ids = tok.encode(reply, add_special_tokens=False).ids if answered else []
+    ids = prompt_ids + reply_ids
+    flag = True if answered else None
+    return {
+        "prompt_id": f"{dataset}-{i:05d}",
+        "dataset": dataset,
+        "status": r.status,
+        "finish_reason": {"ok": "stop", "truncated": "length"}.get(r.status, ""),
+        "content": r.content if answered else "",
+        "reasoning": r.reasoning if answered else "",
+        "completion_tokens": len(reply_ids),
+        "input_ids": ids,
+        "loss_mask": [0] * len(prompt_ids) + [1] * len(reply_ids),
+        "num_tokens": len(ids),
+        "loss_tokens": len(reply_ids),
+        "roundtrip_ok": tok.decode(ids, skip_special_tokens=False) == prompt + reply if answered else None,
+        "prefix_ok": flag,
+        "structure_ok": flag,
+        "special_in_text": 0,
+        "eot_ok": (r.status == "ok") if answered else None,
+        "ids_match": None,  # the fixture's "engine" returned no ids
+        "target_error": "",
+    }
+
+
+def validated_frame(replies: list[Reply], dataset: str = "fixture") -> pl.DataFrame:
+    """A frame with the columns of targets.build_training_rows' output."""
+    rows = [_row(i, r, dataset) for i, r in enumerate(replies)]
+    return pl.DataFrame(
+        rows,
+        schema_overrides={
+            "input_ids": pl.List(pl.Int32),
+            "loss_mask": pl.List(pl.UInt8),
+            "ids_match": pl.Boolean,
+        },
+        infer_schema_length=None,
+    )
+
+
+def set_rows(frame: pl.DataFrame, rows: list[int], **values: object) -> pl.DataFrame:
+    """`frame` with the given columns overwritten on the given row numbers."""
+    hit = pl.int_range(pl.len()).is_in(rows)
+    return frame.with_columns(
+        pl.when(hit).then(pl.lit(v, dtype=frame.schema[k])).otherwise(pl.col(k)).alias(k) for k, v in values.items()
+    )
+
+
+def _text(rng: random.Random, words: int) -> str:
+    return " ".join(rng.choice(_WORDS) for _ in range(words)).capitalize() + "."
+
+
+def varied_replies(n: int, seed: int = 0) -> list[Reply]:
+    """Healthy replies: reasoning and answers of varied length, no two alike."""
+    rng = random.Random(seed)
+    return [
+        Reply(
+            f"Question {i}: {_text(rng, 12)}",
+            _text(rng, rng.randint(20, 160)),
+            _text(rng, rng.randint(15, 240)),
+        )
+        for i in range(n)
+    ]
+
+
+def clean_frame(n: int = 200, seed: int = 0, dataset: str = "fixture") -> pl.DataFrame:
+    """Passes every check: 1% truncated, 0.5% failed (both under their limits), the rest healthy."""
+    replies = varied_replies(n, seed)
+    replies[3] = Reply(replies[3].question, replies[3].reasoning, replies[3].content, "truncated")
+    replies[7] = Reply(replies[7].question, replies[7].reasoning, replies[7].content, "truncated")
+    replies[11] = Reply(replies[11].question, status="failed")
+    return validated_frame(replies, dataset)
+
+
+def regression_frame(n: int = 200, empty_share: float = 0.87, seed: int = 0, dataset: str = "fixture") -> pl.DataFrame:
+    """The real incident: `empty_share` of rows are the empty "OK." reply (loss-mask sum 6)."""
+    replies = varied_replies(n, seed)
+    empty = round(n * empty_share)
+    replies[:empty] = [Reply(r.question, "", "OK.") for r in replies[:empty]]
+    return validated_frame(replies, dataset)
+
+
+class Receiver:
+    """A real webhook receiver on 127.0.0.1: records each POSTed JSON body; answers `status` after `delay`."""
+
+    def __init__(self, status: int = 200, delay: float = 0.0) -> None:
+        self.status, self.delay = status, delay
+        self.bodies: list[dict[str, Any]] = []
+        self.headers: list[dict[str, str]] = []
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                receiver.bodies.append(json.loads(body))
+                receiver.headers.append(dict(self.headers))
+                time.sleep(receiver.delay)
+                self.send_response(receiver.status)
+                self.end_headers()
+                self.wfile.write(b"ok")
+
+            def log_message(self, *args: object) -> None:  # keep test output quiet
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
+
+    @property
+    def url(self) -> str:
+        """Shaped like a Slack webhook, with a secret-looking path that must never leak."""
+        return f"http://127.0.0.1:{self.server.server_port}/services/T000/B000/s3cr3tT0ken"
+
+    def __enter__(self) -> Receiver:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()

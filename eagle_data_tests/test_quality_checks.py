@@ -1,0 +1,170 @@
+"""Dataset-level checks: each one shown to fail and to pass, plus the two acceptance fixtures."""
+
+from __future__ import annotations
+
+import polars as pl
+import pytest
+
+from eagle_data.catalog import Checks
+from eagle_data.quality import CHECKS, CheckResult, Inputs, row_verdicts, run_checks, run_checks_by_shard
+from eagle_data_tests.fixtures_quality import clean_frame, regression_frame, set_rows, validated_frame, varied_replies
+
+THRESHOLDS = Checks()
+
+
+@pytest.fixture(scope="module")
+def clean() -> pl.DataFrame:
+    return clean_frame()
+
+
+def check(frame: pl.DataFrame, name: str, thinking: bool = True, previous: float | None = None) -> CheckResult:
+    results = {r.name: r for r in run_checks(frame, Inputs(THRESHOLDS, thinking, previous))}
+    return results[name]
+
+
+def test_specs_declare_what_the_issue_asks() -> None:
+    spec = {d.name: (d.severity, d.blocking) for d in CHECKS}
+    assert spec == {
+        "empty_response": ("ERROR", True),
+        "token_structure": ("ERROR", True),
+        "truncation_rate": ("WARN", False),
+        "failed_rate": ("WARN", False),
+        "reasoning_present": ("ERROR", False),
+        "length_shift": ("WARN", False),
+    }
+
+
+def test_clean_fixture_passes_every_check(clean: pl.DataFrame) -> None:
+    avg = float(clean.filter(pl.col("status") != "failed")["completion_tokens"].mean())  # type: ignore[arg-type]
+    results = run_checks(clean, Inputs(THRESHOLDS, True, avg * 1.2))
+    assert [r.name for r in results if not r.passed] == []
+    assert len(results) == len(CHECKS)
+
+
+def test_regression_fixture_fails_the_blocking_check_with_the_87_percent_figure() -> None:
+    results = run_checks(regression_frame(), Inputs(THRESHOLDS, True))
+    failed = [r for r in results if not r.passed]
+    assert [r.name for r in failed] == ["empty_response"]  # one cause, one alert
+    r = failed[0]
+    assert (r.severity, r.blocking, r.alerts) == ("ERROR", True, True)
+    assert r.figure == pytest.approx(0.87)
+    assert "87.0% of rows have loss-mask sum 6 (limit 20%)" in r.message
+    assert "87.0% of prompts got the same completion 'OK.' (limit 5%)" in r.message
+    assert r.metadata()["figure"] == pytest.approx(0.87)
+
+
+def test_empty_response_fails_on_short_rows_alone(clean: pl.DataFrame) -> None:
+    r = check(set_rows(clean, [20, 21, 22, 23], loss_tokens=10), "empty_response")
+    assert not r.passed
+    assert r.message == "2.0% of 197 completed rows have loss-mask sum <= 16 (limit 1%)"
+    assert check(set_rows(clean, [20], loss_tokens=10), "empty_response").passed  # 0.5%: under the limit
+
+
+def test_two_rows_sharing_a_value_in_a_small_shard_are_chance(clean: pl.DataFrame) -> None:
+    small = clean.head(6)
+    assert check(set_rows(small, [0, 1], loss_tokens=321, content="Same."), "empty_response").passed  # 2 of 6
+    r = check(set_rows(small, [0, 1, 2], loss_tokens=321), "empty_response")
+    assert not r.passed and r.message == "60.0% of rows have loss-mask sum 321 (limit 20%)"  # 3 of 5 completed
+
+
+def test_empty_response_fails_on_one_dominant_loss_sum_alone(clean: pl.DataFrame) -> None:
+    r = check(set_rows(clean, list(range(20, 70)), loss_tokens=321), "empty_response")
+    assert not r.passed
+    assert r.message == "25.4% of rows have loss-mask sum 321 (limit 20%)"
+    assert check(set_rows(clean, list(range(20, 50)), loss_tokens=321), "empty_response").passed  # 15.7%
+
+
+def test_empty_response_fails_on_one_repeated_completion_alone(clean: pl.DataFrame) -> None:
+    r = check(set_rows(clean, list(range(20, 32)), content="I cannot help with that."), "empty_response")
+    assert not r.passed
+    assert r.message == "6.1% of prompts got the same completion 'I cannot help with that.' (limit 5%)"
+    assert check(set_rows(clean, list(range(20, 28)), content="Same."), "empty_response").passed  # 4.1%
+
+
+def test_a_completion_answering_one_prompt_is_not_a_repeat() -> None:
+    r = check(validated_frame(varied_replies(10)), "empty_response")  # 10 distinct replies, none repeated
+    assert r.passed and r.details["top_repeat_share"] == 0.0
+
+
+def test_token_structure_fails_on_a_single_bad_row(clean: pl.DataFrame) -> None:
+    r = check(set_rows(clean, [5], eot_ok=False), "token_structure")
+    assert not r.passed and r.blocking
+    assert r.figure == 1
+    assert r.message == "1 of 200 rows have broken token structure (missing_eot 1; e.g. prompt_id fixture-00005)"
+    assert check(clean, "token_structure").passed
+
+
+def test_a_special_token_string_in_a_prompt_is_set_aside_without_blocking(clean: pl.DataFrame) -> None:
+    frame = set_rows(clean, [5], special_in_text=1)  # "what does `<|im_end|>` mean?", encoded as text
+    assert check(frame, "token_structure").passed
+    assert row_verdicts(frame, THRESHOLDS, True)["verdict"][5] == "special_token_in_text"
+
+
+def test_truncation_rate_warns_above_the_limit(clean: pl.DataFrame) -> None:
+    r = check(set_rows(clean, list(range(20, 30)), status="truncated"), "truncation_rate")
+    assert (r.passed, r.severity, r.blocking, r.alerts) == (False, "WARN", False, False)
+    assert r.message == "6.0% of 199 replies hit max_tokens (limit 5%)"
+    assert check(clean, "truncation_rate").passed
+
+
+def test_failed_rate_warns_above_the_limit(clean: pl.DataFrame) -> None:
+    r = check(set_rows(clean, [20, 21, 22, 23], status="failed"), "failed_rate")
+    assert (r.passed, r.severity) == (False, "WARN")
+    assert r.message == "2.5% of 200 requests failed (limit 2%)"
+    assert check(clean, "failed_rate").passed
+
+
+def test_failed_rate_ignores_rows_never_sent_for_budget(clean: pl.DataFrame) -> None:
+    r = check(set_rows(clean, list(range(100, 200)), status="skipped_budget"), "failed_rate")
+    assert r.message == "1.0% of 100 requests failed (limit 2%)"
+
+
+def test_missing_reasoning_is_an_error_only_when_thinking_is_on(clean: pl.DataFrame) -> None:
+    frame = set_rows(clean, [20, 21, 22], reasoning="")
+    r = check(frame, "reasoning_present")
+    assert (r.passed, r.severity, r.blocking, r.alerts) == (False, "ERROR", False, True)
+    assert r.message == "1.5% of 197 completed rows have no reasoning while thinking is on (limit 1%)"
+    assert check(frame, "reasoning_present", thinking=False).passed
+    assert check(clean, "reasoning_present").passed
+
+
+def test_length_shift_warns_with_both_figures(clean: pl.DataFrame) -> None:
+    avg = check(clean, "length_shift").details["avg_completion_tokens"]
+    assert isinstance(avg, float)
+    r = check(clean, "length_shift", previous=avg * 4)
+    assert (r.passed, r.severity) == (False, "WARN")
+    assert r.message == f"average completion length {avg:,.1f} tokens vs {avg * 4:,.1f} last time (-75.0%, limit ±50%)"
+    assert r.figure == pytest.approx(-0.75)
+    assert check(clean, "length_shift", previous=avg * 1.4).passed
+    assert check(clean, "length_shift", previous=None).passed
+
+
+def test_checks_follow_the_frame_they_are_handed(clean: pl.DataFrame) -> None:
+    regression = regression_frame(100, dataset="other")
+    both = pl.concat([clean, regression])
+    assert check(clean, "empty_response").passed
+    assert not check(regression, "empty_response").passed
+    mixed = check(both, "empty_response")
+    assert not mixed.passed and "29.3% of rows have loss-mask sum 6" in mixed.message  # 87 of 297 completed
+
+
+def test_an_empty_shard_passes_without_errors(clean: pl.DataFrame) -> None:
+    assert all(r.passed for r in run_checks(clean.clear(), Inputs(THRESHOLDS, True, 100.0)))
+
+
+def test_a_bad_shard_is_not_hidden_among_good_ones(clean: pl.DataFrame) -> None:
+    bad = set_rows(clean_frame(100, seed=2, dataset="c"), list(range(20, 30)), status="truncated")
+    frames = {"00002": bad, "00000": clean, "00001": clean_frame(200, seed=1, dataset="b")}
+    assert check(pl.concat(list(frames.values())), "truncation_rate").passed  # 3.2% over all shards
+    results = {r.name: r for r in run_checks_by_shard(frames.items(), Inputs(THRESHOLDS, True))}
+    r = results["truncation_rate"]
+    assert not r.passed
+    assert r.message == "shard 00002: 12.1% of 99 replies hit max_tokens (limit 5%)"
+    assert r.details["failing_shards"] == "00002"
+    passing = results["failed_rate"]  # each shard has 1 failed row: 1% of 100 is closest to the 2% limit
+    assert passing.message == "all 3 shards pass; closest, shard 00002: 1.0% of 100 requests failed (limit 2%)"
+
+
+def test_one_shard_gives_the_same_results_as_run_checks(clean: pl.DataFrame) -> None:
+    inputs = Inputs(THRESHOLDS, True)
+    assert run_checks_by_shard([("00000", clean)], inputs) == run_checks(clean, inputs)

@@ -1,0 +1,103 @@
+"""Report figures: histogram bins, numeric metadata, markdown tables, per-shard trends."""
+
+from __future__ import annotations
+
+import json
+
+import polars as pl
+import pytest
+
+from eagle_data.catalog import Checks
+from eagle_data.quality import Inputs, figures, rollup, row_verdicts, run_checks, shard_record
+from eagle_data.quality.figures import EDGES, histogram, markdown_table
+from eagle_data_tests.fixtures_quality import clean_frame, regression_frame, set_rows
+
+THRESHOLDS = Checks()
+
+
+def verdicted(frame: pl.DataFrame) -> pl.DataFrame:
+    return row_verdicts(frame, THRESHOLDS, True)
+
+
+def test_histogram_puts_each_value_in_its_doubling_bin() -> None:
+    bins = dict(histogram(pl.Series([0, 6, 7, 8, 15, 16, 5000, 9000, 100_000, None])))
+    assert list(bins) == ["0–7", "8–15", "16–31", "32–63", "64–127", "128–255", "256–511", "512–1023",
+                          "1024–2047", "2048–4095", "4096–8191", "8192+"]  # fmt: skip
+    assert (bins["0–7"], bins["8–15"], bins["16–31"], bins["4096–8191"], bins["8192+"]) == (3, 2, 1, 1, 2)
+    assert sum(bins.values()) == 9 and len(bins) == len(EDGES)
+
+
+def test_regression_figures_show_the_spike_at_loss_sum_6() -> None:
+    fig = figures(verdicted(regression_frame()), THRESHOLDS)
+    assert fig.loss_hist[0] == ("0–7", 174)
+    assert fig.numbers["short_share"] == pytest.approx(0.87)
+    assert fig.numbers["top_loss_share"] == pytest.approx(0.87)
+    assert fig.numbers["train_rows"] == 26 and fig.numbers["rejected_rows"] == 174
+    assert "| 6 | 174 | 87.0% |" in fig.tables["top_loss_sums"]
+    assert "| short_loss | 174 |" in fig.tables["verdicts"]
+
+
+def test_numbers_are_plain_numbers_and_tables_are_markdown() -> None:
+    fig = figures(verdicted(clean_frame()), THRESHOLDS)
+    assert all(type(v) in (int, float) for v in fig.numbers.values())
+    assert fig.numbers["truncated_share"] == pytest.approx(2 / 199)
+    assert fig.numbers["failed_share"] == pytest.approx(1 / 200)
+    assert fig.numbers["p50_completion_tokens"] <= fig.numbers["p90_completion_tokens"]
+    assert fig.numbers["max_completion_tokens"] == clean_frame()["completion_tokens"].max()
+    assert all(t.startswith("| ") and "\n|---|" in t for t in fig.tables.values())
+    assert "shards" not in fig.tables and fig.shards == []  # no shard column: no trends
+
+
+def test_per_shard_trends_follow_shard_order() -> None:
+    frame = pl.concat(
+        [
+            clean_frame(50, seed=2, dataset="a").with_columns(shard=pl.lit("00001")),
+            regression_frame(50, dataset="b").with_columns(shard=pl.lit("00002")),
+            clean_frame(50, seed=1, dataset="c").with_columns(shard=pl.lit("00000")),
+        ]
+    )
+    fig = figures(verdicted(frame), THRESHOLDS)
+    assert [r["shard"] for r in fig.shards] == ["00000", "00001", "00002"]
+    assert [r["short_share"] for r in fig.shards] == [0.0, 0.0, 0.88]  # 44 of 50 rounds to 88%
+    assert fig.tables["shards"].splitlines()[0].startswith("| shard | rows | train_rows |")
+
+
+def test_engine_id_mismatches_are_counted_not_rejected() -> None:
+    frame = set_rows(clean_frame(), [0, 1, 2, 3], ids_match=True)
+    frame = set_rows(frame, [0], ids_match=False)
+    fig = figures(verdicted(frame), THRESHOLDS)
+    assert fig.numbers["ids_mismatch_share"] == pytest.approx(0.25)  # of the 4 rows with engine ids
+    assert fig.numbers["train_rows"] == 199
+
+
+def test_markdown_table_renders_rows() -> None:
+    assert markdown_table(["a", "b"], [[1, "x"]]) == "| a | b |\n|---|---|\n| 1 | x |"
+
+
+def test_rollup_of_shard_records_adds_up_like_the_whole_frame() -> None:
+    shards = {
+        "00000": verdicted(clean_frame(120, seed=1, dataset="a")),
+        "00001": verdicted(regression_frame(80, dataset="b")),
+        "00002": verdicted(clean_frame(60, seed=2, dataset="c")),
+    }
+    records = [
+        json.loads(json.dumps(shard_record(k, f, THRESHOLDS, run_checks(f, Inputs(THRESHOLDS, True)))))
+        for k, f in reversed(shards.items())
+    ]  # stored as JSON, read back in any order
+    fig, results = rollup(records)
+    whole = figures(pl.concat(list(shards.values())), THRESHOLDS)
+    assert fig.completion_hist == whole.completion_hist and fig.loss_hist == whole.loss_hist
+    for name in ("rows", "train_rows", "truncated_share", "failed_share", "short_share", "loss_tokens_total"):
+        assert fig.numbers[name] == pytest.approx(whole.numbers[name]), name
+    assert fig.numbers["avg_completion_tokens"] == pytest.approx(whole.numbers["avg_completion_tokens"])
+    assert fig.numbers["top_loss_share_worst_shard"] == pytest.approx(70 / 80)
+    assert fig.verdicts == whole.verdicts
+    assert [r["shard"] for r in fig.shards] == ["00000", "00001", "00002"]
+    by_name = {r.name: r for r in results}
+    assert by_name["empty_response"].message.startswith("shard 00001: 87.5% of 80 completed rows")
+    assert by_name["token_structure"].message.startswith("all 3 shards pass; closest, shard 00000: ")
+
+
+def test_rollup_without_records_says_what_to_do() -> None:
+    with pytest.raises(ValueError, match="materialize a validated shard first"):
+        rollup([])

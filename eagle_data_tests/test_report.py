@@ -1,0 +1,93 @@
+"""The static HTML report: self-contained, well-formed SVG charts, escaped text, failures visible."""
+
+from __future__ import annotations
+
+import re
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import polars as pl
+
+from eagle_data.catalog import Adapter, Checks, DatasetSpec
+from eagle_data.quality import Inputs, figures, row_verdicts, run_checks
+from eagle_data.report import bar_chart, partition_label, render_report, write_reports
+from eagle_data.storage import ShardStore
+from eagle_data_tests.fixtures_quality import clean_frame, regression_frame, set_rows
+
+THRESHOLDS = Checks()
+SVG = re.compile(r"<svg .*?</svg>", re.S)
+
+
+def report(frame: pl.DataFrame, title: str = "b7_sharegpt quality") -> str:
+    frame = row_verdicts(frame, THRESHOLDS, True)
+    results = run_checks(frame, Inputs(THRESHOLDS, True))
+    page = render_report(title, figures(frame, THRESHOLDS), results)
+    assert isinstance(page, bytes)
+    return page.decode()
+
+
+def test_regression_report_shows_the_failed_check_and_the_spike() -> None:
+    page = report(regression_frame())
+    row = re.search(r"<tr><td>empty_response</td>.*?</tr>", page)
+    assert row and 'class="fail">FAIL<' in row.group() and "87.0% of rows have loss-mask sum 6" in row.group()
+    assert "<title>0–7: 174</title>" in page  # the loss-mask histogram bar of the empty replies
+
+
+def test_charts_are_well_formed_svg_with_one_bar_per_bin() -> None:
+    charts = SVG.findall(report(clean_frame()))
+    assert len(charts) == 2  # completion tokens, loss-mask sums; no shard column: no trend charts
+    for svg in charts:
+        root = ET.fromstring(svg)
+        assert len(root.findall("{http://www.w3.org/2000/svg}rect")) == 12
+
+
+def test_per_shard_trend_charts_appear_with_a_shard_column() -> None:
+    frame = pl.concat(
+        [clean_frame(40, seed=s, dataset=f"d{s}").with_columns(shard=pl.lit(f"0000{s}")) for s in range(3)]
+    )
+    page = report(frame)
+    charts = SVG.findall(page)
+    assert len(charts) == 4
+    trend = ET.fromstring(charts[2])
+    assert len(trend.findall("{http://www.w3.org/2000/svg}polyline")) == 3  # truncated, failed, short
+    assert "<td>00002</td>" in page
+
+
+def test_text_from_the_data_is_escaped() -> None:
+    frame = set_rows(clean_frame(), list(range(20, 40)), content="<script>alert(1)</script>")
+    page = report(frame, title="a <b> title")
+    assert "<script>" not in page and "&lt;script&gt;" in page
+    assert "<title>a &lt;b&gt; title</title>" in page
+
+
+def test_the_page_needs_nothing_from_outside() -> None:
+    page = report(clean_frame())
+    assert not re.search(r"""(src|href)=["']?https?:""", page)
+
+
+def test_bar_chart_of_no_data_draws_empty_bars() -> None:
+    root = ET.fromstring(bar_chart([("0–7", 0), ("8+", 0)], "empty"))
+    assert [r.get("height") for r in root.findall("{http://www.w3.org/2000/svg}rect")] == ["0.0", "0.0"]
+
+
+def test_write_reports_keeps_a_page_per_shard_and_rolls_up_the_dataset(tmp_path: Path) -> None:
+    spec = DatasetSpec(name="b9_fixture", title="Fixture", adapter=Adapter(prompt_field="q", response_field="r"))
+    store = ShardStore(str(tmp_path))
+    uri = write_reports(spec, store, {"00001": regression_frame(100, dataset="r"), "00000": clean_frame(100)})
+    assert uri == f"{tmp_path}/b9_fixture/b9_fixture_quality/index.html"
+    page = Path(uri).read_text()
+    assert "Fixture (b9_fixture): 2 of 200 shards" in page
+    row = re.search(r"<tr><td>empty_response</td>.*?</tr>", page)
+    assert row and 'class="fail">FAIL<' in row.group() and "shard 00001: 87.0% of" in row.group()
+    assert store.list("b9_fixture/b9_fixture_quality") == [
+        f"b9_fixture/b9_fixture_quality/{name}"
+        for name in ("00000.html", "00000.json", "00001.html", "00001.json", "index.html")
+    ]
+    write_reports(spec, store, {"00002": clean_frame(50, seed=5, dataset="c")})  # a later run, one shard
+    page = Path(uri).read_text()
+    assert "3 of 200 shards" in page and "<td>00002</td>" in page and "shard 00001: 87.0%" in page
+
+
+def test_partition_label_names_one_partition_or_a_range() -> None:
+    assert partition_label(["00003"]) == "00003"
+    assert partition_label(["00000", "00001", "00002"]) == "00000...00002"
