@@ -62,7 +62,7 @@ class Generation(_Frozen):
 
 
 class Checks(_Frozen):
-    """Quality thresholds (see quality.py for what each gates)."""
+    """Quality thresholds (eagle_data/quality/gates.py says what each gates)."""
 
     min_loss_tokens: int = 16
     max_short_share: float = 0.01
@@ -93,6 +93,7 @@ class DatasetSpec(_Frozen):
     cost_budget_usd: float = Field(0.0, ge=0)
     target: str = "qwen3"
     mix_weight: float = Field(1.0, ge=0)  # share of this dataset in the training mix (exports)
+    mask_empty_think: bool = False  # loss mask 0 on an empty think block the model wrote (nothing to learn)
     generation: Generation = Generation()
     checks: Checks = Checks()
 

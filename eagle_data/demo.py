@@ -105,7 +105,7 @@ def build_demo_model(path: Path, *, seed: int = 0, eos_bias: float = 1.0, ascii_
         head[~mask] = 0.0
         head[mask] = torch.randn(int(mask.sum()), head.shape[1]) * ascii_scale
         head[:, 0] = 0.0
-        # Other tokens get logit 0 exactly, far below the ASCII rows' spread; end-of-turn gets a fixed logit.
+        # Non-ASCII tokens read feature 0 negatively (far below the ASCII rows); end-of-turn gets a fixed logit.
         head[~mask, 0] = -4.0
         head[eos] = 0.0
         head[eos, 0] = eos_bias

@@ -30,7 +30,7 @@ def to_specforge_jsonl(validated: pl.DataFrame) -> bytes:
     for prompt_id, messages in rows.iter_rows():
         turns = [
             {"role": m["role"], "content": m["content"]}
-            | ({"reasoning": m["reasoning"]} if m.get("reasoning") is not None else {})
+            | ({"reasoning": m["reasoning"] or ""} if m["role"] == "assistant" else {})
             for m in messages
         ]
         lines.append(json.dumps({"id": prompt_id, "conversations": turns}, ensure_ascii=False) + "\n")
@@ -39,12 +39,10 @@ def to_specforge_jsonl(validated: pl.DataFrame) -> bytes:
 
 def to_training_parquet(validated: pl.DataFrame) -> pl.DataFrame:
     """Token ids and loss masks of the passing rows, ready to write as parquet."""
-    return passed(validated).select(
-        pl.col("prompt_id"),
-        pl.col("dataset"),
-        pl.col("input_ids").cast(pl.List(pl.Int32)),
-        pl.col("loss_mask").cast(pl.List(pl.UInt8)),
+    kept = passed(validated).with_columns(
+        pl.col("input_ids").cast(pl.List(pl.Int32)), pl.col("loss_mask").cast(pl.List(pl.UInt8))
     )
+    return kept.select(TRAINING_COLUMNS)
 
 
 def mix(frames: dict[str, pl.DataFrame], weights: dict[str, float], seed: int) -> pl.DataFrame:

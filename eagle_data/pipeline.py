@@ -16,6 +16,7 @@ from eagle_data import exports, quality, sources
 from eagle_data.catalog import DatasetSpec, shard_index
 from eagle_data.engines.truncation import truncation_report
 from eagle_data.runner import Estimate, RunnerSettings, estimate_generation, run_generation
+from eagle_data.runner.resultlog import ResultLog
 from eagle_data.storage import ShardStore
 from eagle_data.targets import build_training_rows, load_target
 from eagle_data.types import Engine
@@ -34,21 +35,22 @@ def validated_asset(spec: DatasetSpec) -> str:
 def write_prompts(
     spec: DatasetSpec, store: ShardStore, partitions: list[str], source_path: str | None = None
 ) -> dict[str, Any]:
-    """Normalize the source once (the saved prompt index) and write the requested shards."""
+    """Normalize the source once (the saved prompt index) and write the requested shards; returns each
+    partition's figures (its prompt count, and the index's counts of rows read and skipped by reason)."""
     index = sources.load_index(spec, store, source_path)
-    written = 0
-    for key in partitions:
-        shard = index.shard(spec, key)
-        store.write_shard(spec.name, prompts_asset(spec), key, shard)
-        written += shard.height
-    return {
-        "prompts": written,
+    dataset_figures = {
         "prompts_in_source": index.frame.height,
         "rows_read": index.rows_read,
         "skipped": sum(index.skipped.values()),
         **{f"skipped_{reason}": n for reason, n in index.skipped.items()},
         "source": index.source,
     }
+    per_partition = {}
+    for key in partitions:
+        shard = index.shard(spec, key)
+        store.write_shard(spec.name, prompts_asset(spec), key, shard)
+        per_partition[key] = {"prompts": shard.height, **dataset_figures}
+    return per_partition
 
 
 def generate(
@@ -58,15 +60,17 @@ def generate(
     engine: Engine,
     log: Log = print,
     settings: RunnerSettings | None = None,
-) -> dict[str, Any]:
-    """Regenerate every reply of the requested shards; returns the run's figures (counts summed).
+) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """Regenerate every reply of the requested shards; returns the run's figures (counts summed) and
+    each partition's own.
 
     Also warns when more replies hit max_tokens than the catalog allows, with the max_tokens that would
     have covered 95% of them, and adds the engine's own figures (e.g. per SGLang server) when it has any.
     """
     shards = {key: store.read_shard(spec.name, prompts_asset(spec), key) for key in partitions}
     reports = run_generation(engine, spec, shards, store, settings=settings, log=log)
-    figures = merge_figures([report.figures for report in reports.values()])
+    per_partition = {key: report.figures for key, report in reports.items()}
+    figures = merge_figures(list(per_partition.values()))
     answered = pl.concat([store.read_shard(spec.name, spec.name, key) for key in partitions]).filter(
         pl.col("status").is_in(["ok", "truncated"])
     )
@@ -82,7 +86,7 @@ def generate(
         figures["truncation_warning"] = cut.warning
     if stats := getattr(engine, "stats", None):
         figures["engine_stats"] = stats()
-    return figures
+    return figures, per_partition
 
 
 def estimate(
@@ -96,16 +100,19 @@ def estimate(
     log: Log = print,
     settings: RunnerSettings | None = None,
 ) -> Estimate:
-    """Generate the first few prompts of shard 0 (kept: the full run resumes past them), project the rest."""
+    """Generate the first few prompts of shard 0, then project the rest. The sample's rows stay in the
+    result log (no partial shard file), and the full run reuses them instead of paying again."""
     first = spec.partition_keys[0]
     prompts = [store.read_shard(spec.name, prompts_asset(spec), key) for key in spec.partition_keys]
-    run_generation(engine, spec, {first: prompts[0].head(sample_prompts)}, store, settings=settings, log=log)
+    sample = prompts[0].head(sample_prompts)
+    run_generation(engine, spec, {first: sample}, store, settings=settings, log=log, write_shards=False)
+    rows = ResultLog(store, spec.name, first).load().filter(pl.col("prompt_id").is_in(sample["prompt_id"].implode()))
     tokenizer = load_target(spec.target).text_encoder
     return estimate_generation(
         pl.concat(prompts),
         spec,
         lambda text: len(tokenizer.encode(text, add_special_tokens=False).ids),
-        store.read_shard(spec.name, spec.name, first),
+        rows.unique("prompt_id", keep="last"),
         usd_per_prompt_token,
         usd_per_completion_token,
     )
@@ -113,7 +120,9 @@ def estimate(
 
 def validated_rows(spec: DatasetSpec, generations: pl.DataFrame, partition: str) -> pl.DataFrame:
     """Token ids, loss masks and per-row verdicts for one generation shard."""
-    rows = build_training_rows(load_target(spec.target), generations, thinking=spec.generation.thinking)
+    rows = build_training_rows(
+        load_target(spec.target), generations, thinking=spec.generation.thinking, mask_empty_think=spec.mask_empty_think
+    )
     rows = rows.with_columns(pl.lit(shard_index(partition), pl.Int32).alias("shard"))
     return quality.row_verdicts(rows, spec.checks, thinking=spec.generation.thinking)
 
@@ -129,6 +138,7 @@ def validate(spec: DatasetSpec, store: ShardStore, partitions: list[str]) -> pl.
 
 
 ADDITIVE = (
+    "prompts",
     "total",
     "done",
     "ok",

@@ -204,19 +204,42 @@ def _index_keys(spec: DatasetSpec) -> tuple[str, str]:
     return f"{base}/prompts.parquet", f"{base}/summary.json"
 
 
+def _fingerprint(spec: DatasetSpec, location: str) -> dict[str, Any]:
+    """What the index's contents depend on; a saved index is reused only while all of it is unchanged."""
+    return {
+        "source": location,
+        "adapter": spec.adapter.model_dump(),
+        "max_prompts": spec.max_prompts,
+        "max_prompt_chars": spec.max_prompt_chars,
+    }
+
+
 def load_index(spec: DatasetSpec, store: ShardStore, source_path: str | None = None) -> PromptIndex:
-    """The saved prompt index, or build and save it from the source on first use."""
+    """The saved prompt index, or build and save it from the source on first use.
+
+    A saved index built under other settings (another source, adapter, cap) is refused, not reused:
+    shards cut from it would silently hold other prompts than the settings say.
+    """
     frame_key, summary_key = _index_keys(spec)
+    location = source_location(spec, source_path)
+    fingerprint = _fingerprint(spec, location)
     if store.exists(frame_key) and store.exists(summary_key):
         summary = json.loads(store.read_bytes(summary_key))
-        if source_path and source_path != summary["source"]:
+        changed = sorted(k for k, v in fingerprint.items() if summary.get("fingerprint", {}).get(k) != v)
+        if changed:
             raise SourceError(
-                f"dataset {spec.name!r}: its prompt index was built from {summary['source']}, not {source_path}; "
-                f"delete {store.uri(frame_key)} to rebuild it (existing shards then no longer match)"
+                f"dataset {spec.name!r}: its saved prompt index under {store.root} was built with other "
+                f"{', '.join(changed)}; use another EAGLE_DATA_ROOT, or delete {store.uri(frame_key)} to rebuild "
+                "it (shards written from the old index no longer match)"
             )
         return PromptIndex(store.read_frame(frame_key), summary["skipped"], summary["rows_read"], summary["source"])
-    index = build_index(spec, source_location(spec, source_path))
+    index = build_index(spec, location)
     store.write_frame(frame_key, index.frame)
-    summary = {"skipped": index.skipped, "rows_read": index.rows_read, "source": index.source}
+    summary = {
+        "skipped": index.skipped,
+        "rows_read": index.rows_read,
+        "source": index.source,
+        "fingerprint": fingerprint,
+    }
     store.write_bytes(summary_key, json.dumps(summary).encode())
     return index

@@ -6,10 +6,11 @@ import from here, and nothing here imports them back.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal, Protocol, TypedDict
 
 Role = Literal["system", "user", "assistant"]
+PROMPT_ID_HEADER = "X-Eagle-Prompt-Id"  # sent with every request (a content hash, no text): servers can log per prompt
 Status = Literal["ok", "truncated", "failed", "skipped_budget"]
 
 
@@ -85,29 +86,3 @@ class Engine(Protocol):
     async def complete(self, messages: list[Message], *, prompt_id: str) -> Completion: ...
 
     async def aclose(self) -> None: ...
-
-
-@dataclass
-class Generation:
-    """One row of the generation stage (DESIGN.md data contract)."""
-
-    prompt_id: str
-    dataset: str
-    config_hash: str
-    engine: str
-    model: str
-    status: Status
-    messages: list[Message] = field(default_factory=list)  # the conversation with regenerated replies
-    provider: str = ""
-    finish_reason: str = ""
-    reasoning: str = ""  # of the last regenerated turn
-    content: str = ""  # of the last regenerated turn
-    output_ids: list[int] | None = None  # of the last regenerated turn
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    reasoning_tokens: int = 0
-    cost_usd: float = 0.0
-    latency_s: float = 0.0
-    attempts: int = 0
-    error: str = ""
-    finished_at: float = 0.0  # unix seconds

@@ -53,6 +53,7 @@ def test_definitions_hold_three_assets_per_dataset_in_six_groups_plus_the_export
         groups.setdefault(graph.get(key).group_name, set()).add(key.to_user_string())
     assert groups.pop("exports") == {"training_mix"}
     assert groups == {d: {f"{d}_prompts", d, f"{d}_validated"} for d in DATASETS}
+    assert defs.get_job_def("walk_catalog").resource_defs.keys() >= {"storage", "engine"}
 
 
 def test_cli_lists_18_dataset_assets_and_the_mix(demo_env: dict[str, str]):

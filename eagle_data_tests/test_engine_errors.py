@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from eagle_data.engines import make_engine
+from eagle_data.engines import engine_for, make_engine
 from eagle_data.runner import RunnerSettings, run_generation
 from eagle_data.storage import ShardStore
 from eagle_data.types import FatalError
@@ -35,3 +35,14 @@ def test_unreachable_engine_url_is_a_one_line_error(kind: str, tmp_path: Path):
     assert url in message and "\n" not in message
     assert time.monotonic() - started < 30
     assert ShardStore(str(tmp_path)).list("b7_sharegpt") == []
+
+
+@pytest.mark.parametrize(
+    ("kind", "model", "named"),
+    [("openrouter", "", "EAGLE_DATA_MODEL"), ("sglang", "", "EAGLE_DATA_MODEL"), ("sglang", "m", "EAGLE_DATA_BASE_URL"),
+     ("openai", "m", "EAGLE_DATA_BASE_URL")],
+)  # fmt: skip
+def test_missing_engine_settings_name_the_variable_to_set(kind: str, model: str, named: str):
+    with pytest.raises(FatalError, match=f"set {named}") as err:
+        engine_for(kind, spec_for_tests(), model=model)
+    assert "\n" not in str(err.value)

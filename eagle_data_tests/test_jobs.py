@@ -8,6 +8,7 @@ import pytest
 from eagle_data.catalog import catalog
 from eagle_data.defs.jobs import walk_catalog
 from eagle_data.defs.resources import EngineResource, StorageResource
+from eagle_data.storage import ShardStore
 
 
 @pytest.fixture
@@ -38,7 +39,7 @@ def _events(result: dg.ExecuteInProcessResult, kind: str) -> list[tuple[str, str
     ]
 
 
-def test_estimate_only_spends_just_the_sample(run_walk):
+def test_estimate_only_spends_just_the_sample(run_walk, tmp_path: Path):
     result = run_walk(datasets=["b5_openthoughts"], sample_prompts=4, usd_per_million_completion_tokens=2.0,
                       estimate_only=True)
     assert result.success
@@ -49,6 +50,9 @@ def test_estimate_only_spends_just_the_sample(run_walk):
     assert figures["est_completion_tokens"] > 0
     assert figures["est_cost_usd"] == pytest.approx(figures["est_completion_tokens"] * 2e-6, abs=1e-4)
     assert {a for a, _, _ in _events(result, "ASSET_MATERIALIZATION")} == {"b5_openthoughts_prompts"}
+    store = ShardStore(str(tmp_path / "out"))
+    assert not store.shard_exists("b5_openthoughts", "b5_openthoughts", "00000")  # no partial shard file
+    assert len(store.list("b5_openthoughts/b5_openthoughts/_log/00000")) >= 1  # the sample is kept for reuse
 
 
 def test_walk_materializes_every_partition_and_reuses_the_sample(run_walk):
@@ -57,8 +61,13 @@ def test_walk_materializes_every_partition_and_reuses_the_sample(run_walk):
     done = _events(result, "ASSET_MATERIALIZATION")
     for asset in ("b3_magicoder_prompts", "b3_magicoder", "b3_magicoder_validated"):
         assert sorted(p for a, p, _ in done if a == asset) == ["00000", "00001", "00002", "00003"]
-    generation = next(meta for a, p, meta in done if a == "b3_magicoder")
-    assert generation["reused"].value == 5 and generation["ok"].value + generation["truncated"].value == 36
+    generation = {p: meta for a, p, meta in done if a == "b3_magicoder"}
+    assert [generation[p]["total"].value for p in sorted(generation)] == [10, 10, 10, 6]  # each shard's own
+    assert generation["00000"]["reused"].value == 5  # the estimate's sample, not paid twice
+    assert sum(generation[p]["reused"].value for p in generation) == 5
+    assert sum(generation[p]["ok"].value + generation[p]["truncated"].value for p in generation) == 36
+    validated = {p: meta for a, p, meta in done if a == "b3_magicoder_validated"}
+    assert [validated[p]["rows"].value for p in sorted(validated)] == [10, 10, 10, 6]
 
 
 def test_unknown_dataset_in_the_walk_is_a_clear_error(run_walk):

@@ -118,8 +118,13 @@ def test_openrouter_request_carries_routing_and_reasoning_but_config_has_no_url_
     cfg = engine.config()
     assert cfg["provider"] == provider and cfg["reasoning"] == {"enabled": True} and cfg["max_tokens"] == 8192
     assert "openrouter.ai" not in json.dumps(cfg) and "api_key" not in json.dumps(cfg)
-    local = make_engine("openai", model="m", thinking=False)
+    local = make_engine("openai", model="m", base_url="http://127.0.0.1:30000/v1", thinking=False)
     assert local.config()["chat_template_kwargs"] == {"enable_thinking": False}
+
+
+def test_openai_without_a_base_url_never_falls_back_to_another_provider() -> None:
+    with pytest.raises(FatalError, match="engine openai needs a base URL: set EAGLE_DATA_BASE_URL"):
+        make_engine("openai", model="m", api_key_env="OPENAI_API_KEY")
 
 
 def test_unknown_provider_or_reasoning_keys_are_refused() -> None:

@@ -65,3 +65,16 @@ def test_cost_budget_counts_what_other_partitions_already_spent(server: FakeOpen
     figures = _run(server, tmp_path, second, lines, cost_budget_usd=spent * 2)["00001"].figures
     assert 100 <= figures["ok"] <= 100 + IN_FLIGHT and figures["skipped_budget"] == 300 - figures["ok"]
     assert figures["budget_stop"].startswith(f"{DS}: cost budget reached")
+
+
+def test_budget_stop_lets_conversations_under_way_finish_so_no_paid_reply_is_lost(
+    server: FakeOpenAI, tmp_path: Path
+) -> None:
+    shards = prompt_shards(1, 300, turns=3)
+    _run(server, tmp_path, shards, [], token_budget=60_000)
+    out = _frame(tmp_path, shards)
+    replies = out["messages"].list.eval(pl.element().struct.field("role") == "assistant").list.sum()
+    assert set(out["status"]) == {"ok", "skipped_budget"}
+    assert set(replies.filter(out["status"] == "ok")) == {3}  # every started conversation finished
+    assert set(out.filter(pl.col("status") == "skipped_budget")["completion_tokens"]) == {0}  # nothing paid, lost
+    assert sum(server.answered.values()) == 3 * out.filter(pl.col("status") == "ok").height

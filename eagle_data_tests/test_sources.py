@@ -111,10 +111,24 @@ def test_shards_slice_the_index_in_order(tmp_path: Path):
     assert dict(shards[1].schema) == PROMPTS_SCHEMA and set(shards[1]["shard"]) == {1}
 
 
-def test_saved_index_keeps_shards_stable_and_refuses_another_source(tmp_path: Path):
-    spec, store = SPECS["b7_sharegpt"], ShardStore(str(tmp_path))
+def test_saved_index_keeps_shards_stable_even_when_the_source_changes(tmp_path: Path):
+    source = tmp_path / "src.jsonl"
+    source.write_text(SPECS["b7_sharegpt"].sample_path.read_text())
+    spec, store = SPECS["b7_sharegpt"].model_copy(update={"source": str(source)}), ShardStore(str(tmp_path / "out"))
     first = load_index(spec, store)
+    source.write_text('{"id": "new", "conversations": [{"from": "human", "value": "a new first prompt"}]}\n')
     again = load_index(spec, store)
-    assert again.frame.equals(first.frame) and again.skipped == first.skipped
-    with pytest.raises(SourceError, match="delete"):
-        load_index(spec, store, source_path=str(tmp_path / "other.jsonl"))
+    assert again.frame.equals(first.frame) and again.skipped == first.skipped and first.frame.height == 36
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [({"source": "elsewhere.jsonl"}, "source"), ({"max_prompts": 20}, "max_prompts"),
+     ({"max_prompt_chars": 50}, "max_prompt_chars")],
+)  # fmt: skip
+def test_saved_index_built_under_other_settings_is_refused(tmp_path: Path, change: dict, named: str):
+    spec, store = SPECS["b7_sharegpt"], ShardStore(str(tmp_path))
+    load_index(spec, store)
+    with pytest.raises(SourceError, match=rf"other {named}; use another EAGLE_DATA_ROOT, or delete") as err:
+        load_index(spec.model_copy(update=change), store)
+    assert "\n" not in str(err.value)

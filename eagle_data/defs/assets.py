@@ -52,7 +52,8 @@ def build_dataset_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
         context: dg.AssetExecutionContext, config: PromptsConfig, storage: StorageResource
     ) -> dg.MaterializeResult:
         store = storage.store()
-        figures = pipeline.write_prompts(spec, store, context.partition_keys, config.source_path)
+        per_partition = pipeline.write_prompts(spec, store, context.partition_keys, config.source_path)
+        figures = pipeline.merge_figures(list(per_partition.values()))
         context.log.info(f"{ds}: wrote {figures['prompts']} prompts, skipped {figures['skipped']} rows")
         path = store.uri(store.shard_key(ds, pipeline.prompts_asset(spec), "{partition}"))
         return dg.MaterializeResult(metadata={**figures, "path": dg.MetadataValue.path(path)})
@@ -74,7 +75,7 @@ def build_dataset_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
                 "local engine: the demo model has random weights and writes meaningless text; "
                 "real runs use EAGLE_DATA_ENGINE=openrouter or sglang"
             )
-        figures = pipeline.generate(
+        figures, _ = pipeline.generate(
             spec,
             storage.store(),
             context.partition_keys,

@@ -7,9 +7,10 @@ Every shard it writes is reported as a materialization of the matching asset par
 """
 
 import dagster as dg
+import polars as pl
 
 from eagle_data import pipeline, quality
-from eagle_data.catalog import catalog, get_dataset
+from eagle_data.catalog import catalog, get_dataset, shard_index
 from eagle_data.defs.resources import EngineResource, StorageResource
 
 
@@ -21,8 +22,8 @@ class WalkConfig(dg.Config):
     estimate_only: bool = False  # stop after the estimates
 
 
-def _report(context: dg.OpExecutionContext, asset: str, partitions: list[str], metadata: dict) -> None:
-    for key in partitions:
+def _report(context: dg.OpExecutionContext, asset: str, per_partition: dict[str, dict]) -> None:
+    for key, metadata in per_partition.items():
         context.log_event(dg.AssetMaterialization(asset_key=asset, partition=key, metadata=metadata))
 
 
@@ -35,7 +36,7 @@ def walk_datasets(
     for spec in specs:
         keys = spec.partition_keys
         context.log.info(f"{spec.name}: {len(keys)} shards")
-        _report(context, pipeline.prompts_asset(spec), keys, pipeline.write_prompts(spec, store, keys))
+        _report(context, pipeline.prompts_asset(spec), pipeline.write_prompts(spec, store, keys))
         backend = engine.make(spec)
         estimate = pipeline.estimate(
             spec,
@@ -51,10 +52,15 @@ def walk_datasets(
         context.log_event(dg.AssetObservation(asset_key=spec.name, metadata=estimate.figures()))
         if config.estimate_only:
             continue
-        figures = pipeline.generate(spec, store, keys, backend, log=context.log.info, settings=settings)
-        _report(context, spec.name, keys, figures)
-        figures = quality.figures(pipeline.validate(spec, store, keys), spec.checks)
-        _report(context, pipeline.validated_asset(spec), keys, figures.numbers)
+        _, per_partition = pipeline.generate(spec, store, keys, backend, log=context.log.info, settings=settings)
+        _report(context, spec.name, per_partition)
+        rows = pipeline.validate(spec, store, keys)
+        shard = {key: rows.filter(pl.col("shard") == shard_index(key)) for key in keys}
+        _report(
+            context,
+            pipeline.validated_asset(spec),
+            {k: quality.figures(f, spec.checks).numbers for k, f in shard.items()},
+        )
 
 
 walk_catalog = dg.GraphDefinition(name="walk_catalog", node_defs=[walk_datasets]).to_job(

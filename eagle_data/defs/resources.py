@@ -37,7 +37,7 @@ class EngineResource(dg.ConfigurableResource):
     model: str = Field("", description="Served model name; for `local` a checkpoint folder (default: the demo).")
     base_url: str = Field("", description="API base URL (openai/openrouter), or comma-separated SGLang servers.")
     api_key_env: str = Field("", description="Name of the environment variable holding the API key (never the key).")
-    timeout_s: float = Field(600.0, description="Per-request timeout.")
+    timeout_s: float = Field(0.0, description="Per-request timeout in seconds; 0: the engine's default.")
     max_in_flight: int = Field(0, description="Ceiling of concurrent requests; 0: the engine's default.")
 
     def make(self, spec: DatasetSpec) -> Engine:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from eagle_data.types import Engine
+from eagle_data.types import Engine, FatalError
 
 if TYPE_CHECKING:
     from eagle_data.catalog import DatasetSpec
@@ -19,6 +19,9 @@ if TYPE_CHECKING:
 def _openai(**settings: Any) -> Engine:
     from eagle_data.engines.openai_compat import OpenAICompatEngine
 
+    if not settings.get("base_url"):  # never fall back to another provider's URL: the key would go there
+        raise FatalError("engine openai needs a base URL: set EAGLE_DATA_BASE_URL (e.g. http://host:30000/v1)",
+                         kind="config")  # fmt: skip
     return OpenAICompatEngine(name="openai", **settings)
 
 
@@ -68,10 +71,19 @@ def engine_for(
     model: str = "",
     base_url: str = "",
     api_key_env: str = "",
-    timeout_s: float = 600.0,
+    timeout_s: float = 0.0,
 ) -> Engine:
-    """The engine of `kind` set up for one catalog dataset: its sampling settings and its target."""
+    """The engine of `kind` set up for one catalog dataset: its sampling settings and its target.
+
+    `timeout_s` 0 keeps the engine's own per-request default.
+    """
     g = spec.generation
+    if kind in ("openai", "openrouter", "sglang") and not model:
+        raise FatalError(f"engine {kind} needs a model: set EAGLE_DATA_MODEL (e.g. Qwen/Qwen3-8B)", kind="config")
+    if kind == "sglang" and not base_url.strip():
+        raise FatalError("engine sglang needs server URLs: set EAGLE_DATA_BASE_URL to comma-separated "
+                         "http://host:port URLs (or one sglang-router URL)", kind="config")  # fmt: skip
+    timeout = {"timeout_s": timeout_s} if timeout_s else {}
     sampling = {"max_tokens": g.max_tokens, "temperature": g.temperature, "top_p": g.top_p, "thinking": g.thinking}
     if kind == "local":
         return make_engine("local", model=model, min_tokens=g.min_tokens, **sampling)
@@ -80,10 +92,11 @@ def engine_for(
         from eagle_data.targets import load_target
 
         urls = tuple(url.strip() for url in base_url.split(",") if url.strip())
+        timeout = {"request_timeout_s": timeout_s} if timeout_s else {}
         return make_engine("sglang", urls=urls, model=model, codec=codec_for(load_target(spec.target)),
-                           min_tokens=g.min_tokens, request_timeout_s=timeout_s, **sampling)  # fmt: skip
+                           min_tokens=g.min_tokens, **timeout, **sampling)  # fmt: skip
     endpoint = {k: v for k, v in {"model": model, "base_url": base_url, "api_key_env": api_key_env}.items() if v}
-    return make_engine(kind, timeout_s=timeout_s, **endpoint, **sampling)
+    return make_engine(kind, **timeout, **endpoint, **sampling)
 
 
 def runner_settings_for(kind: str, max_in_flight: int = 0) -> RunnerSettings:

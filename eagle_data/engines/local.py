@@ -27,7 +27,7 @@ class LocalEngine:
         if not (self.model_path / "config.json").is_file():
             raise FatalError(
                 f"local engine: no checkpoint at {self.model_path}; run `eagle-data demo-model` to build the demo "
-                "checkpoint, or set EAGLE_DATA_LOCAL_MODEL to a transformers model folder",
+                "checkpoint, or set EAGLE_DATA_MODEL to a transformers model folder",
                 kind="config",
             )
         self.model = self.model_path.name

@@ -1,7 +1,7 @@
 """OpenAI-compatible chat engine (OpenRouter, vLLM, SGLang's /v1, `transformers serve`) on bare aiohttp.
 
 The hot path is one shared aiohttp session with a pool sized for thousands of requests in flight:
-the openai SDK costs 3-6x more CPU per request (FACTS.md), which at 2,000 in flight makes the client
+the openai SDK costs 3-6x more CPU per request (measured on 2 cores), which at 2,000 in flight makes the client
 the bottleneck. Response parsing and error sorting are pure functions (`parse_response`), tested on
 their own. The API key is read from an environment variable when the session opens; it is never in
 `config()`, logs, or files.
@@ -21,11 +21,10 @@ from typing import Any
 import aiohttp
 
 from eagle_data.runner.retry import parse_retry_after
-from eagle_data.types import Completion, FatalError, Message, RetryableError
+from eagle_data.types import PROMPT_ID_HEADER, Completion, FatalError, Message, RetryableError
 
 OPENROUTER_URL = "https://openrouter.ai/api/v1"
 OPENROUTER_KEY_ENV = "OPENROUTER_API_KEY"
-PROMPT_ID_HEADER = "X-Eagle-Prompt-Id"  # lets a test server count requests per prompt
 PROVIDER_KEYS = frozenset({
     "order", "only", "ignore", "quantizations", "allow_fallbacks", "sort", "require_parameters",
     "data_collection", "max_price", "enforce_distillable_text",
@@ -221,7 +220,6 @@ class KeyInfo:
     usage_usd: float
     limit_usd: float | None
     remaining_usd: float | None
-    is_free_tier: bool
 
     def line(self) -> str:
         if self.limit_usd is None:
@@ -243,11 +241,15 @@ def check_credit(
             data = json.loads(resp.read()).get("data") or {}
     except urllib.error.HTTPError as exc:
         raise http_error(exc.code, exc.read(), exc.headers.get("Retry-After"), time.time()) from None
+    except (urllib.error.URLError, TimeoutError, ValueError) as exc:  # no answer, or not the key's JSON
+        raise FatalError(
+            f"cannot read the key's credit at {base_url.rstrip('/')}/key ({type(exc).__name__}): check the base URL",
+            kind="unreachable",
+        ) from None
     limit = data.get("limit")
     remaining = data.get("limit_remaining")
     return KeyInfo(
         usage_usd=float(data.get("usage") or 0.0),
         limit_usd=None if limit is None else float(limit),
         remaining_usd=None if remaining is None else float(remaining),
-        is_free_tier=bool(data.get("is_free_tier", False)),
     )

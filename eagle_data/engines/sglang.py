@@ -32,10 +32,9 @@ from eagle_data.engines.sglang_fleet import (
     stats_line,
 )
 from eagle_data.targets import Target, prompt_ids
-from eagle_data.types import Completion, FatalError, Message, RetryableError
+from eagle_data.types import PROMPT_ID_HEADER, Completion, FatalError, Message, RetryableError
 
 GONE_STATUSES = frozenset({502, 503, 504})  # the server (or the router's upstream) is going away
-PROMPT_ID_HEADER = "X-Eagle-Prompt-Id"  # as the OpenAI-compatible engine: test servers count per prompt
 
 
 class SGLangSettings(BaseModel):

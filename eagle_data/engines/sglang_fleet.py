@@ -134,7 +134,7 @@ def stats_line(stats: dict[str, Any]) -> str:
 class Fleet:
     """The loop-bound side of a server list: `lease()` hands out the least-loaded server that is up and
     under its cap; `mark_down()` takes one out and re-probes it. The Server objects (counters) outlive
-    it, so figures add up across event loops (one `asyncio.run` per shard)."""
+    it, so figures add up across event loops (one `asyncio.run` per `run_generation` call)."""
 
     def __init__(
         self, servers: list[Server], *, model: str, cap: int | None, session: aiohttp.ClientSession,

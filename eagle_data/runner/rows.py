@@ -82,7 +82,7 @@ def build_row(
     error: str,
     finished_at: float,
 ) -> Row:
-    """One generations row (without the run-wide columns, which `stamp` adds)."""
+    """One generations row (without the run-wide columns, which the runner adds when a row finishes)."""
     last = replies[-1] if replies else Completion(content="", finish_reason="")
     return {
         "prompt_id": prompt_id,

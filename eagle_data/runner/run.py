@@ -68,7 +68,9 @@ class _Run:
         store: ShardStore,
         settings: RunnerSettings,
         log: Callable[[str], None],
+        write_shards: bool,
     ) -> None:
+        self.write_shards = write_shards
         self.engine, self.spec, self.frames, self.store, self.settings, self.say = (
             engine,
             spec,
@@ -191,7 +193,9 @@ class _Run:
         error = "" if segments else "bad_prompt: no user turn to answer"
         attempts = 0
         for segment in segments:
-            if replies and self.stop_reason:
+            # A budget stop lets a conversation already under way finish its turns: its paid replies
+            # would be lost otherwise (a skipped row is regenerated whole). Other stops end it here.
+            if replies and self.stop_reason and self.stop_status != "skipped_budget":
                 status, error = self.stop_status, self.stop_reason
                 break
             conversation.extend(segment)
@@ -299,8 +303,11 @@ class _Run:
 
     async def _finalize(self, shard: _Shard) -> None:
         async with shard.lock:
-            frame = to_frame([shard.rows[p] for p in shard.order])
-            uri = await asyncio.to_thread(shard.log.finalize, frame)
+            if self.write_shards:
+                frame = to_frame([shard.rows[p] for p in shard.order])
+                uri = await asyncio.to_thread(shard.log.finalize, frame)
+            else:  # a sample: rows stay in the result log, where the full run reuses them
+                uri = await asyncio.to_thread(shard.log.write_part, shard.pending) if shard.pending else ""
             shard.pending = []
         shard.tally.ended = time.monotonic()
         figures = shard.tally.figures(self.limiter.current)
@@ -364,12 +371,16 @@ def run_generation(
     *,
     settings: RunnerSettings | None = None,
     log: Callable[[str], None] = print,
+    write_shards: bool = True,
 ) -> dict[str, ShardReport]:
     """Regenerate the assistant replies of every prompt in `shards` (partition key -> prompts frame).
 
     Writes each finished shard to `store` as a generations frame, reuses rows a previous run made
-    durable under the same resume key, and returns one report per partition. Closes the engine's
-    loop-bound resources (`engine.aclose()`) at the end; engines reopen them lazily.
+    durable under the same resume key, and returns one report per partition. With `write_shards`
+    False (a sample of a shard's prompts) the rows stay in the result log only, so no partial shard
+    file ever looks finished. Closes the engine's loop-bound resources (`engine.aclose()`) at the
+    end; engines reopen them lazily.
     """
     with _fewer_gc_passes():
-        return asyncio.run(_Run(engine, spec, shards, store, settings or RunnerSettings(), log).main())
+        run = _Run(engine, spec, shards, store, settings or RunnerSettings(), log, write_shards)
+        return asyncio.run(run.main())

@@ -29,7 +29,6 @@ BUILTINS: dict[str, Callable[[], Tokenizer]] = {
 TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "tiktoken.model"]
 
 Part = int | str  # a structural token id, or template text
-Role = Literal["system", "user", "assistant"]
 
 
 class TargetError(ValueError):
@@ -172,7 +171,9 @@ def load_tokenizer(profile: Profile) -> Tokenizer:
             folder = Path(snapshot_download(source, allow_patterns=TOKENIZER_FILES))
         except Exception as exc:  # the hub's errors vary by cause; all end here as one clear line
             hint = f"set {profile.tokenizer_env} to a local folder" if profile.tokenizer_env else "check the id"
-            raise TargetError(f"target {profile.name}: cannot fetch tokenizer {source!r} ({exc}); {hint}") from exc
+            raise TargetError(
+                f"target {profile.name}: cannot fetch tokenizer {source!r} ({type(exc).__name__}); {hint}"
+            ) from exc
     if (folder / "tokenizer.json").exists():
         return Tokenizer.from_file(str(folder / "tokenizer.json"))
     if (folder / "tiktoken.model").exists():

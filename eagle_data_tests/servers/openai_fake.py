@@ -28,8 +28,7 @@ import polars as pl
 from aiohttp import web
 
 from eagle_data.catalog import DatasetSpec, load_catalog
-
-PROMPT_ID_HEADER = "X-Eagle-Prompt-Id"
+from eagle_data.types import PROMPT_ID_HEADER
 
 
 @dataclass
