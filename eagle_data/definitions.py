@@ -6,14 +6,20 @@ import dagster as dg
 
 from eagle_data.catalog import catalog
 from eagle_data.defs.assets import build_dataset_assets
+from eagle_data.defs.checks import build_checks
 from eagle_data.defs.exports import build_exports
 from eagle_data.defs.jobs import walk_catalog
 from eagle_data.defs.resources import StorageResource, engine_from_env
+from eagle_data.defs.schedules import build_schedules
+from eagle_data.defs.sensors import build_sensors
 
 specs = list(catalog().values())
 
 defs = dg.Definitions(
     assets=[*(asset for spec in specs for asset in build_dataset_assets(spec)), build_exports(specs)],
+    asset_checks=build_checks(specs),
     jobs=[walk_catalog],
+    sensors=build_sensors(specs),
+    schedules=build_schedules(specs),
     resources={"storage": StorageResource(), "engine": engine_from_env()},
 )

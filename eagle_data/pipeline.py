@@ -12,7 +12,7 @@ from typing import Any
 
 import polars as pl
 
-from eagle_data import exports, quality, sources
+from eagle_data import exports, quality, report, sources
 from eagle_data.catalog import DatasetSpec, shard_index
 from eagle_data.engines.truncation import truncation_report
 from eagle_data.runner import Estimate, RunnerSettings, estimate_generation, run_generation
@@ -127,14 +127,14 @@ def validated_rows(spec: DatasetSpec, generations: pl.DataFrame, partition: str)
     return quality.row_verdicts(rows, spec.checks, thinking=spec.generation.thinking)
 
 
-def validate(spec: DatasetSpec, store: ShardStore, partitions: list[str]) -> pl.DataFrame:
-    """Build and write the validated shards; returns them concatenated for checks and figures."""
-    frames = []
+def validate(spec: DatasetSpec, store: ShardStore, partitions: list[str]) -> tuple[dict[str, pl.DataFrame], str]:
+    """Build and write the validated shards and their HTML quality reports; returns the shards by
+    partition (for checks and figures) and the URI of the dataset's report page."""
+    frames = {}
     for key in partitions:
-        rows = validated_rows(spec, store.read_shard(spec.name, spec.name, key), key)
-        store.write_shard(spec.name, validated_asset(spec), key, rows)
-        frames.append(rows)
-    return pl.concat(frames, how="diagonal_relaxed")
+        frames[key] = validated_rows(spec, store.read_shard(spec.name, spec.name, key), key)
+        store.write_shard(spec.name, validated_asset(spec), key, frames[key])
+    return frames, report.write_reports(spec, store, frames)
 
 
 ADDITIVE = (

@@ -118,6 +118,36 @@ def clean_frame(n: int = 200, seed: int = 0, dataset: str = "fixture") -> pl.Dat
     return validated_frame(replies, dataset)
 
 
+def generation_frame(n: int = 200, empty_share: float = 0.87, dataset: str = "fixture") -> pl.DataFrame:
+    """A generation shard (DESIGN.md contract) where `empty_share` of replies are the empty "OK.", for
+    tests that run the real validation stage (token ids by the targets room) in front of the checks."""
+    from eagle_data.targets.rows import MESSAGE_DTYPE
+
+    replies = varied_replies(n)
+    empty = round(n * empty_share)
+    replies[:empty] = [Reply(r.question, "", "OK.") for r in replies[:empty]]
+    rows = [
+        {
+            "prompt_id": f"{dataset}-{i:05d}",
+            "dataset": dataset,
+            "config_hash": "fixture",
+            "engine": "fixture",
+            "model": "fixture",
+            "status": "ok",
+            "finish_reason": "stop",
+            "content": r.content,
+            "reasoning": r.reasoning,
+            "completion_tokens": len(r.content.split()) + len(r.reasoning.split()),
+            "messages": [
+                {"role": "user", "content": r.question, "reasoning": None, "output_ids": None},
+                {"role": "assistant", "content": r.content, "reasoning": r.reasoning, "output_ids": None},
+            ],
+        }
+        for i, r in enumerate(replies)
+    ]
+    return pl.DataFrame(rows, schema_overrides={"messages": pl.List(MESSAGE_DTYPE)})
+
+
 def regression_frame(n: int = 200, empty_share: float = 0.87, seed: int = 0, dataset: str = "fixture") -> pl.DataFrame:
     """The real incident: `empty_share` of rows are the empty "OK." reply (loss-mask sum 6)."""
     replies = varied_replies(n, seed)

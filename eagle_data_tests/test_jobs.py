@@ -5,6 +5,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
+from eagle_data import quality
 from eagle_data.catalog import catalog
 from eagle_data.defs.jobs import walk_catalog
 from eagle_data.defs.resources import EngineResource, StorageResource
@@ -68,6 +69,9 @@ def test_walk_materializes_every_partition_and_reuses_the_sample(run_walk):
     assert sum(generation[p]["ok"].value + generation[p]["truncated"].value for p in generation) == 36
     validated = {p: meta for a, p, meta in done if a == "b3_magicoder_validated"}
     assert [validated[p]["rows"].value for p in sorted(validated)] == [10, 10, 10, 6]
+    checked = [e.event_specific_data for e in result.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"]
+    assert len(checked) == 4 * len(quality.CHECKS)  # every gate on every shard, as the asset checks would
+    assert {c.check_name for c in checked} == {d.name for d in quality.CHECKS}
 
 
 def test_unknown_dataset_in_the_walk_is_a_clear_error(run_walk):

@@ -8,6 +8,7 @@ import os
 from typing import Any
 
 import dagster as dg
+import polars as pl
 
 from eagle_data import pipeline, quality
 from eagle_data.catalog import DatasetSpec
@@ -93,9 +94,10 @@ def build_dataset_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
         **common,
     )
     def validated(context: dg.AssetExecutionContext, storage: StorageResource) -> dg.MaterializeResult:
-        rows = pipeline.validate(spec, storage.store(), context.partition_keys)
-        figures = quality.figures(rows, spec.checks)
-        context.log.info(f"{ds}: verdicts {figures.verdicts}")
-        return dg.MaterializeResult(metadata=quality_metadata(figures))
+        frames, report_uri = pipeline.validate(spec, storage.store(), context.partition_keys)
+        figures = quality.figures(pl.concat(frames.values(), how="diagonal_relaxed"), spec.checks)
+        context.log.info(f"{ds}: verdicts {figures.verdicts}; quality report {report_uri}")
+        metadata = {**quality_metadata(figures), "quality_report": dg.MetadataValue.path(report_uri)}
+        return dg.MaterializeResult(metadata=metadata)
 
     return [prompts, generation, validated]

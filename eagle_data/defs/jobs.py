@@ -7,10 +7,10 @@ Every shard it writes is reported as a materialization of the matching asset par
 """
 
 import dagster as dg
-import polars as pl
 
 from eagle_data import pipeline, quality
-from eagle_data.catalog import catalog, get_dataset, shard_index
+from eagle_data.catalog import catalog, get_dataset
+from eagle_data.defs.checks import check_evaluations
 from eagle_data.defs.resources import EngineResource, StorageResource
 
 
@@ -54,13 +54,11 @@ def walk_datasets(
             continue
         _, per_partition = pipeline.generate(spec, store, keys, backend, log=context.log.info, settings=settings)
         _report(context, spec.name, per_partition)
-        rows = pipeline.validate(spec, store, keys)
-        shard = {key: rows.filter(pl.col("shard") == shard_index(key)) for key in keys}
-        _report(
-            context,
-            pipeline.validated_asset(spec),
-            {k: quality.figures(f, spec.checks).numbers for k, f in shard.items()},
-        )
+        frames, _ = pipeline.validate(spec, store, keys)
+        figures = {key: quality.figures(frame, spec.checks).numbers for key, frame in frames.items()}
+        _report(context, pipeline.validated_asset(spec), figures)
+        for evaluation in check_evaluations(spec, frames):  # asset checks do not run inside an op
+            context.log_event(evaluation)
 
 
 walk_catalog = dg.GraphDefinition(name="walk_catalog", node_defs=[walk_datasets]).to_job(

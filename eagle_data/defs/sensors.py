@@ -1,0 +1,165 @@
+"""Alert sensors: open-source Dagster announces neither failed checks nor failed runs, so these do.
+
+`quality_alerts` posts once per failed ERROR check evaluation of any catalog dataset (cursor: the last
+check execution id it handled). `run_failure_alerts` posts once per failed run (Dagster keeps its
+cursor), except runs whose failure was a failed ERROR check: that check was already announced, so a
+regression gives exactly one message. The webhook URL comes only from $EAGLE_DATA_ALERT_WEBHOOK; with it
+unset both sensors skip (and still move their cursors, so setting it later does not replay history).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+import dagster as dg
+
+from eagle_data import alerts, quality
+from eagle_data.catalog import DatasetSpec
+from eagle_data.defs.checks import validated_key
+
+if TYPE_CHECKING:
+    from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecord
+    from dagster._utils.error import SerializableErrorInfo
+
+UI_URL_ENV = "EAGLE_DATA_UI_URL"
+DEFAULT_UI_URL = "http://localhost:3000"
+_HISTORY = 100  # failed executions read per check and tick; more than a tick can produce
+
+
+def ui_url() -> str:
+    return os.environ.get(UI_URL_ENV, "").strip() or DEFAULT_UI_URL
+
+
+def _error_checks(specs: Sequence[DatasetSpec]) -> dict[dg.AssetCheckKey, str]:
+    """ERROR-severity check keys -> dataset name."""
+    return {
+        dg.AssetCheckKey(validated_key(s), d.name): s.name
+        for s in specs
+        for d in quality.CHECKS
+        if d.severity == "ERROR"
+    }
+
+
+def _number(metadata: Mapping[str, dg.MetadataValue], name: str) -> float | None:
+    value = metadata.get(name)
+    return float(value.value) if value is not None and isinstance(value.value, int | float) else None
+
+
+def _check_payload(record: AssetCheckExecutionRecord, dataset: str) -> alerts.Payload:
+    evaluation = record.event.dagster_event.event_specific_data
+    metadata = dict(evaluation.metadata)
+    partitions = metadata.get("partitions")
+    return alerts.check_alert(
+        dataset=dataset,
+        partition=record.partition or (partitions.value if partitions is not None else None),
+        check=evaluation.check_name,
+        severity=evaluation.severity.value,
+        figure=_number(metadata, "figure"),
+        threshold=_number(metadata, "threshold"),
+        message=evaluation.description or "",
+        run_id=record.run_id,
+        base_url=ui_url(),
+    )
+
+
+def _is_error(record: AssetCheckExecutionRecord) -> bool:
+    return record.event.dagster_event.event_specific_data.severity == dg.AssetCheckSeverity.ERROR
+
+
+def _root_error(error: SerializableErrorInfo | None) -> str:
+    """The innermost cause of a step error: the user's exception, not Dagster's wrapper around it."""
+    while error is not None and error.cause is not None:
+        error = error.cause
+    return error.message if error is not None else ""
+
+
+def _dataset_of(names: Sequence[str], datasets: set[str]) -> str | None:
+    """The catalog dataset of the first asset or step name that is `{ds}` or `{ds}_...`."""
+    return next((d for d in sorted(datasets) if any(n == d or n.startswith(f"{d}_") for n in names)), None)
+
+
+def _partition_of(run: dg.DagsterRun) -> str | None:
+    tags = run.tags
+    if "dagster/partition" in tags:
+        return tags["dagster/partition"]
+    start, end = tags.get("dagster/asset_partition_range_start"), tags.get("dagster/asset_partition_range_end")
+    return f"{start}...{end}" if start and end else None
+
+
+def _failed_error_checks(instance: dg.DagsterInstance, run_id: str) -> list[str]:
+    """Names of the ERROR checks that failed in a run."""
+    events = instance.all_logs(run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION)
+    return [
+        e.dagster_event.event_specific_data.check_name
+        for e in events
+        if not e.dagster_event.event_specific_data.passed
+        and e.dagster_event.event_specific_data.severity == dg.AssetCheckSeverity.ERROR
+    ]
+
+
+def build_sensors(specs: Sequence[DatasetSpec]) -> list[dg.SensorDefinition]:
+    checks = _error_checks(specs)
+    datasets = {s.name for s in specs}
+
+    @dg.sensor(
+        name="quality_alerts",
+        minimum_interval_seconds=30,
+        default_status=dg.DefaultSensorStatus.RUNNING,
+        description=f"Posts each failed ERROR quality check to ${alerts.WEBHOOK_ENV} (Slack format).",
+    )
+    def quality_alerts(context: dg.SensorEvaluationContext) -> dg.SkipReason:
+        storage = context.instance.event_log_storage
+        failed = [
+            (record, checks[key])
+            for key in checks
+            for record in storage.get_asset_check_execution_history(key, limit=_HISTORY)
+            if record.status.value == "FAILED"
+        ]
+        failed.sort(key=lambda pair: pair[0].id)
+        if context.cursor is None:  # first tick: start from now, do not replay history
+            context.update_cursor(str(failed[-1][0].id if failed else 0))
+            return dg.SkipReason("started; alerting on check failures from now on")
+        cursor, url, sent = int(context.cursor), alerts.webhook_url(), 0
+        for record, dataset in failed:
+            if record.id <= cursor:
+                continue
+            if url and _is_error(record):
+                try:
+                    alerts.post_alert(_check_payload(record, dataset), url)
+                except alerts.AlertError as exc:  # the cursor stays on the last one sent: retried next tick
+                    return dg.SkipReason(f"{exc}; posted {sent}, retrying the rest next tick")
+                sent += 1
+            context.update_cursor(str(record.id))
+        return dg.SkipReason(f"posted {sent} alert(s)" if url else f"alerts off: ${alerts.WEBHOOK_ENV} is not set")
+
+    @dg.run_failure_sensor(
+        name="run_failure_alerts",
+        default_status=dg.DefaultSensorStatus.RUNNING,
+        description=f"Posts each failed run to ${alerts.WEBHOOK_ENV}, unless a failed ERROR check already did.",
+    )
+    def run_failure_alerts(context: dg.RunFailureSensorContext) -> dg.SkipReason:
+        run = context.dagster_run
+        url = alerts.webhook_url()
+        if not url:
+            return dg.SkipReason(f"alerts off: ${alerts.WEBHOOK_ENV} is not set")
+        if covered := _failed_error_checks(context.instance, run.run_id):
+            return dg.SkipReason(f"run {run.run_id} failed on check(s) {', '.join(covered)}: already announced")
+        steps = context.get_step_failure_events()
+        error = _root_error(steps[0].event_specific_data.error) if steps else context.failure_event.message
+        names = [k.path[-1] for k in run.asset_selection or ()] + [s.step_key or "" for s in steps]
+        alerts.post_alert(  # a refused post fails this tick (visible in the UI); Dagster moves on to the next run
+            alerts.run_alert(
+                job=run.job_name,
+                run_id=run.run_id,
+                base_url=ui_url(),
+                error=error or "",
+                dataset=_dataset_of(names, datasets),
+                partition=_partition_of(run),
+            ),
+            url,
+        )
+        return dg.SkipReason(f"posted an alert for run {run.run_id}")
+
+    return [quality_alerts, run_failure_alerts]

@@ -1,0 +1,302 @@
+"""The Dagster layer of the quality gates, end to end on a real Dagster instance and a 127.0.0.1 receiver.
+
+Stand-in `{ds}_validated` and export assets write the fixture frames through the real storage resource;
+the checks, sensors and schedule under test are the ones definitions.py wires for every dataset.
+"""
+
+import datetime as dt
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import polars as pl
+import pytest
+
+from eagle_data import quality
+from eagle_data.alerts import WEBHOOK_ENV
+from eagle_data.catalog import Adapter, DatasetSpec, catalog
+from eagle_data.defs.assets import build_dataset_assets
+from eagle_data.defs.checks import build_checks, check_evaluations, check_keys, previous_figure
+from eagle_data.defs.exports import build_exports
+from eagle_data.defs.resources import StorageResource, engine_from_env
+from eagle_data.defs.schedules import build_schedules
+from eagle_data.defs.sensors import UI_URL_ENV, build_sensors
+from eagle_data.storage import ShardStore
+from eagle_data_tests.fixtures_quality import Receiver, clean_frame, generation_frame, regression_frame
+
+SPEC = DatasetSpec(
+    name="b9_fixture", title="Fixture", adapter=Adapter(prompt_field="q", response_field="r"), max_prompts=40,
+    shard_size=10,
+)  # fmt: skip
+VALIDATED, EXPORT = dg.AssetKey("b9_fixture_validated"), dg.AssetKey("b9_fixture_export")
+FRAMES = {"00000": clean_frame(), "00001": regression_frame(dataset="r")}
+BROKEN = "00002"  # its generation shard is "missing": the validated asset raises
+UI = "http://dagster.test:3000"
+
+
+def stand_in_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
+    parts = dg.StaticPartitionsDefinition(spec.partition_keys)
+
+    @dg.asset(name=VALIDATED.path[-1], group_name=spec.name, partitions_def=parts)
+    def validated(context: dg.AssetExecutionContext, storage: StorageResource) -> dg.MaterializeResult:
+        frames = []
+        for key in context.partition_keys:
+            if key not in FRAMES:
+                raise RuntimeError(f"generation shard {key} missing: materialize {spec.name} first\nTraceback ...")
+            frames.append(quality.row_verdicts(FRAMES[key], spec.checks, spec.generation.thinking))
+            storage.store().write_shard(spec.name, VALIDATED.path[-1], key, frames[-1])
+        return dg.MaterializeResult(metadata=quality.figures(pl.concat(frames), spec.checks).numbers)
+
+    @dg.asset(name=EXPORT.path[-1], group_name=spec.name, partitions_def=parts, deps=[validated])
+    def export() -> None:
+        pass
+
+    return [validated, export]
+
+
+def tick(defs: dg.Definitions, instance: dg.DagsterInstance, name: str, cursor: str | None) -> Any:
+    """One evaluation of a sensor, as the daemon would run it."""
+    context = dg.build_sensor_context(instance=instance, repository_def=defs.get_repository_def(), cursor=cursor)
+    return defs.resolve_sensor_def(name).evaluate_tick(context)
+
+
+@dataclass
+class Scenario:
+    instance: dg.DagsterInstance
+    defs: dg.Definitions
+    runs: dict[str, dg.ExecuteInProcessResult]
+    alerts: list[dict[str, Any]]
+    skips: list[str]  # skip messages of the sensor ticks after each run, then of a final round
+    check_cursor: str
+
+    def tick(self, name: str, cursor: str | None) -> Any:  # SensorExecutionData
+        return tick(self.defs, self.instance, name, cursor)
+
+    @property
+    def repo(self) -> dg.RepositoryDefinition:
+        return self.defs.get_repository_def()
+
+
+@pytest.fixture(scope="module")
+def scenario(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scenario]:
+    """Runs partitions 00000 (clean), 00001 (the 87% regression) and 00002 (fails), ticking both sensors."""
+    root: Path = tmp_path_factory.mktemp("store")
+    defs = dg.Definitions(
+        assets=stand_in_assets(SPEC),
+        asset_checks=build_checks([SPEC]),
+        sensors=build_sensors([SPEC]),
+        schedules=build_schedules([SPEC]),
+        resources={"storage": StorageResource(root=str(root))},
+    )
+    with dg.instance_for_test() as instance, Receiver() as receiver, pytest.MonkeyPatch.context() as env:
+        env.setenv(WEBHOOK_ENV, receiver.url)
+        env.setenv(UI_URL_ENV, UI)
+        s = Scenario(instance, defs, {}, receiver.bodies, [], "")
+        cursors = {"quality_alerts": s.tick("quality_alerts", None).cursor, "run_failure_alerts": None}
+        job = defs.resolve_implicit_global_asset_job_def()
+        for key in ("00000", "00001", BROKEN, "final"):
+            if key != "final":
+                s.runs[key] = job.execute_in_process(partition_key=key, instance=instance, raise_on_error=False)
+            for name in cursors:
+                tick = s.tick(name, cursors[name])
+                cursors[name] = tick.cursor
+                s.skips.append(f"{name}: {tick.skip_message}")
+        s.check_cursor = cursors["quality_alerts"] or ""
+        yield s
+
+
+def test_build_checks_declares_every_gate_of_every_catalog_dataset() -> None:
+    specs = list(catalog().values())
+    checks = build_checks(specs)
+    assert len(checks) == len(specs)
+    declared = {(s.asset_key.path[-1], s.name): s.blocking for c in checks for s in c.check_specs}
+    assert len(declared) == len(specs) * len(quality.CHECKS)
+    assert declared[("b7_sharegpt_validated", "empty_response")] is True
+    assert declared[("b7_sharegpt_validated", "truncation_rate")] is False
+    assert check_keys(SPEC)[0] == dg.AssetCheckKey(VALIDATED, "empty_response")
+
+
+def test_clean_partition_passes_and_is_exported(scenario: Scenario) -> None:
+    result = scenario.runs["00000"]
+    assert result.success
+    assert all(e.passed for e in result.get_asset_check_evaluations())
+
+
+def test_regression_fails_the_blocking_check_and_the_exports_do_not_run(scenario: Scenario) -> None:
+    result = scenario.runs["00001"]
+    assert not result.success
+    failed = [e for e in result.get_asset_check_evaluations() if not e.passed]
+    assert [(e.check_name, e.severity, e.blocking) for e in failed] == [
+        ("empty_response", dg.AssetCheckSeverity.ERROR, True),
+        ("length_shift", dg.AssetCheckSeverity.WARN, False),  # 35 tokens against 218 for shard 00000
+    ]
+    assert scenario.instance.get_materialized_partitions(EXPORT) == {"00000"}
+
+
+def test_length_shift_compares_with_the_previous_materialization(scenario: Scenario) -> None:
+    evaluations = {e.check_name: e for e in scenario.runs["00001"].get_asset_check_evaluations()}
+    previous = evaluations["length_shift"].metadata["previous_avg_completion_tokens"].value
+    expected = quality.figures(quality.row_verdicts(FRAMES["00000"], SPEC.checks, True), SPEC.checks)
+    assert previous == pytest.approx(expected.numbers["avg_completion_tokens"])
+
+
+def test_the_receiver_gets_exactly_one_alert_for_the_regression(scenario: Scenario) -> None:
+    regression = [a for a in scenario.alerts if "empty_response" in a["text"]]
+    assert len(regression) == 1
+    alert = regression[0]
+    assert alert["blocks"][0]["text"]["text"] == "ERROR check empty_response failed on b9_fixture [00001]"
+    assert "87.0% of rows have loss-mask sum 6 (limit 20%)" in alert["text"]
+    assert f"{UI}/runs/{scenario.runs['00001'].run_id}" in alert["text"]
+    assert "0.87 vs 0.01" in json.dumps(alert)
+    assert any("failed on check(s) empty_response: already announced" in s for s in scenario.skips)
+
+
+def test_a_failed_run_alerts_once_with_its_cause(scenario: Scenario) -> None:
+    failures = [a for a in scenario.alerts if a["text"].startswith("Run failed")]
+    assert len(failures) == 1
+    assert failures[0]["blocks"][0]["text"]["text"] == "Run failed: __ASSET_JOB on b9_fixture [00002]"
+    assert (
+        failures[0]["blocks"][1]["text"]["text"]
+        == "RuntimeError: generation shard 00002 missing: materialize b9_fixture first"
+    )
+    assert len(scenario.alerts) == 2  # the final round of ticks posted nothing again
+
+
+def test_without_a_webhook_the_sensor_skips_but_moves_its_cursor(
+    scenario: Scenario, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(WEBHOOK_ENV, raising=False)
+    tick = scenario.tick("quality_alerts", "0")
+    assert tick.skip_message == f"alerts off: ${WEBHOOK_ENV} is not set"
+    assert tick.cursor == scenario.check_cursor != "0"
+
+
+def test_a_refused_alert_is_retried_on_the_next_tick(scenario: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
+    with Receiver(status=500) as refusing:
+        monkeypatch.setenv(WEBHOOK_ENV, refusing.url)
+        tick = scenario.tick("quality_alerts", "0")
+    assert "HTTP 500" in (tick.skip_message or "") and tick.cursor in (None, "0")
+    with Receiver() as receiver:
+        monkeypatch.setenv(WEBHOOK_ENV, receiver.url)
+        tick = scenario.tick("quality_alerts", "0")
+    assert [a["blocks"][0]["text"]["text"] for a in receiver.bodies] == [
+        "ERROR check empty_response failed on b9_fixture [00001]"
+    ]
+    assert tick.cursor == scenario.check_cursor
+
+
+def test_nightly_repair_is_off_by_default_and_asks_for_the_right_runs(scenario: Scenario) -> None:
+    schedule = scenario.defs.resolve_schedule_def("b9_fixture_nightly_repair")
+    assert schedule.default_status == dg.DefaultScheduleStatus.STOPPED
+    context = dg.build_schedule_context(
+        instance=scenario.instance, scheduled_execution_time=dt.datetime(2026, 12, 1, 3), repository_def=scenario.repo
+    )
+    requests = {r.partition_key: r for r in schedule.evaluate_tick(context).run_requests or []}
+    assert set(requests) == {"00001", BROKEN, "00003"}  # 00000 is complete
+    assert requests["00001"].asset_selection == [] and requests["00001"].asset_check_keys == check_keys(SPEC)
+    assert requests[BROKEN].asset_selection == [EXPORT, VALIDATED]
+    assert requests["00003"].run_key == "b9_fixture-00003-assets-2026-12-01"
+
+
+def test_nightly_repair_leaves_a_dataset_never_started_alone(scenario: Scenario) -> None:
+    with dg.instance_for_test() as fresh:
+        context = dg.build_schedule_context(
+            instance=fresh, scheduled_execution_time=dt.datetime(2026, 12, 1, 3), repository_def=scenario.repo
+        )
+        result = scenario.defs.resolve_schedule_def("b9_fixture_nightly_repair").evaluate_tick(context)
+    assert not result.run_requests
+    assert "never materialized" in (result.skip_message or "")
+
+
+def test_check_results_carry_figure_threshold_and_partition(scenario: Scenario) -> None:
+    evaluation = next(
+        e for e in scenario.runs["00001"].get_asset_check_evaluations() if e.check_name == "empty_response"
+    )
+    metadata = {k: v.value for k, v in evaluation.metadata.items()}
+    assert metadata["figure"] == pytest.approx(0.87) and metadata["threshold"] == 0.01
+    assert metadata["partitions"] == "00001"
+    assert evaluation.description and "87.0%" in evaluation.description
+
+
+def test_op_jobs_can_log_the_same_gates_and_the_sensor_announces_them(
+    scenario: Scenario, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    evaluations = check_evaluations(SPEC, {"00001": FRAMES["00001"]})
+    failed = [e for e in evaluations if not e.passed]
+    assert [(e.check_name, e.blocking, e.partition) for e in failed] == [("empty_response", True, "00001")]
+
+    @dg.op
+    def walk(context: dg.OpExecutionContext) -> None:
+        for evaluation in evaluations:
+            context.log_event(evaluation)
+
+    with dg.instance_for_test() as instance, Receiver() as receiver:
+        monkeypatch.setenv(WEBHOOK_ENV, receiver.url)
+        cursor = tick(scenario.defs, instance, "quality_alerts", None).cursor
+        dg.GraphDefinition(name="walk", node_defs=[walk]).to_job().execute_in_process(instance=instance)
+        tick(scenario.defs, instance, "quality_alerts", cursor)
+    assert [a["blocks"][0]["text"]["text"] for a in receiver.bodies] == [
+        "ERROR check empty_response failed on b9_fixture [00001]"
+    ]
+
+
+def test_a_range_run_is_judged_shard_by_shard(scenario: Scenario) -> None:
+    tags = {"dagster/asset_partition_range_start": "00000", "dagster/asset_partition_range_end": "00001"}
+    with dg.instance_for_test() as instance:
+        job = scenario.defs.resolve_implicit_global_asset_job_def()
+        result = job.execute_in_process(instance=instance, tags=tags, raise_on_error=False)
+    assert not result.success
+    evaluation = next(e for e in result.get_asset_check_evaluations() if e.check_name == "empty_response")
+    assert not evaluation.passed
+    assert evaluation.description and evaluation.description.startswith("shard 00001: 87.0% of 200 completed rows")
+    assert evaluation.metadata["partitions"].value == "00000...00001"
+
+
+def test_through_the_real_validation_stage_the_regression_stops_the_training_mix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The acceptance test on the real `{ds}_validated` and `training_mix` assets: token ids and loss
+    masks come from the targets room, the gate blocks the export, the receiver gets one alert."""
+    spec = DatasetSpec(
+        name="b9_real", title="Real", adapter=Adapter(prompt_field="q", response_field="r"), max_prompts=400,
+        shard_size=200, target="qwen3-test",
+    )  # fmt: skip
+    ShardStore(str(tmp_path)).write_shard(spec.name, spec.name, "00000", generation_frame(200, dataset=spec.name))
+    defs = dg.Definitions(
+        assets=[*build_dataset_assets(spec), build_exports([spec])],
+        asset_checks=build_checks([spec]),
+        sensors=build_sensors([spec]),
+        resources={"storage": StorageResource(root=str(tmp_path)), "engine": engine_from_env()},
+    )
+    selection = {dg.AssetKey("b9_real_validated"), dg.AssetKey("training_mix")}
+    with dg.instance_for_test() as instance, Receiver() as receiver:
+        job = defs.resolve_implicit_global_asset_job_def().get_subset(asset_selection=selection)
+        monkeypatch.setenv(WEBHOOK_ENV, receiver.url)
+        cursors = {name: tick(defs, instance, name, None).cursor for name in ("quality_alerts", "run_failure_alerts")}
+        result = job.execute_in_process(partition_key="00000", instance=instance, raise_on_error=False)
+        for name, cursor in cursors.items():
+            tick(defs, instance, name, cursor)
+        assert instance.get_latest_materialization_event(dg.AssetKey("training_mix")) is None
+    assert not result.success
+    assert len(receiver.bodies) == 1
+    assert "empty_response failed on b9_real [00000]" in receiver.bodies[0]["text"]
+    assert "87.0% of 200 completed rows have loss-mask sum" in receiver.bodies[0]["text"]
+
+
+def test_previous_figure_pages_past_the_current_runs_own_materializations() -> None:
+    key = dg.AssetKey("b9_prev_validated")
+
+    @dg.asset(key=key)
+    def earlier() -> dg.MaterializeResult:
+        return dg.MaterializeResult(metadata={"avg_completion_tokens": 1800.0})
+
+    with dg.instance_for_test() as instance:
+        dg.materialize([earlier], instance=instance)
+        for _ in range(150):  # a long range run reports one materialization per partition
+            instance.report_runless_asset_event(dg.AssetMaterialization(key, metadata={"avg_completion_tokens": 9.0}))
+        current = instance.fetch_materializations(key, limit=1).records[0].run_id
+        assert previous_figure(instance, key, current) == 1800.0
+        assert previous_figure(instance, dg.AssetKey("never_made"), current) is None
