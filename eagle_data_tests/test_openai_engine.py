@@ -137,12 +137,11 @@ def test_unknown_provider_or_reasoning_keys_are_refused() -> None:
 
 
 # ---- real HTTP -----------------------------------------------------------------------------------------
-def test_timeouts_and_resets_come_back_as_retryable_kinds(server: FakeOpenAI) -> None:
-    url = f"http://127.0.0.1:{server.port}/v1"
+def error_kind(base_url: str, timeout_s: float) -> str:
+    """The `kind` of the RetryableError one request raises, or "ok"."""
 
-    async def attempt(faults: Faults) -> str:
-        server.faults = faults
-        engine = OpenAICompatEngine(model="m", base_url=url, timeout_s=0.3)
+    async def attempt() -> str:
+        engine = OpenAICompatEngine(model="m", base_url=base_url, timeout_s=timeout_s)
         try:
             await engine.complete([{"role": "user", "content": "q"}], prompt_id="p")
         except RetryableError as exc:
@@ -151,23 +150,18 @@ def test_timeouts_and_resets_come_back_as_retryable_kinds(server: FakeOpenAI) ->
             await engine.aclose()
         return "ok"
 
-    assert asyncio.run(attempt(Faults(p_hang=1.0, hang_s=5))) == "timeout"
-    assert asyncio.run(attempt(Faults(p_reset=1.0))) == "reset"
-    assert asyncio.run(attempt(Faults())) == "ok"
+    return asyncio.run(attempt())
+
+
+def test_timeouts_and_resets_come_back_as_retryable_kinds(server: FakeOpenAI) -> None:
+    url = f"http://127.0.0.1:{server.port}/v1"
+    for faults, kind in [(Faults(p_hang=1.0, hang_s=5), "timeout"), (Faults(p_reset=1.0), "reset"), (Faults(), "ok")]:
+        server.faults = faults
+        assert error_kind(url, timeout_s=0.3) == kind
 
 
 def test_a_closed_port_is_a_connect_error() -> None:
-    async def attempt() -> str:
-        engine = OpenAICompatEngine(model="m", base_url=f"http://127.0.0.1:{free_port()}/v1", timeout_s=2)
-        try:
-            await engine.complete([{"role": "user", "content": "q"}], prompt_id="p")
-        except RetryableError as exc:
-            return exc.kind
-        finally:
-            await engine.aclose()
-        return "ok"
-
-    assert asyncio.run(attempt()) == "connect"
+    assert error_kind(f"http://127.0.0.1:{free_port()}/v1", timeout_s=2) == "connect"
 
 
 def test_missing_key_stops_the_run_before_sending(
