@@ -46,3 +46,18 @@ def test_missing_engine_settings_name_the_variable_to_set(kind: str, model: str,
     with pytest.raises(FatalError, match=f"set {named}") as err:
         engine_for(kind, spec_for_tests(), model=model)
     assert "\n" not in str(err.value)
+
+
+def test_provider_routing_and_reasoning_from_the_environment_reach_the_request(monkeypatch: pytest.MonkeyPatch):
+    from eagle_data.defs.resources import engine_from_env
+
+    monkeypatch.setenv("EAGLE_DATA_ENGINE", "openrouter")
+    monkeypatch.setenv("EAGLE_DATA_MODEL", "qwen/qwen3-8b")
+    monkeypatch.setenv("EAGLE_DATA_PROVIDER", '{"ignore": ["Fireworks", "BaseTen"], "quantizations": ["fp8", "bf16"]}')
+    monkeypatch.setenv("EAGLE_DATA_REASONING", '{"effort": "high"}')
+    config = engine_from_env().make(spec_for_tests()).config()
+    assert config["provider"] == {"ignore": ["Fireworks", "BaseTen"], "quantizations": ["fp8", "bf16"]}
+    assert config["reasoning"] == {"effort": "high"} and config["model"] == "qwen/qwen3-8b"
+    monkeypatch.setenv("EAGLE_DATA_PROVIDER", "{ignore: Fireworks}")
+    with pytest.raises(ValueError, match="EAGLE_DATA_PROVIDER is not JSON"):
+        engine_from_env()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+from typing import Any
 
 import dagster as dg
 from dagster_aws.s3 import S3Resource
@@ -39,10 +41,16 @@ class EngineResource(dg.ConfigurableResource):
     api_key_env: str = Field("", description="Name of the environment variable holding the API key (never the key).")
     timeout_s: float = Field(0.0, description="Per-request timeout in seconds; 0: the engine's default.")
     max_in_flight: int = Field(0, description="Ceiling of concurrent requests; 0: the engine's default.")
+    provider: dict[str, Any] | None = Field(
+        None, description="OpenRouter provider routing, e.g. {ignore: [Fireworks], quantizations: [fp8, bf16]}."
+    )
+    reasoning: dict[str, Any] | None = Field(
+        None, description="OpenRouter reasoning request, e.g. {effort: high} or {max_tokens: 8192}."
+    )
 
     def make(self, spec: DatasetSpec) -> Engine:
         return engine_for(self.kind, spec, model=self.model, base_url=self.base_url, api_key_env=self.api_key_env,
-                          timeout_s=self.timeout_s)  # fmt: skip
+                          timeout_s=self.timeout_s, provider=self.provider, reasoning=self.reasoning)  # fmt: skip
 
     def runner_settings(self) -> RunnerSettings:
         return runner_settings_for(self.kind, self.max_in_flight)
@@ -56,4 +64,21 @@ def engine_from_env() -> EngineResource:
         model=os.environ.get("EAGLE_DATA_MODEL", ""),
         base_url=os.environ.get("EAGLE_DATA_BASE_URL", ""),
         api_key_env={"openrouter": "OPENROUTER_API_KEY", "openai": "OPENAI_API_KEY"}.get(kind, ""),
+        provider=_json_env("EAGLE_DATA_PROVIDER"),
+        reasoning=_json_env("EAGLE_DATA_REASONING"),
     )
+
+
+def _json_env(name: str) -> dict[str, Any] | None:
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(
+            f'{name} is not JSON ({exc.msg} at char {exc.pos}): give an object like {{"sort": "price"}}'
+        ) from None
+    if not isinstance(value, dict):
+        raise ValueError(f'{name} must be a JSON object, e.g. {{"sort": "price"}}')
+    return value

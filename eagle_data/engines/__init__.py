@@ -72,6 +72,8 @@ def engine_for(
     base_url: str = "",
     api_key_env: str = "",
     timeout_s: float = 0.0,
+    provider: dict[str, Any] | None = None,
+    reasoning: dict[str, Any] | None = None,
 ) -> Engine:
     """The engine of `kind` set up for one catalog dataset: its sampling settings and its target.
 
@@ -95,8 +97,9 @@ def engine_for(
         timeout = {"request_timeout_s": timeout_s} if timeout_s else {}
         return make_engine("sglang", urls=urls, model=model, codec=codec_for(load_target(spec.target)),
                            min_tokens=g.min_tokens, **timeout, **sampling)  # fmt: skip
-    endpoint = {k: v for k, v in {"model": model, "base_url": base_url, "api_key_env": api_key_env}.items() if v}
-    return make_engine(kind, **timeout, **endpoint, **sampling)
+    endpoint = {"model": model, "base_url": base_url, "api_key_env": api_key_env, "provider": provider,
+                "reasoning": reasoning}  # fmt: skip
+    return make_engine(kind, **timeout, **{k: v for k, v in endpoint.items() if v}, **sampling)
 
 
 def runner_settings_for(kind: str, max_in_flight: int = 0) -> RunnerSettings:
