@@ -71,12 +71,10 @@ def generate(
     reports = run_generation(engine, spec, shards, store, settings=settings, log=log)
     per_partition = {key: report.figures for key, report in reports.items()}
     figures = merge_figures(list(per_partition.values()))
-    answered = pl.concat([store.read_shard(spec.name, spec.name, key) for key in partitions]).filter(
-        pl.col("status").is_in(["ok", "truncated"])
-    )
+    answered = [reply for report in reports.values() for reply in report.answered]
     cut = truncation_report(
-        answered["completion_tokens"].to_list(),
-        answered["finish_reason"].to_list(),
+        [tokens for tokens, _ in answered],
+        [reason for _, reason in answered],
         max_new_tokens=spec.generation.max_tokens,
         threshold=spec.checks.max_truncated_share,
     )

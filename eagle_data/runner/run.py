@@ -37,11 +37,14 @@ ABORT_KINDS = ("http_401", "http_403", "http_402_budget", "auth_missing")
 
 @dataclass
 class ShardReport:
-    """What one partition ended with; `figures` is plain JSON-able data for Dagster metadata."""
+    """What one partition ended with; `figures` is plain JSON-able data for Dagster metadata.
+    `answered` holds (completion_tokens, finish_reason) of every ok or truncated row, so callers can
+    judge truncation without reading the shard back."""
 
     partition: str
     uri: str
     figures: dict[str, Any]
+    answered: list[tuple[int, str]]
 
 
 class _Shard:
@@ -319,7 +322,12 @@ class _Run:
             dataset_tokens_used=self.budget.tokens,
             dataset_cost_used_usd=round(self.budget.usd, 6),
         )
-        self.reports[shard.partition] = ShardReport(shard.partition, uri, figures)
+        answered = [
+            (row["completion_tokens"], row["finish_reason"])
+            for row in shard.rows.values()
+            if row["status"] in ("ok", "truncated")
+        ]
+        self.reports[shard.partition] = ShardReport(shard.partition, uri, figures, answered)
         t = shard.tally
         self.say(
             f"{self.spec.name} {shard.partition}: {t.ok} ok, {t.truncated} truncated, {t.failed} failed, "
