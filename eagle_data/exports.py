@@ -13,14 +13,14 @@ import random
 
 import polars as pl
 
-from eagle_data.quality import KEPT
+from eagle_data.quality import split_rows
 
 TRAINING_COLUMNS = ("prompt_id", "dataset", "input_ids", "loss_mask")
 
 
 def passed(validated: pl.DataFrame) -> pl.DataFrame:
     """The rows the quality verdicts keep for training ("pass", and "truncated": the model's own tokens)."""
-    return validated.filter(pl.col("verdict").is_in(list(KEPT)))
+    return split_rows(validated)[0]
 
 
 def to_specforge_jsonl(validated: pl.DataFrame) -> bytes:

@@ -125,14 +125,18 @@ def validated_rows(spec: DatasetSpec, generations: pl.DataFrame, partition: str)
     return quality.row_verdicts(rows, spec.checks, thinking=spec.generation.thinking)
 
 
-def validate(spec: DatasetSpec, store: ShardStore, partitions: list[str]) -> tuple[dict[str, pl.DataFrame], str]:
-    """Build and write the validated shards and their HTML quality reports; returns the shards by
-    partition (for checks and figures) and the URI of the dataset's report page."""
-    frames = {}
+def validate(
+    spec: DatasetSpec, store: ShardStore, partitions: list[str], previous_avg_completion_tokens: float | None = None
+) -> tuple[dict[str, report.Record], str]:
+    """Build and write the validated shards and their HTML quality reports, one shard in memory at a time;
+    returns each partition's quality record (figures and check results) and the dataset report's URI.
+    `previous_avg_completion_tokens` (the last materialization's) feeds the length-shift check."""
+    records = {}
     for key in partitions:
-        frames[key] = validated_rows(spec, store.read_shard(spec.name, spec.name, key), key)
-        store.write_shard(spec.name, validated_asset(spec), key, frames[key])
-    return frames, report.write_reports(spec, store, frames)
+        rows = validated_rows(spec, store.read_shard(spec.name, spec.name, key), key)
+        store.write_shard(spec.name, validated_asset(spec), key, rows)
+        records[key] = report.write_shard_report(spec, store, key, rows, previous_avg_completion_tokens)
+    return records, report.write_dataset_report(spec, store)
 
 
 ADDITIVE = (

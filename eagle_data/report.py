@@ -1,13 +1,14 @@
 """The static HTML quality report: self-contained pages, charts drawn as inline SVG.
 
 No plotting dependency and no external assets, so a page opens from a local folder or an S3 console
-download alike. `write_reports` stores one page per shard and one per dataset next to the data.
+download alike. `write_shard_report` and `write_dataset_report` store one page per shard and one per
+dataset next to the data.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from html import escape
 
 import polars as pl
@@ -15,8 +16,7 @@ import polars as pl
 from eagle_data.catalog import DatasetSpec
 from eagle_data.quality.figures import Bins, Figures, figures
 from eagle_data.quality.gates import CheckResult, Inputs, run_checks
-from eagle_data.quality.rollup import rollup, shard_record
-from eagle_data.quality.verdicts import row_verdicts
+from eagle_data.quality.rollup import Record, rollup, shard_record
 from eagle_data.storage import ShardStore
 
 _W, _H, _PAD = 640, 260, 50  # chart size and margin, px
@@ -154,26 +154,31 @@ def quality_prefix(spec: DatasetSpec) -> str:
     return f"{spec.name}/{spec.name}_quality"
 
 
-def write_reports(
+def write_shard_report(
     spec: DatasetSpec,
     store: ShardStore,
-    frames: Mapping[str, pl.DataFrame],
+    key: str,
+    frame: pl.DataFrame,
     previous_avg_completion_tokens: float | None = None,
-) -> str:
-    """Write each shard's record and page, then refresh the dataset page from every shard's record.
-
-    `frames` maps partition keys to verdicted validated shards. Returns the dataset page's URI
-    (`{root}/{ds}/{ds}_quality/index.html`). Two runs finishing at once may leave the page one shard
-    behind; the next materialization brings it up to date.
-    """
+) -> Record:
+    """Check one verdicted validated shard, write its record and page; returns the record (its figures
+    and check results), so callers need not keep the shard's token ids in memory."""
     prefix, inputs = quality_prefix(spec), Inputs(spec.checks, spec.generation.thinking, previous_avg_completion_tokens)
-    for key, shard in frames.items():
-        frame = shard if "verdict" in shard.columns else row_verdicts(shard, spec.checks, spec.generation.thinking)
-        results = run_checks(frame, inputs)
-        record = shard_record(key, frame, spec.checks, results)
-        store.write_bytes(f"{prefix}/{key}.json", json.dumps(record).encode())
-        page = render_report(f"{spec.title or spec.name}: shard {key}", figures(frame, spec.checks), results)
-        store.write_bytes(f"{prefix}/{key}.html", page)
+    results = run_checks(frame, inputs)
+    record = shard_record(key, frame, spec.checks, results)
+    store.write_bytes(f"{prefix}/{key}.json", json.dumps(record).encode())
+    page = render_report(f"{spec.title or spec.name}: shard {key}", figures(frame, spec.checks), results)
+    store.write_bytes(f"{prefix}/{key}.html", page)
+    return record
+
+
+def write_dataset_report(spec: DatasetSpec, store: ShardStore) -> str:
+    """Refresh the dataset page (`{root}/{ds}/{ds}_quality/index.html`) from every shard's record.
+
+    Two runs finishing at once may leave the page one shard behind; the next materialization brings it
+    up to date.
+    """
+    prefix = quality_prefix(spec)
     records = [json.loads(store.read_bytes(k)) for k in store.list(prefix) if k.endswith(".json")]
     fig, results = rollup(records)
     title = f"{spec.title or spec.name} ({spec.name}): {len(records)} of {spec.num_shards} shards"

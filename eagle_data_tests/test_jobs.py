@@ -16,6 +16,7 @@ from eagle_data.storage import ShardStore
 def run_walk(tmp_path: Path, demo_model: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("EAGLE_DATA_PROFILE", "demo")
     catalog.cache_clear()  # the catalog is read once per process; this test's process switches profile
+    instance = dg.DagsterInstance.ephemeral()  # one instance per test: later runs see earlier ones
 
     def run(**config) -> dg.ExecuteInProcessResult:
         return walk_catalog.execute_in_process(
@@ -24,7 +25,7 @@ def run_walk(tmp_path: Path, demo_model: Path, monkeypatch: pytest.MonkeyPatch):
                 "storage": StorageResource(root=str(tmp_path / "out")),
                 "engine": EngineResource(kind="local", model=str(demo_model)),
             },
-            instance=dg.DagsterInstance.ephemeral(),
+            instance=instance,
         )
 
     yield run
@@ -72,6 +73,16 @@ def test_walk_materializes_every_partition_and_reuses_the_sample(run_walk):
     checked = [e.event_specific_data for e in result.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"]
     assert len(checked) == 4 * len(quality.CHECKS)  # every gate on every shard, as the asset checks would
     assert {c.check_name for c in checked} == {d.name for d in quality.CHECKS}
+
+    again = run_walk(datasets=["b3_magicoder"], sample_prompts=5)  # everything reused; compared with the last
+    shifts = [
+        e.event_specific_data
+        for e in again.all_events
+        if e.event_type_value == "ASSET_CHECK_EVALUATION" and e.event_specific_data.check_name == "length_shift"
+    ]
+    previous = {meta["avg_completion_tokens"].value for a, _, meta in done if a == "b3_magicoder_validated"}
+    assert len(shifts) == 4 and all(s.passed for s in shifts)  # same replies: no shift
+    assert {s.metadata["previous_avg_completion_tokens"].value for s in shifts} <= previous
 
 
 def test_unknown_dataset_in_the_walk_is_a_clear_error(run_walk):

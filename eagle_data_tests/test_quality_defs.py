@@ -18,8 +18,8 @@ import pytest
 from eagle_data import quality
 from eagle_data.alerts import WEBHOOK_ENV
 from eagle_data.catalog import Adapter, DatasetSpec, catalog
-from eagle_data.defs.assets import build_dataset_assets
-from eagle_data.defs.checks import build_checks, check_evaluations, check_keys, previous_figure
+from eagle_data.defs.assets import build_dataset_assets, previous_figure
+from eagle_data.defs.checks import build_checks, check_evaluations, check_keys
 from eagle_data.defs.exports import build_exports
 from eagle_data.defs.resources import StorageResource, engine_from_env
 from eagle_data.defs.schedules import build_schedules
@@ -55,6 +55,9 @@ def stand_in_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
         pass
 
     return [validated, export]
+
+
+FROM_START = "[0, 0]"  # a quality_alerts cursor before every evaluation: (evaluated at, record id)
 
 
 def tick(defs: dg.Definitions, instance: dg.DagsterInstance, name: str, cursor: str | None) -> Any:
@@ -123,6 +126,7 @@ def test_clean_partition_passes_and_is_exported(scenario: Scenario) -> None:
     result = scenario.runs["00000"]
     assert result.success
     assert all(e.passed for e in result.get_asset_check_evaluations())
+    assert "00000" in scenario.instance.get_materialized_partitions(EXPORT)
 
 
 def test_regression_fails_the_blocking_check_and_the_exports_do_not_run(scenario: Scenario) -> None:
@@ -169,19 +173,19 @@ def test_without_a_webhook_the_sensor_skips_but_moves_its_cursor(
     scenario: Scenario, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv(WEBHOOK_ENV, raising=False)
-    tick = scenario.tick("quality_alerts", "0")
+    tick = scenario.tick("quality_alerts", FROM_START)
     assert tick.skip_message == f"alerts off: ${WEBHOOK_ENV} is not set"
-    assert tick.cursor == scenario.check_cursor != "0"
+    assert tick.cursor == scenario.check_cursor != FROM_START
 
 
 def test_a_refused_alert_is_retried_on_the_next_tick(scenario: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
     with Receiver(status=500) as refusing:
         monkeypatch.setenv(WEBHOOK_ENV, refusing.url)
-        tick = scenario.tick("quality_alerts", "0")
-    assert "HTTP 500" in (tick.skip_message or "") and tick.cursor in (None, "0")
+        tick = scenario.tick("quality_alerts", FROM_START)
+    assert "HTTP 500" in (tick.skip_message or "") and tick.cursor in (None, FROM_START)
     with Receiver() as receiver:
         monkeypatch.setenv(WEBHOOK_ENV, receiver.url)
-        tick = scenario.tick("quality_alerts", "0")
+        tick = scenario.tick("quality_alerts", FROM_START)
     assert [a["blocks"][0]["text"]["text"] for a in receiver.bodies] == [
         "ERROR check empty_response failed on b9_fixture [00001]"
     ]
@@ -224,7 +228,10 @@ def test_check_results_carry_figure_threshold_and_partition(scenario: Scenario) 
 def test_op_jobs_can_log_the_same_gates_and_the_sensor_announces_them(
     scenario: Scenario, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    evaluations = check_evaluations(SPEC, {"00001": FRAMES["00001"]})
+    frame = quality.row_verdicts(FRAMES["00001"], SPEC.checks, SPEC.generation.thinking)
+    inputs = quality.Inputs(SPEC.checks, SPEC.generation.thinking, None)
+    record = quality.shard_record("00001", frame, SPEC.checks, quality.run_checks(frame, inputs))
+    evaluations = check_evaluations(SPEC, {"00001": record})
     failed = [e for e in evaluations if not e.passed]
     assert [(e.check_name, e.blocking, e.partition) for e in failed] == [("empty_response", True, "00001")]
 

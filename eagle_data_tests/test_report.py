@@ -10,7 +10,7 @@ import polars as pl
 
 from eagle_data.catalog import Adapter, Checks, DatasetSpec
 from eagle_data.quality import Inputs, figures, row_verdicts, run_checks
-from eagle_data.report import bar_chart, partition_label, render_report, write_reports
+from eagle_data.report import bar_chart, partition_label, render_report, write_dataset_report, write_shard_report
 from eagle_data.storage import ShardStore
 from eagle_data_tests.fixtures_quality import clean_frame, regression_frame, set_rows
 
@@ -68,6 +68,16 @@ def test_the_page_needs_nothing_from_outside() -> None:
 def test_bar_chart_of_no_data_draws_empty_bars() -> None:
     root = ET.fromstring(bar_chart([("0–7", 0), ("8+", 0)], "empty"))
     assert [r.get("height") for r in root.findall("{http://www.w3.org/2000/svg}rect")] == ["0.0", "0.0"]
+
+
+def write_reports(spec: DatasetSpec, store: ShardStore, frames: dict[str, pl.DataFrame]) -> str:
+    """What validation does per run: each shard verdicted (with its Int32 shard column) and reported."""
+    for key, frame in frames.items():
+        shard = row_verdicts(frame, spec.checks, spec.generation.thinking).with_columns(
+            pl.lit(int(key), pl.Int32).alias("shard")
+        )
+        write_shard_report(spec, store, key, shard)
+    return write_dataset_report(spec, store)
 
 
 def test_write_reports_keeps_a_page_per_shard_and_rolls_up_the_dataset(tmp_path: Path) -> None:

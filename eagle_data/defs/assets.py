@@ -8,7 +8,6 @@ import os
 from typing import Any
 
 import dagster as dg
-import polars as pl
 
 from eagle_data import pipeline, quality
 from eagle_data.catalog import DatasetSpec
@@ -29,6 +28,25 @@ def engine_pool() -> str:
     """The concurrency pool of generation steps: the engine kind, so all OpenRouter runs share one account's
     pool; $EAGLE_DATA_POOL names a pool per SGLang fleet. Limits live in dagster.yaml (docs/scale-out.md)."""
     return os.environ.get(POOL_ENV) or os.environ.get(ENGINE_ENV, "local")
+
+
+PREVIOUS_FIGURE = "avg_completion_tokens"  # metadata of {ds}_validated that length_shift compares against
+
+
+def previous_figure(instance: dg.DagsterInstance, key: dg.AssetKey, run_id: str) -> float | None:
+    """`avg_completion_tokens` of the latest materialization of `key` made by another run, if any
+    (pages past this run's own events: a range run writes one per partition)."""
+    cursor = None
+    while True:
+        page = instance.fetch_materializations(key, limit=100, cursor=cursor)
+        for record in page.records:
+            materialization = record.asset_materialization
+            value = materialization.metadata.get(PREVIOUS_FIGURE) if materialization else None
+            if record.run_id != run_id and value is not None and isinstance(value.value, int | float):
+                return float(value.value)
+        if not page.has_more:
+            return None
+        cursor = page.cursor
 
 
 def quality_metadata(figures: quality.Figures) -> dict[str, Any]:
@@ -94,8 +112,9 @@ def build_dataset_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
         **common,
     )
     def validated(context: dg.AssetExecutionContext, storage: StorageResource) -> dg.MaterializeResult:
-        frames, report_uri = pipeline.validate(spec, storage.store(), context.partition_keys)
-        figures = quality.figures(pl.concat(frames.values(), how="diagonal_relaxed"), spec.checks)
+        previous = previous_figure(context.instance, context.asset_key, context.run.run_id)
+        records, report_uri = pipeline.validate(spec, storage.store(), context.partition_keys, previous)
+        figures, _ = quality.rollup(list(records.values()))
         context.log.info(f"{ds}: verdicts {figures.verdicts}; quality report {report_uri}")
         metadata = {**quality_metadata(figures), "quality_report": dg.MetadataValue.path(report_uri)}
         return dg.MaterializeResult(metadata=metadata)

@@ -10,18 +10,17 @@ downstream do not run. Check metadata carries `figure`, `threshold` and `partiti
 import io
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import dagster as dg
 import polars as pl
 
 from eagle_data import pipeline, quality
 from eagle_data.catalog import DatasetSpec
-from eagle_data.defs.assets import partitions
+from eagle_data.defs.assets import partitions, previous_figure
 from eagle_data.defs.resources import StorageResource
-from eagle_data.report import partition_label
+from eagle_data.report import Record, partition_label
 from eagle_data.storage import ShardStore, StorageError
-
-PREVIOUS_FIGURE = "avg_completion_tokens"  # metadata of {ds}_validated that length_shift compares against
 
 
 def validated_key(spec: DatasetSpec) -> dg.AssetKey:
@@ -30,22 +29,6 @@ def validated_key(spec: DatasetSpec) -> dg.AssetKey:
 
 def check_keys(spec: DatasetSpec) -> list[dg.AssetCheckKey]:
     return [dg.AssetCheckKey(validated_key(spec), d.name) for d in quality.CHECKS]
-
-
-def previous_figure(instance: dg.DagsterInstance, key: dg.AssetKey, run_id: str) -> float | None:
-    """`avg_completion_tokens` of the latest materialization of `key` made by another run, if any
-    (pages past this run's own events: a range run writes one per partition)."""
-    cursor = None
-    while True:
-        page = instance.fetch_materializations(key, limit=100, cursor=cursor)
-        for record in page.records:
-            materialization = record.asset_materialization
-            value = materialization.metadata.get(PREVIOUS_FIGURE) if materialization else None
-            if record.run_id != run_id and value is not None and isinstance(value.value, int | float):
-                return float(value.value)
-        if not page.has_more:
-            return None
-        cursor = page.cursor
 
 
 def read_for_checks(store: ShardStore, spec: DatasetSpec, keys: Sequence[str]) -> Iterator[tuple[str, pl.DataFrame]]:
@@ -62,41 +45,29 @@ def read_for_checks(store: ShardStore, spec: DatasetSpec, keys: Sequence[str]) -
         yield key, pl.read_parquet(data, columns=columns)
 
 
-def _metadata(r: quality.CheckResult, partitions: str) -> dict[str, float | int | str]:
-    return {**r.metadata(), "partitions": partitions}
+def _outcome(key: dg.AssetKey, r: quality.CheckResult, partitions: str) -> dict[str, Any]:
+    """What a check result and a check evaluation share."""
+    return {
+        "asset_key": key,
+        "check_name": r.name,
+        "passed": r.passed,
+        "severity": dg.AssetCheckSeverity(r.severity),
+        "description": r.message,
+        "metadata": {**r.metadata(), "partitions": partitions},
+    }
 
 
 def to_result(key: dg.AssetKey, r: quality.CheckResult, partitions: str) -> dg.AssetCheckResult:
-    return dg.AssetCheckResult(
-        asset_key=key,
-        check_name=r.name,
-        passed=r.passed,
-        severity=dg.AssetCheckSeverity(r.severity),
-        description=r.message,
-        metadata=_metadata(r, partitions),
-    )
+    return dg.AssetCheckResult(**_outcome(key, r, partitions))
 
 
-def check_evaluations(
-    spec: DatasetSpec, frames: Mapping[str, pl.DataFrame], previous: float | None = None
-) -> list[dg.AssetCheckEvaluation]:
-    """The same gates for op-based jobs (walk_catalog) that report materializations themselves: one
-    evaluation per check and partition, to pass to `context.log_event`. Stop before exports when
-    any evaluation with `blocking` set has failed."""
-    inputs = quality.Inputs(spec.checks, spec.generation.thinking, previous)
+def check_evaluations(spec: DatasetSpec, records: Mapping[str, Record]) -> list[dg.AssetCheckEvaluation]:
+    """The gates' results from validation's shard records, for op-based jobs (walk_catalog) that report
+    materializations themselves: one evaluation per check and partition, for `context.log_event`."""
     return [
-        dg.AssetCheckEvaluation(
-            asset_key=validated_key(spec),
-            check_name=r.name,
-            passed=r.passed,
-            severity=dg.AssetCheckSeverity(r.severity),
-            description=r.message,
-            metadata=_metadata(r, key),
-            blocking=r.blocking,
-            partition=key,
-        )
-        for key, frame in sorted(frames.items())
-        for r in quality.run_checks(frame, inputs)
+        dg.AssetCheckEvaluation(**_outcome(validated_key(spec), r, key), blocking=r.blocking, partition=key)
+        for key, record in sorted(records.items())
+        for r in (quality.CheckResult(**x) for x in record["results"])
     ]
 
 

@@ -8,9 +8,10 @@ Every shard it writes is reported as a materialization of the matching asset par
 
 import dagster as dg
 
-from eagle_data import pipeline, quality
+from eagle_data import pipeline
 from eagle_data.catalog import catalog, get_dataset
-from eagle_data.defs.checks import check_evaluations
+from eagle_data.defs.assets import previous_figure
+from eagle_data.defs.checks import check_evaluations, validated_key
 from eagle_data.defs.resources import EngineResource, StorageResource
 
 
@@ -54,10 +55,10 @@ def walk_datasets(
             continue
         _, per_partition = pipeline.generate(spec, store, keys, backend, log=context.log.info, settings=settings)
         _report(context, spec.name, per_partition)
-        frames, _ = pipeline.validate(spec, store, keys)
-        figures = {key: quality.figures(frame, spec.checks).numbers for key, frame in frames.items()}
-        _report(context, pipeline.validated_asset(spec), figures)
-        for evaluation in check_evaluations(spec, frames):  # asset checks do not run inside an op
+        previous = previous_figure(context.instance, validated_key(spec), context.run_id)
+        records, _ = pipeline.validate(spec, store, keys, previous)
+        _report(context, pipeline.validated_asset(spec), {key: record["numbers"] for key, record in records.items()})
+        for evaluation in check_evaluations(spec, records):  # asset checks do not run inside an op
             context.log_event(evaluation)
 
 

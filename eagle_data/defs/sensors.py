@@ -9,6 +9,7 @@ unset both sensors skip (and still move their cursors, so setting it later does 
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
@@ -64,8 +65,9 @@ def _check_payload(record: AssetCheckExecutionRecord, dataset: str) -> alerts.Pa
     )
 
 
-def _is_error(record: AssetCheckExecutionRecord) -> bool:
-    return record.event.dagster_event.event_specific_data.severity == dg.AssetCheckSeverity.ERROR
+def _evaluated(record: AssetCheckExecutionRecord) -> tuple[float, int]:
+    """(evaluation time, record id): the order in which failures became known."""
+    return (record.event.timestamp, record.id)
 
 
 def _root_error(error: SerializableErrorInfo | None) -> str:
@@ -88,14 +90,14 @@ def _partition_of(run: dg.DagsterRun) -> str | None:
     return f"{start}...{end}" if start and end else None
 
 
-def _failed_error_checks(instance: dg.DagsterInstance, run_id: str) -> list[str]:
-    """Names of the ERROR checks that failed in a run."""
+def _failed_blocking_checks(instance: dg.DagsterInstance, run_id: str) -> list[str]:
+    """Names of the blocking checks that failed in a run: those failures are what stopped it."""
+    blocking = {d.name for d in quality.CHECKS if d.blocking}
     events = instance.all_logs(run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION)
     return [
         e.dagster_event.event_specific_data.check_name
         for e in events
-        if not e.dagster_event.event_specific_data.passed
-        and e.dagster_event.event_specific_data.severity == dg.AssetCheckSeverity.ERROR
+        if not e.dagster_event.event_specific_data.passed and e.dagster_event.event_specific_data.check_name in blocking
     ]
 
 
@@ -117,34 +119,37 @@ def build_sensors(specs: Sequence[DatasetSpec]) -> list[dg.SensorDefinition]:
             for record in storage.get_asset_check_execution_history(key, limit=_HISTORY)
             if record.status.value == "FAILED"
         ]
-        failed.sort(key=lambda pair: pair[0].id)
+        # Ordered by when the check was evaluated, not by record id: a record's id is given when the check
+        # is planned, so a run that planned early but failed late would fall behind the cursor.
+        failed.sort(key=lambda pair: _evaluated(pair[0]))
         if context.cursor is None:  # first tick: start from now, do not replay history
-            context.update_cursor(str(failed[-1][0].id if failed else 0))
+            context.update_cursor(json.dumps(_evaluated(failed[-1][0]) if failed else (0.0, 0)))
             return dg.SkipReason("started; alerting on check failures from now on")
-        cursor, url, sent = int(context.cursor), alerts.webhook_url(), 0
+        cursor, url, sent = tuple(json.loads(context.cursor)), alerts.webhook_url(), 0
         for record, dataset in failed:
-            if record.id <= cursor:
+            if _evaluated(record) <= cursor:
                 continue
-            if url and _is_error(record):
+            if url:
                 try:
                     alerts.post_alert(_check_payload(record, dataset), url)
                 except alerts.AlertError as exc:  # the cursor stays on the last one sent: retried next tick
                     return dg.SkipReason(f"{exc}; posted {sent}, retrying the rest next tick")
                 sent += 1
-            context.update_cursor(str(record.id))
+            context.update_cursor(json.dumps(_evaluated(record)))
         return dg.SkipReason(f"posted {sent} alert(s)" if url else f"alerts off: ${alerts.WEBHOOK_ENV} is not set")
 
     @dg.run_failure_sensor(
         name="run_failure_alerts",
         default_status=dg.DefaultSensorStatus.RUNNING,
-        description=f"Posts each failed run to ${alerts.WEBHOOK_ENV}, unless a failed ERROR check already did.",
+        description=f"Posts each failed run to ${alerts.WEBHOOK_ENV}, unless a failed blocking check (already "
+        "announced) stopped it.",
     )
     def run_failure_alerts(context: dg.RunFailureSensorContext) -> dg.SkipReason:
         run = context.dagster_run
         url = alerts.webhook_url()
         if not url:
             return dg.SkipReason(f"alerts off: ${alerts.WEBHOOK_ENV} is not set")
-        if covered := _failed_error_checks(context.instance, run.run_id):
+        if covered := _failed_blocking_checks(context.instance, run.run_id):
             return dg.SkipReason(f"run {run.run_id} failed on check(s) {', '.join(covered)}: already announced")
         steps = context.get_step_failure_events()
         error = _root_error(steps[0].event_specific_data.error) if steps else context.failure_event.message

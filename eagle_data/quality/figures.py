@@ -11,7 +11,7 @@ from itertools import pairwise
 
 import polars as pl
 
-from eagle_data.catalog import Checks
+from eagle_data.catalog import Checks, shard_key
 from eagle_data.quality.summary import Summary, share, summarize
 from eagle_data.quality.verdicts import is_answered
 
@@ -124,9 +124,9 @@ def figures(frame: pl.DataFrame, checks: Checks) -> Figures:
     loss_hist = histogram(answered["loss_tokens"])
     top_loss = answered.group_by("loss_tokens").len().sort(["len", "loss_tokens"], descending=[True, False])
     shards = []
-    if SHARD_COLUMN in frame.columns:
+    if SHARD_COLUMN in frame.columns and frame[SHARD_COLUMN].n_unique() > 1:  # a trend needs two shards
         parts = sorted(frame.partition_by(SHARD_COLUMN, as_dict=True).items())
-        shards = [shard_row(str(key), summarize(part, checks)) for (key,), part in parts]
+        shards = [shard_row(shard_key(int(key)), summarize(part, checks)) for (key,), part in parts]
     md = tables(completion_hist, loss_hist, s.verdicts, shards, list(top_loss.head(5).iter_rows()), answered.height)
     numbers = count_numbers(s) | _token_numbers(answered)
     return Figures(numbers, md, completion_hist, loss_hist, shards, s.verdicts)

@@ -33,7 +33,12 @@ def shard_record(partition: str, frame: pl.DataFrame, checks: Checks, results: S
     """What the roll-up needs of one verdicted shard."""
     s = summarize(frame, checks)
     fig = figures(frame, checks)
-    top_loss = frame.filter(is_answered()).group_by("loss_tokens").len().sort("len", descending=True)
+    top_loss = (
+        frame.filter(is_answered())
+        .group_by("loss_tokens")
+        .len()
+        .sort(["len", "loss_tokens"], descending=[True, False])  # ties in a stable order: records are reproducible
+    )
     return {
         "partition": partition,
         "summary": asdict(replace(s, top_repeat_text=s.top_repeat_text[:200])),
@@ -75,7 +80,7 @@ def _numbers(records: Sequence[Record], summaries: Sequence[Summary]) -> dict[st
     }
     if weighted:
         answered = sum(n for _, n in weighted)
-        numbers["avg_completion_tokens"] = sum(avg * n for avg, n in weighted) / answered if answered else 0.0
+        numbers["avg_completion_tokens"] = sum(avg * n for avg, n in weighted) / answered
         numbers["max_completion_tokens"] = max(r["numbers"].get("max_completion_tokens", 0) for r in records)
     return numbers
 
