@@ -34,7 +34,7 @@ def validated_asset(spec: DatasetSpec) -> str:
 
 def write_prompts(
     spec: DatasetSpec, store: ShardStore, partitions: list[str], source_path: str | None = None
-) -> dict[str, Any]:
+) -> dict[str, dict[str, Any]]:
     """Normalize the source once (the saved prompt index) and write the requested shards; returns each
     partition's figures (its prompt count, and the index's counts of rows read and skipped by reason)."""
     index = sources.load_index(spec, store, source_path)
@@ -101,13 +101,13 @@ def estimate(
     """Generate the first few prompts of shard 0, then project the rest. The sample's rows stay in the
     result log (no partial shard file), and the full run reuses them instead of paying again."""
     first = spec.partition_keys[0]
-    prompts = [store.read_shard(spec.name, prompts_asset(spec), key) for key in spec.partition_keys]
-    sample = prompts[0].head(sample_prompts)
+    index = sources.load_index(spec, store)  # every prompt of the dataset, in one frame
+    sample = index.shard(spec, first).head(sample_prompts)
     run_generation(engine, spec, {first: sample}, store, settings=settings, log=log, write_shards=False)
     rows = ResultLog(store, spec.name, first).load().filter(pl.col("prompt_id").is_in(sample["prompt_id"].implode()))
     tokenizer = load_target(spec.target).text_encoder
     return estimate_generation(
-        pl.concat(prompts),
+        index.frame,
         spec,
         lambda text: len(tokenizer.encode(text, add_special_tokens=False).ids),
         rows.unique("prompt_id", keep="last"),
