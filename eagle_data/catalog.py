@@ -72,6 +72,8 @@ class Checks(_Frozen):
     max_failed_share: float = 0.02
     max_length_shift: float = 0.50
     max_missing_reasoning_share: float = 0.01
+    lost_text_tolerance: float = 0.10  # a row whose text holds less of the engine's reported tokens is lost_text
+    max_lost_text_share: float = 0.01
 
 
 class DatasetSpec(_Frozen):

@@ -7,7 +7,11 @@ store and writes its own, one Parquet file per partition.
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any
 
 import polars as pl
@@ -125,18 +129,58 @@ def validated_rows(spec: DatasetSpec, generations: pl.DataFrame, partition: str)
     return quality.row_verdicts(rows, spec.checks, thinking=spec.generation.thinking)
 
 
+def check_shard(
+    spec: DatasetSpec, generations: pl.DataFrame, key: str, inputs: quality.Inputs
+) -> tuple[pl.DataFrame, quality.ShardRecord]:
+    """One shard's validated rows and quality record: pure CPU work, no storage, so it runs in any process."""
+    rows = validated_rows(spec, generations, key)
+    return rows, quality.shard_record(key, rows, inputs)
+
+
+def cores() -> int:
+    """CPU cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def validate(
-    spec: DatasetSpec, store: ShardStore, partitions: list[str], previous_avg_completion_tokens: float | None = None
-) -> tuple[dict[str, report.Record], str]:
-    """Build and write the validated shards and their HTML quality reports, one shard in memory at a time;
-    returns each partition's quality record (figures and check results) and the dataset report's URI.
-    `previous_avg_completion_tokens` (the last materialization's) feeds the length-shift check."""
-    records = {}
-    for key in partitions:
-        rows = validated_rows(spec, store.read_shard(spec.name, spec.name, key), key)
-        store.write_shard(spec.name, validated_asset(spec), key, rows)
-        records[key] = report.write_shard_report(spec, store, key, rows, previous_avg_completion_tokens)
-    return records, report.write_dataset_report(spec, store)
+    spec: DatasetSpec,
+    store: ShardStore,
+    partitions: list[str],
+    previous_avg_completion_tokens: float | None = None,
+    *,
+    workers: int | None = None,
+    log: Log = print,
+) -> tuple[dict[str, quality.ShardRecord], str]:
+    """Build and write the validated shards and their HTML quality reports; returns each partition's
+    quality record (summary, figures and check results) and the dataset report's URI.
+
+    Shards are built in a pool of `workers` processes (default: every core) while this process reads and
+    writes them, at most two shards per worker in flight; a shard's result does not depend on where it
+    was built, so any worker count writes the same bytes. `previous_avg_completion_tokens` (the last
+    materialization's) feeds the length-shift check.
+    """
+    inputs = report.inputs_for(spec, previous_avg_completion_tokens)
+    records: dict[str, quality.ShardRecord] = {}
+
+    def keep(rows: pl.DataFrame, record: quality.ShardRecord) -> None:
+        store.write_shard(spec.name, validated_asset(spec), record.partition, rows)
+        report.write_shard_report(spec, store, record)
+        records[record.partition] = record
+
+    n = min(workers or cores(), len(partitions))
+    if n <= 1:
+        for key in partitions:
+            keep(*check_shard(spec, store.read_shard(spec.name, spec.name, key), key, inputs))
+    else:  # spawn: a forked child of a threaded parent (Dagster, polars, tokenizers) can deadlock
+        with ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn")) as pool:
+            pending: deque[Future[tuple[pl.DataFrame, quality.ShardRecord]]] = deque()
+            for key in partitions:
+                pending.append(pool.submit(check_shard, spec, store.read_shard(spec.name, spec.name, key), key, inputs))
+                if len(pending) >= 2 * n:
+                    keep(*pending.popleft().result())
+            while pending:
+                keep(*pending.popleft().result())
+    return records, report.write_dataset_report(spec, store, log)
 
 
 ADDITIVE = (

@@ -7,17 +7,19 @@ dataset next to the data.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Sequence
+import io
+from collections.abc import Callable, Sequence
 from html import escape
 
 import polars as pl
 
 from eagle_data.catalog import DatasetSpec
-from eagle_data.quality.figures import Bins, Figures, figures
-from eagle_data.quality.gates import CheckResult, Inputs, run_checks
-from eagle_data.quality.rollup import Record, rollup, shard_record
-from eagle_data.storage import ShardStore
+from eagle_data.quality import CHECK_COLUMNS, Inputs, ShardRecord, rollup, row_verdicts, shard_record
+from eagle_data.quality.figures import Bins, Figures
+from eagle_data.quality.gates import CheckResult
+from eagle_data.storage import ShardStore, StorageError
+
+Log = Callable[[str], None]
 
 _W, _H, _PAD = 640, 260, 50  # chart size and margin, px
 _COLORS = ("#2563eb", "#dc2626", "#d97706", "#059669")
@@ -118,6 +120,8 @@ def render_report(title: str, figures: Figures, results: Sequence[CheckResult]) 
         bar_chart(figures.completion_hist, "Replies by completion tokens"),
         "<h2>Loss-mask sums</h2>",
         bar_chart(figures.loss_hist, "Replies by loss-mask sum"),
+        "<h2>Token accounting</h2>",
+        bar_chart(figures.ratio_hist, "Replies by rebuilt tokens, % of the tokens the engine reported"),
     ]
     if figures.shards:
         xs = [str(r["shard"]) for r in figures.shards]
@@ -154,32 +158,57 @@ def quality_prefix(spec: DatasetSpec) -> str:
     return f"{spec.name}/{spec.name}_quality"
 
 
-def write_shard_report(
-    spec: DatasetSpec,
-    store: ShardStore,
-    key: str,
-    frame: pl.DataFrame,
-    previous_avg_completion_tokens: float | None = None,
-) -> Record:
-    """Check one verdicted validated shard, write its record and page; returns the record (its figures
-    and check results), so callers need not keep the shard's token ids in memory."""
-    prefix, inputs = quality_prefix(spec), Inputs(spec.checks, spec.generation.thinking, previous_avg_completion_tokens)
-    results = run_checks(frame, inputs)
-    record = shard_record(key, frame, spec.checks, results)
-    store.write_bytes(f"{prefix}/{key}.json", json.dumps(record).encode())
-    page = render_report(f"{spec.title or spec.name}: shard {key}", figures(frame, spec.checks), results)
-    store.write_bytes(f"{prefix}/{key}.html", page)
-    return record
+def inputs_for(spec: DatasetSpec, previous_avg_completion_tokens: float | None = None) -> Inputs:
+    return Inputs(spec.checks, spec.generation.thinking, previous_avg_completion_tokens)
 
 
-def write_dataset_report(spec: DatasetSpec, store: ShardStore) -> str:
+def record_key(spec: DatasetSpec, key: str) -> str:
+    return f"{quality_prefix(spec)}/{key}.json"
+
+
+def write_shard_report(spec: DatasetSpec, store: ShardStore, record: ShardRecord) -> str:
+    """Store a shard's quality record and its report page; returns the page's URI."""
+    store.write_bytes(record_key(spec, record.partition), record.to_json())
+    page = render_report(f"{spec.title or spec.name}: shard {record.partition}", record.figures(), record.results)
+    return store.write_bytes(f"{quality_prefix(spec)}/{record.partition}.html", page)
+
+
+def _check_frame(spec: DatasetSpec, store: ShardStore, key: str) -> pl.DataFrame:
+    """A validated shard without token lists and conversations (the checks never read them)."""
+    path = store.shard_key(spec.name, f"{spec.name}_validated", key)
+    if not store.exists(path):
+        raise StorageError(f"{store.uri(path)} does not exist: materialize {spec.name}_validated partition {key} first")
+    data = io.BytesIO(store.read_bytes(path))
+    columns = [c for c in pl.read_parquet_schema(data) if c in CHECK_COLUMNS]
+    data.seek(0)
+    return pl.read_parquet(data, columns=columns)
+
+
+def read_record(spec: DatasetSpec, store: ShardStore, key: str, log: Log = print) -> ShardRecord:
+    """A shard's stored record. One that is stale (older schema, or judged with other thresholds than the
+    catalog's now) is rebuilt from the validated shard, stored, and announced in one line."""
+    path = record_key(spec, key)
+    record = ShardRecord.from_json(store.read_bytes(path)) if store.exists(path) else None
+    if record is not None and (record.inputs.checks, record.inputs.thinking) == (spec.checks, spec.generation.thinking):
+        return record
+    why = "judged with other thresholds" if record else "missing or of an older schema"
+    previous = record.inputs.previous_avg_completion_tokens if record else None
+    frame = row_verdicts(_check_frame(spec, store, key), spec.checks, spec.generation.thinking)
+    log(f"{spec.name} shard {key}: quality record {why}; rebuilt from the validated shard")
+    rebuilt = shard_record(key, frame, inputs_for(spec, previous))
+    write_shard_report(spec, store, rebuilt)
+    return rebuilt
+
+
+def write_dataset_report(spec: DatasetSpec, store: ShardStore, log: Log = print) -> str:
     """Refresh the dataset page (`{root}/{ds}/{ds}_quality/index.html`) from every shard's record.
 
     Two runs finishing at once may leave the page one shard behind; the next materialization brings it
     up to date.
     """
     prefix = quality_prefix(spec)
-    records = [json.loads(store.read_bytes(k)) for k in store.list(prefix) if k.endswith(".json")]
+    keys = sorted(k.removeprefix(f"{prefix}/").removesuffix(".json") for k in store.list(prefix) if k.endswith(".json"))
+    records = [read_record(spec, store, key, log) for key in keys]
     fig, results = rollup(records)
     title = f"{spec.title or spec.name} ({spec.name}): {len(records)} of {spec.num_shards} shards"
     return store.write_bytes(f"{prefix}/index.html", render_report(title, fig, results))

@@ -56,6 +56,7 @@ def _row(i: int, r: Reply, dataset: str) -> dict[str, object]:
         "content": r.content if answered else "",
         "reasoning": r.reasoning if answered else "",
         "completion_tokens": len(reply_ids),
+        "reasoning_tokens": 0,  # not reported apart, as many OpenAI-compatible servers do
         "input_ids": ids,
         "loss_mask": [0] * len(prompt_ids) + [1] * len(reply_ids),
         "num_tokens": len(ids),
@@ -67,6 +68,8 @@ def _row(i: int, r: Reply, dataset: str) -> dict[str, object]:
         "eot_ok": (r.status == "ok") if answered else None,
         "ids_match": None,  # the fixture's "engine" returned no ids
         "target_error": "",
+        "reply_tokens": len(reply_ids) if answered else None,  # the engine reported exactly what the text holds
+        "reply_turns": 1 if answered else None,
     }
 
 
@@ -79,6 +82,8 @@ def validated_frame(replies: list[Reply], dataset: str = "fixture") -> pl.DataFr
             "input_ids": pl.List(pl.Int32),
             "loss_mask": pl.List(pl.UInt8),
             "ids_match": pl.Boolean,
+            "reply_tokens": pl.Int32,
+            "reply_turns": pl.Int32,
         },
         infer_schema_length=None,
     )

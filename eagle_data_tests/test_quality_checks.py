@@ -6,7 +6,7 @@ import polars as pl
 import pytest
 
 from eagle_data.catalog import Checks
-from eagle_data.quality import CHECKS, CheckResult, Inputs, row_verdicts, run_checks, run_checks_by_shard
+from eagle_data.quality import CHECKS, CheckResult, Inputs, combine, row_verdicts, run_checks
 from eagle_data_tests.fixtures_quality import clean_frame, regression_frame, set_rows, validated_frame, varied_replies
 
 THRESHOLDS = Checks()
@@ -27,6 +27,7 @@ def test_specs_declare_what_the_issue_asks() -> None:
     assert spec == {
         "empty_response": ("ERROR", True),
         "token_structure": ("ERROR", True),
+        "lost_text": ("ERROR", True),
         "truncation_rate": ("WARN", False),
         "failed_rate": ("WARN", False),
         "reasoning_present": ("ERROR", False),
@@ -56,7 +57,7 @@ def test_regression_fixture_fails_the_blocking_check_with_the_87_percent_figure(
 def test_empty_response_fails_on_short_rows_alone(clean: pl.DataFrame) -> None:
     r = check(set_rows(clean, [20, 21, 22, 23], loss_tokens=10), "empty_response")
     assert not r.passed
-    assert r.message == "2.0% of 197 completed rows have loss-mask sum <= 16 (limit 1%)"
+    assert r.message == "2.0% of 199 answered rows have loss-mask sum <= 16 (limit 1%)"
     assert check(set_rows(clean, [20], loss_tokens=10), "empty_response").passed  # 0.5%: under the limit
 
 
@@ -148,15 +149,35 @@ def test_checks_follow_the_frame_they_are_handed(clean: pl.DataFrame) -> None:
     assert not mixed.passed and "29.3% of rows have loss-mask sum 6" in mixed.message  # 87 of 297 completed
 
 
-def test_an_empty_shard_passes_without_errors(clean: pl.DataFrame) -> None:
-    assert all(r.passed for r in run_checks(clean.clear(), Inputs(THRESHOLDS, True, 100.0)))
+def test_a_shard_with_no_answered_row_fails_empty_response_and_passes_the_rest(clean: pl.DataFrame) -> None:
+    for frame in (clean.clear(), set_rows(clean, list(range(200)), status="failed")):
+        results = {r.name: r for r in run_checks(frame, Inputs(THRESHOLDS, True, 100.0))}
+        assert not results["empty_response"].passed
+        assert results["empty_response"].message.startswith("no answered rows to judge")
+        assert [name for name, r in results.items() if not r.passed and name != "failed_rate"] == ["empty_response"]
+
+
+def test_empty_response_judges_truncated_rows_too(clean: pl.DataFrame) -> None:
+    cut = set_rows(clean, list(range(20, 24)), status="truncated", finish_reason="length", loss_tokens=0, content="")
+    r = check(cut, "empty_response")
+    assert not r.passed and r.message.startswith("2.0% of 199 answered rows have loss-mask sum <= 16")
+
+
+def test_lost_text_fails_when_the_engine_reported_tokens_the_text_lacks(clean: pl.DataFrame) -> None:
+    stripped = set_rows(clean, [20, 21, 22], completion_tokens=4096)  # the text holds a few hundred tokens
+    r = check(stripped, "lost_text")
+    assert (r.passed, r.severity, r.blocking) == (False, "ERROR", True)
+    assert r.figure == pytest.approx(3 / 199)
+    assert r.message.startswith("1.5% of 199 answered rows lost text: their text holds under 90% of the tokens")
+    assert check(set_rows(clean, [20], completion_tokens=4096), "lost_text").passed  # 0.5%: under the limit
+    assert check(clean, "lost_text").details["token_ratio"] == 1.0
 
 
 def test_a_bad_shard_is_not_hidden_among_good_ones(clean: pl.DataFrame) -> None:
     bad = set_rows(clean_frame(100, seed=2, dataset="c"), list(range(20, 30)), status="truncated")
     frames = {"00002": bad, "00000": clean, "00001": clean_frame(200, seed=1, dataset="b")}
     assert check(pl.concat(list(frames.values())), "truncation_rate").passed  # 3.2% over all shards
-    results = {r.name: r for r in run_checks_by_shard(frames.items(), Inputs(THRESHOLDS, True))}
+    results = {r.name: r for r in combine({k: run_checks(f, Inputs(THRESHOLDS, True)) for k, f in frames.items()})}
     r = results["truncation_rate"]
     assert not r.passed
     assert r.message == "shard 00002: 12.1% of 99 replies hit max_tokens (limit 5%)"
@@ -167,4 +188,4 @@ def test_a_bad_shard_is_not_hidden_among_good_ones(clean: pl.DataFrame) -> None:
 
 def test_one_shard_gives_the_same_results_as_run_checks(clean: pl.DataFrame) -> None:
     inputs = Inputs(THRESHOLDS, True)
-    assert run_checks_by_shard([("00000", clean)], inputs) == run_checks(clean, inputs)
+    assert combine({"00000": run_checks(clean, inputs)}) == run_checks(clean, inputs)

@@ -24,6 +24,7 @@ from eagle_data.defs.exports import build_exports
 from eagle_data.defs.resources import StorageResource, engine_from_env
 from eagle_data.defs.schedules import build_schedules
 from eagle_data.defs.sensors import UI_URL_ENV, build_sensors
+from eagle_data.report import inputs_for, write_shard_report
 from eagle_data.storage import ShardStore
 from eagle_data_tests.fixtures_quality import Receiver, clean_frame, generation_frame, regression_frame
 
@@ -42,12 +43,15 @@ def stand_in_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
 
     @dg.asset(name=VALIDATED.path[-1], group_name=spec.name, partitions_def=parts)
     def validated(context: dg.AssetExecutionContext, storage: StorageResource) -> dg.MaterializeResult:
+        """What the real asset does per shard, on fixture frames instead of generated ones."""
+        previous = previous_figure(context.instance, context.asset_key, context.run.run_id)
         frames = []
         for key in context.partition_keys:
             if key not in FRAMES:
                 raise RuntimeError(f"generation shard {key} missing: materialize {spec.name} first\nTraceback ...")
             frames.append(quality.row_verdicts(FRAMES[key], spec.checks, spec.generation.thinking))
             storage.store().write_shard(spec.name, VALIDATED.path[-1], key, frames[-1])
+            write_shard_report(spec, storage.store(), quality.shard_record(key, frames[-1], inputs_for(spec, previous)))
         return dg.MaterializeResult(metadata=quality.figures(pl.concat(frames), spec.checks).numbers)
 
     @dg.asset(name=EXPORT.path[-1], group_name=spec.name, partitions_def=parts, deps=[validated])
@@ -229,8 +233,7 @@ def test_op_jobs_can_log_the_same_gates_and_the_sensor_announces_them(
     scenario: Scenario, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     frame = quality.row_verdicts(FRAMES["00001"], SPEC.checks, SPEC.generation.thinking)
-    inputs = quality.Inputs(SPEC.checks, SPEC.generation.thinking, None)
-    record = quality.shard_record("00001", frame, SPEC.checks, quality.run_checks(frame, inputs))
+    record = quality.shard_record("00001", frame, inputs_for(SPEC))
     evaluations = check_evaluations(SPEC, {"00001": record})
     failed = [e for e in evaluations if not e.passed]
     assert [(e.check_name, e.blocking, e.partition) for e in failed] == [("empty_response", True, "00001")]
@@ -258,7 +261,7 @@ def test_a_range_run_is_judged_shard_by_shard(scenario: Scenario) -> None:
     assert not result.success
     evaluation = next(e for e in result.get_asset_check_evaluations() if e.check_name == "empty_response")
     assert not evaluation.passed
-    assert evaluation.description and evaluation.description.startswith("shard 00001: 87.0% of 200 completed rows")
+    assert evaluation.description and evaluation.description.startswith("shard 00001: 87.0% of 200 answered rows")
     assert evaluation.metadata["partitions"].value == "00000...00001"
 
 
@@ -290,7 +293,7 @@ def test_through_the_real_validation_stage_the_regression_stops_the_training_mix
     assert not result.success
     assert len(receiver.bodies) == 1
     assert "empty_response failed on b9_real [00000]" in receiver.bodies[0]["text"]
-    assert "87.0% of 200 completed rows have loss-mask sum" in receiver.bodies[0]["text"]
+    assert "87.0% of 200 answered rows have loss-mask sum" in receiver.bodies[0]["text"]
 
 
 def test_previous_figure_pages_past_the_current_runs_own_materializations() -> None:

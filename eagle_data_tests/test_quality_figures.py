@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import json
-
 import polars as pl
 import pytest
 
 from eagle_data.catalog import Checks
-from eagle_data.quality import Inputs, figures, rollup, row_verdicts, run_checks, shard_record
+from eagle_data.quality import Inputs, ShardRecord, figures, rollup, row_verdicts, shard_record
 from eagle_data.quality.figures import EDGES, histogram, markdown_table
 from eagle_data_tests.fixtures_quality import clean_frame, regression_frame, set_rows
 
@@ -81,20 +79,23 @@ def test_rollup_of_shard_records_adds_up_like_the_whole_frame() -> None:
         "00002": verdicted(clean_frame(60, seed=2, dataset="c")),
     }
     records = [
-        json.loads(json.dumps(shard_record(k, f, THRESHOLDS, run_checks(f, Inputs(THRESHOLDS, True)))))
+        ShardRecord.from_json(shard_record(k, f, Inputs(THRESHOLDS, True)).to_json())
         for k, f in reversed(shards.items())
     ]  # stored as JSON, read back in any order
+    assert all(records)
     fig, results = rollup(records)
     whole = figures(pl.concat(list(shards.values())), THRESHOLDS)
     assert fig.completion_hist == whole.completion_hist and fig.loss_hist == whole.loss_hist
-    for name in ("rows", "train_rows", "truncated_share", "failed_share", "short_share", "loss_tokens_total"):
+    assert fig.ratio_hist == whole.ratio_hist and sum(n for _, n in fig.ratio_hist) == 258  # answered rows
+    names = ("rows", "train_rows", "truncated_share", "failed_share", "short_share", "loss_tokens_total", "token_ratio")
+    for name in names:
         assert fig.numbers[name] == pytest.approx(whole.numbers[name]), name
     assert fig.numbers["avg_completion_tokens"] == pytest.approx(whole.numbers["avg_completion_tokens"])
     assert fig.numbers["top_loss_share_worst_shard"] == pytest.approx(70 / 80)
     assert fig.verdicts == whole.verdicts
     assert [r["shard"] for r in fig.shards] == ["00000", "00001", "00002"]
     by_name = {r.name: r for r in results}
-    assert by_name["empty_response"].message.startswith("shard 00001: 87.5% of 80 completed rows")
+    assert by_name["empty_response"].message.startswith("shard 00001: 87.5% of 80 answered rows")
     assert by_name["token_structure"].message.startswith("all 3 shards pass; closest, shard 00000: ")
 
 

@@ -51,6 +51,7 @@ def test_empty_ok_reply_has_loss_sum_6_and_is_short_loss() -> None:
         ({"loss_tokens": CHECKS.min_loss_tokens + 1}, "pass"),
         ({"reasoning": ""}, "missing_reasoning"),
         ({"finish_reason": "length"}, "truncated"),
+        ({"completion_tokens": 4096}, "lost_text"),
     ],
 )
 def test_each_reason_is_detected(clean: pl.DataFrame, values: dict[str, object], expected: str) -> None:
@@ -67,6 +68,35 @@ def test_truncated_rows_skip_eot_check_but_not_structure_checks(clean: pl.DataFr
     assert clean["status"][3] == "truncated" and clean["eot_ok"][3] is False
     assert verdict_of(clean, 3) == "truncated"
     assert verdict_of(set_rows(clean, [3], structure_ok=False), 3) == "bad_structure"
+
+
+def test_no_empty_row_is_kept_whatever_its_finish_reason(clean: pl.DataFrame) -> None:
+    """A cut reply is kept only when it carries tokens: reasoning alone will do, nothing at all will not."""
+    cut = {"status": "truncated", "finish_reason": "length"}
+    assert verdict_of(set_rows(clean, [0], **cut, content=""), 0) == "truncated"  # cut while thinking
+    assert verdict_of(set_rows(clean, [0], **cut, content="", reasoning=""), 0) == "empty_completion"
+    assert verdict_of(set_rows(clean, [0], **cut, loss_tokens=0), 0) == "short_loss"
+    assert verdict_of(set_rows(clean, [0], content="", loss_tokens=0), 0) == "empty_completion"
+
+
+def test_token_accounting_tolerates_a_few_tokens_per_turn_and_the_catalog_share(clean: pl.DataFrame) -> None:
+    """The engine may count a stop token or think tags the text leaves out; beyond that, the tolerance."""
+    text = clean["reply_tokens"][0]
+    slack = text + 4  # TURN_SLACK_TOKENS for one turn
+    assert verdict_of(set_rows(clean, [0], completion_tokens=slack), 0) == "pass"
+    at_limit = int((text + 4) / (1 - CHECKS.lost_text_tolerance))  # lost = 10% of reported, not more
+    assert verdict_of(set_rows(clean, [0], completion_tokens=at_limit), 0) == "pass"
+    assert verdict_of(set_rows(clean, [0], completion_tokens=at_limit + 2), 0) == "lost_text"
+    assert verdict_of(set_rows(clean, [0], completion_tokens=0, reasoning_tokens=4096), 0) == "lost_text"
+    assert verdict_of(set_rows(clean, [0], completion_tokens=0), 0) == "pass"  # nothing reported: not judged
+    frame = row_verdicts(set_rows(clean, [0], completion_tokens=text * 4), CHECKS, True)
+    assert frame["lost_tokens"][0] == text * 3 - 4 and frame["token_ratio"][0] == pytest.approx(0.25)
+    assert frame["token_ratio"][11] is None  # a failed row has nothing to weigh
+
+
+def test_frames_without_accounting_columns_are_not_judged_on_accounting(clean: pl.DataFrame) -> None:
+    old = set_rows(clean, [0], completion_tokens=4096).drop("reply_tokens", "reply_turns")
+    assert verdict_of(old, 0) == "pass"
 
 
 def test_split_keeps_pass_and_truncated_and_sets_the_rest_aside_with_reasons() -> None:

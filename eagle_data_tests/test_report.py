@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -9,8 +10,17 @@ from pathlib import Path
 import polars as pl
 
 from eagle_data.catalog import Adapter, Checks, DatasetSpec
-from eagle_data.quality import Inputs, figures, row_verdicts, run_checks
-from eagle_data.report import bar_chart, partition_label, render_report, write_dataset_report, write_shard_report
+from eagle_data.quality import Inputs, figures, row_verdicts, run_checks, shard_record
+from eagle_data.report import (
+    bar_chart,
+    inputs_for,
+    partition_label,
+    read_record,
+    record_key,
+    render_report,
+    write_dataset_report,
+    write_shard_report,
+)
 from eagle_data.storage import ShardStore
 from eagle_data_tests.fixtures_quality import clean_frame, regression_frame, set_rows
 
@@ -35,10 +45,10 @@ def test_regression_report_shows_the_failed_check_and_the_spike() -> None:
 
 def test_charts_are_well_formed_svg_with_one_bar_per_bin() -> None:
     charts = SVG.findall(report(clean_frame()))
-    assert len(charts) == 2  # completion tokens, loss-mask sums; no shard column: no trend charts
-    for svg in charts:
+    assert len(charts) == 3  # completion tokens, loss-mask sums, token accounting; no shard column: no trends
+    for svg, bins in zip(charts, (12, 12, 9), strict=True):
         root = ET.fromstring(svg)
-        assert len(root.findall("{http://www.w3.org/2000/svg}rect")) == 12
+        assert len(root.findall("{http://www.w3.org/2000/svg}rect")) == bins
 
 
 def test_per_shard_trend_charts_appear_with_a_shard_column() -> None:
@@ -47,8 +57,8 @@ def test_per_shard_trend_charts_appear_with_a_shard_column() -> None:
     )
     page = report(frame)
     charts = SVG.findall(page)
-    assert len(charts) == 4
-    trend = ET.fromstring(charts[2])
+    assert len(charts) == 5
+    trend = ET.fromstring(charts[3])
     assert len(trend.findall("{http://www.w3.org/2000/svg}polyline")) == 3  # truncated, failed, short
     assert "<td>00002</td>" in page
 
@@ -76,7 +86,7 @@ def write_reports(spec: DatasetSpec, store: ShardStore, frames: dict[str, pl.Dat
         shard = row_verdicts(frame, spec.checks, spec.generation.thinking).with_columns(
             pl.lit(int(key), pl.Int32).alias("shard")
         )
-        write_shard_report(spec, store, key, shard)
+        write_shard_report(spec, store, shard_record(key, shard, inputs_for(spec)))
     return write_dataset_report(spec, store)
 
 
@@ -96,6 +106,26 @@ def test_write_reports_keeps_a_page_per_shard_and_rolls_up_the_dataset(tmp_path:
     write_reports(spec, store, {"00002": clean_frame(50, seed=5, dataset="c")})  # a later run, one shard
     page = Path(uri).read_text()
     assert "3 of 200 shards" in page and "<td>00002</td>" in page and "shard 00001: 87.0%" in page
+
+
+def test_a_record_of_an_older_schema_is_rebuilt_from_its_shard_with_one_notice(tmp_path: Path) -> None:
+    """Records written before versioning were untyped dicts; they still read, rebuilt from the shard."""
+    spec = DatasetSpec(name="b9_fixture", title="Fixture", adapter=Adapter(prompt_field="q", response_field="r"))
+    store = ShardStore(str(tmp_path))
+    shard = row_verdicts(regression_frame(100, dataset="r"), spec.checks, spec.generation.thinking)
+    store.write_shard(spec.name, "b9_fixture_validated", "00001", shard)
+    old = {"partition": "00001", "summary": {"rows": 100}, "numbers": {}, "results": []}  # the pre-version shape
+    store.write_bytes(record_key(spec, "00001"), json.dumps(old).encode())
+    notices: list[str] = []
+    record = read_record(spec, store, "00001", notices.append)
+    assert notices == [
+        "b9_fixture shard 00001: quality record missing or of an older schema; rebuilt from the validated shard"
+    ]
+    assert record == shard_record("00001", shard, inputs_for(spec))
+    assert read_record(spec, store, "00001", notices.append) == record and len(notices) == 1  # stored: read as is
+    stricter = spec.model_copy(update={"checks": spec.checks.model_copy(update={"max_short_share": 0.5})})
+    assert read_record(stricter, store, "00001", notices.append).inputs.checks.max_short_share == 0.5
+    assert notices[-1].endswith("quality record judged with other thresholds; rebuilt from the validated shard")
 
 
 def test_partition_label_names_one_partition_or_a_range() -> None:

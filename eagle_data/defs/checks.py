@@ -1,26 +1,25 @@
 """Asset checks of every catalog dataset: the quality gates of eagle_data.quality on `{ds}_validated`.
 
-One multi-asset check per dataset runs every gate on the shard(s) of the run, so the validated frame is
-read once; a range run is judged shard by shard (one bad shard cannot hide among good ones).
+Validation evaluates every gate once per shard and stores the results in the shard's quality record;
+one multi-asset check per dataset reports those stored results (rebuilding a stale record from its
+shard), so a check re-run never re-reads token ids. A range run is judged shard by shard (one bad shard
+cannot hide among good ones).
 `empty_response` and `token_structure` are blocking: when one fails, the run fails and the exports
 downstream do not run. Check metadata carries `figure`, `threshold` and `partitions`, which alerts quote.
 """
 
 # No `from __future__ import annotations` here: Dagster reads the context annotation at definition time.
-import io
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import dagster as dg
-import polars as pl
 
-from eagle_data import pipeline, quality
+from eagle_data import pipeline, quality, report
 from eagle_data.catalog import DatasetSpec
-from eagle_data.defs.assets import partitions, previous_figure
+from eagle_data.defs.assets import partitions
 from eagle_data.defs.resources import StorageResource
-from eagle_data.report import Record, partition_label
-from eagle_data.storage import ShardStore, StorageError
+from eagle_data.report import partition_label
 
 
 def validated_key(spec: DatasetSpec) -> dg.AssetKey:
@@ -29,20 +28,6 @@ def validated_key(spec: DatasetSpec) -> dg.AssetKey:
 
 def check_keys(spec: DatasetSpec) -> list[dg.AssetCheckKey]:
     return [dg.AssetCheckKey(validated_key(spec), d.name) for d in quality.CHECKS]
-
-
-def read_for_checks(store: ShardStore, spec: DatasetSpec, keys: Sequence[str]) -> Iterator[tuple[str, pl.DataFrame]]:
-    """Validated shards one at a time, without token lists and conversations (the checks never read
-    them), so a check over a long partition range stays small in memory."""
-    asset = pipeline.validated_asset(spec)
-    for key in keys:
-        if not store.shard_exists(spec.name, asset, key):
-            raise StorageError(f"{store.uri(store.shard_key(spec.name, asset, key))} does not exist: "
-                               f"materialize {asset} partition {key} first")  # fmt: skip
-        data = io.BytesIO(store.read_bytes(store.shard_key(spec.name, asset, key)))
-        columns = [c for c in pl.read_parquet_schema(data) if c in quality.CHECK_COLUMNS]
-        data.seek(0)
-        yield key, pl.read_parquet(data, columns=columns)
 
 
 def _outcome(key: dg.AssetKey, r: quality.CheckResult, partitions: str) -> dict[str, Any]:
@@ -61,13 +46,15 @@ def to_result(key: dg.AssetKey, r: quality.CheckResult, partitions: str) -> dg.A
     return dg.AssetCheckResult(**_outcome(key, r, partitions))
 
 
-def check_evaluations(spec: DatasetSpec, records: Mapping[str, Record]) -> list[dg.AssetCheckEvaluation]:
+def check_evaluations(
+    spec: DatasetSpec, records: Mapping[str, quality.ShardRecord]
+) -> list[dg.AssetCheckEvaluation]:
     """The gates' results from validation's shard records, for op-based jobs (walk_catalog) that report
     materializations themselves: one evaluation per check and partition, for `context.log_event`."""
     return [
         dg.AssetCheckEvaluation(**_outcome(validated_key(spec), r, key), blocking=r.blocking, partition=key)
         for key, record in sorted(records.items())
-        for r in (quality.CheckResult(**x) for x in record["results"])
+        for r in record.results
     ]
 
 
@@ -84,10 +71,9 @@ def dataset_checks(spec: DatasetSpec) -> dg.AssetChecksDefinition:
 
     @dg.multi_asset_check(name=f"{spec.name}_quality_checks", specs=specs, description=f"{spec.title}: quality gates.")
     def checks(context: dg.AssetCheckExecutionContext, storage: StorageResource):
-        keys = list(context.partition_keys)
-        previous = previous_figure(context.instance, key, context.run.run_id)
-        inputs = quality.Inputs(spec.checks, spec.generation.thinking, previous)
-        for r in quality.run_checks_by_shard(read_for_checks(storage.store(), spec, keys), inputs):
+        keys, store = list(context.partition_keys), storage.store()
+        results = {k: report.read_record(spec, store, k, context.log.warning).results for k in keys}
+        for r in quality.combine(results):
             yield to_result(key, r, partition_label(keys))
 
     return checks

@@ -56,8 +56,8 @@ def walk_datasets(
         _, per_partition = pipeline.generate(spec, store, keys, backend, log=context.log.info, settings=settings)
         _report(context, spec.name, per_partition)
         previous = previous_figure(context.instance, validated_key(spec), context.run_id)
-        records, _ = pipeline.validate(spec, store, keys, previous)
-        _report(context, pipeline.validated_asset(spec), {key: record["numbers"] for key, record in records.items()})
+        records, _ = pipeline.validate(spec, store, keys, previous, log=context.log.warning)
+        _report(context, pipeline.validated_asset(spec), {key: record.numbers for key, record in records.items()})
         for evaluation in check_evaluations(spec, records):  # asset checks do not run inside an op
             context.log_event(evaluation)
 

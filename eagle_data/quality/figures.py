@@ -18,6 +18,9 @@ from eagle_data.quality.verdicts import is_answered
 # Doubling bins: a spike of identical short replies (loss-mask sum 6) stands out next to replies of
 # thousands of tokens. The last bin is open-ended.
 EDGES = (0, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+# Token accounting, in percent of the engine's reported tokens: healthy rows sit at 95-104%; a server
+# that strips special tokens or a reasoning field not read shows up in the low bins.
+RATIO_EDGES = (0, 25, 50, 75, 90, 95, 100, 105, 125)
 SHARD_COLUMN = "shard"  # optional; when present, per-shard trends are reported
 
 Bins = list[tuple[str, int]]
@@ -31,6 +34,7 @@ class Figures:
     loss_hist: Bins
     shards: list[dict[str, float | int | str]]  # one row per shard, in shard order
     verdicts: dict[str, int]  # verdict -> rows
+    ratio_hist: Bins  # rebuilt tokens as % of the engine's reported tokens (RATIO_EDGES)
 
 
 def histogram(values: pl.Series, edges: tuple[int, ...] = EDGES) -> Bins:
@@ -57,12 +61,15 @@ def count_numbers(s: Summary) -> dict[str, float | int]:
         "pass_share": share(s.verdicts.get("pass", 0), s.rows),
         "truncated_share": share(s.truncated, s.answered),
         "failed_share": share(s.failed, s.requested),
-        "short_share": share(s.short, s.completed),
+        "short_share": share(s.short, s.answered),
         "top_loss_share": share(s.top_loss_rows, s.completed),
         "repeat_share": share(s.top_repeat_prompts, s.prompts),
         "missing_reasoning_share": share(s.missing_reasoning, s.completed),
         "ids_mismatch_share": share(s.ids_mismatch, s.ids_checked),
+        "lost_text_share": share(s.lost_text, s.answered),
     }
+    if s.accounted:
+        out["token_ratio"] = share(s.reply_tokens, s.engine_tokens)
     if s.avg_completion_tokens is not None:
         out["avg_completion_tokens"] = s.avg_completion_tokens
     return out
@@ -89,7 +96,7 @@ def shard_row(key: str, s: Summary) -> dict[str, float | int | str]:
         "train_rows": s.train_rows,
         "truncated_share": round(share(s.truncated, s.answered), 4),
         "failed_share": round(share(s.failed, s.requested), 4),
-        "short_share": round(share(s.short, s.completed), 4),
+        "short_share": round(share(s.short, s.answered), 4),
         "avg_completion_tokens": round(s.avg_completion_tokens or 0.0, 1),
     }
 
@@ -97,6 +104,7 @@ def shard_row(key: str, s: Summary) -> dict[str, float | int | str]:
 def tables(
     completion_hist: Bins,
     loss_hist: Bins,
+    ratio_hist: Bins,
     verdicts: dict[str, int],
     shards: list[dict[str, float | int | str]],
     top_loss: list[tuple[int, int]],
@@ -106,6 +114,9 @@ def tables(
     out = {
         "completion_tokens_histogram": markdown_table(["completion tokens", "rows"], list(map(list, completion_hist))),
         "loss_tokens_histogram": markdown_table(["loss-mask sum", "rows"], list(map(list, loss_hist))),
+        "token_ratio_histogram": markdown_table(
+            ["rebuilt tokens, % of reported", "rows"], list(map(list, ratio_hist))
+        ),
         "top_loss_sums": markdown_table(
             ["loss-mask sum", "rows", "share of replies"], [[v, n, f"{share(n, replies):.1%}"] for v, n in top_loss]
         ),
@@ -116,17 +127,25 @@ def tables(
     return out
 
 
-def figures(frame: pl.DataFrame, checks: Checks) -> Figures:
-    """All report figures of a verdicted frame (one shard, or several with a `shard` column)."""
-    s = summarize(frame, checks)
+def ratio_histogram(frame: pl.DataFrame) -> Bins:
+    """The accounting ratio of every row that has one, in RATIO_EDGES bins."""
+    return histogram((frame["token_ratio"].drop_nulls() * 100).floor().cast(pl.Int64), RATIO_EDGES)
+
+
+def figures(frame: pl.DataFrame, checks: Checks, summary: Summary | None = None) -> Figures:
+    """All report figures of a verdicted frame (one shard, or several with a `shard` column); pass the
+    frame's `summary` when it is already at hand, so the frame is summarized once."""
+    s = summary or summarize(frame, checks)
     answered = frame.filter(is_answered())
     completion_hist = histogram(answered["completion_tokens"])
     loss_hist = histogram(answered["loss_tokens"])
+    ratio_hist = ratio_histogram(frame)
     top_loss = answered.group_by("loss_tokens").len().sort(["len", "loss_tokens"], descending=[True, False])
     shards = []
     if SHARD_COLUMN in frame.columns and frame[SHARD_COLUMN].n_unique() > 1:  # a trend needs two shards
         parts = sorted(frame.partition_by(SHARD_COLUMN, as_dict=True).items())
         shards = [shard_row(shard_key(int(key)), summarize(part, checks)) for (key,), part in parts]
-    md = tables(completion_hist, loss_hist, s.verdicts, shards, list(top_loss.head(5).iter_rows()), answered.height)
+    top = list(top_loss.head(5).iter_rows())
+    md = tables(completion_hist, loss_hist, ratio_hist, s.verdicts, shards, top, answered.height)
     numbers = count_numbers(s) | _token_numbers(answered)
-    return Figures(numbers, md, completion_hist, loss_hist, shards, s.verdicts)
+    return Figures(numbers, md, completion_hist, loss_hist, shards, s.verdicts, ratio_hist)

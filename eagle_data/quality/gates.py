@@ -6,7 +6,7 @@ check specs without running anything; `run_checks` evaluates them all on one fra
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -86,13 +86,17 @@ def _result(
 
 def _empty_response(d: CheckDef, s: Summary, i: Inputs) -> CheckResult:
     c = i.checks
-    if not s.completed:
-        return _result(d, True, 0.0, c.max_short_share, "no completed rows to check")
+    if not s.answered:  # nothing judged is no evidence of health: a shard of failures must not pass
+        return _result(
+            d, False, None, c.max_short_share,
+            f"no answered rows to judge: {s.failed} of {s.rows} rows failed, "
+            f"{s.rows - s.requested} skipped for budget; regenerate the shard",
+        )  # fmt: skip
     snippet = s.top_repeat_text if len(s.top_repeat_text) <= 40 else s.top_repeat_text[:37] + "..."
-    short = share(s.short, s.completed)
+    short = share(s.short, s.answered)
     same = share(s.top_loss_rows, s.completed) if s.top_loss_rows >= MIN_DOMINANT_ROWS else 0.0
     repeat = share(s.top_repeat_prompts, s.prompts) if s.top_repeat_prompts >= MIN_DOMINANT_ROWS else 0.0
-    short_text = f"{pct(short)} of {s.completed} completed rows have loss-mask sum <= {c.min_loss_tokens}"
+    short_text = f"{pct(short)} of {s.answered} answered rows have loss-mask sum <= {c.min_loss_tokens}"
     same_text = (
         f"{pct(same)} of rows have loss-mask sum {s.top_loss_value}"
         if same
@@ -114,6 +118,21 @@ def _empty_response(d: CheckDef, s: Summary, i: Inputs) -> CheckResult:
     return _result(
         d, not failing, worst[0], worst[1], message, short_share=short, top_loss_share=same, top_repeat_share=repeat
     )
+
+
+def _lost_text(d: CheckDef, s: Summary, i: Inputs) -> CheckResult:
+    lim = i.checks.max_lost_text_share
+    if not s.accounted:
+        return _result(d, True, None, lim, f"no token counts to weigh: the engine reported none for {s.answered} rows")
+    figure = share(s.lost_text, s.answered)
+    ratio = share(s.reply_tokens, s.engine_tokens)
+    return _result(
+        d, figure <= lim, figure, lim,
+        f"{pct(figure)} of {s.answered} answered rows lost text: their text holds under "
+        f"{1 - i.checks.lost_text_tolerance:.0%} of the tokens the engine reported (limit {limit(lim)}); "
+        f"text holds {ratio:.1%} of {s.engine_tokens:,} reported tokens over {s.accounted} rows",
+        token_ratio=ratio, lost_text_rows=s.lost_text,
+    )  # fmt: skip
 
 
 def _token_structure(d: CheckDef, s: Summary, i: Inputs) -> CheckResult:
@@ -204,6 +223,16 @@ _REGISTRY: tuple[tuple[CheckDef, _Impl], ...] = (
         CheckDef("token_structure", "ERROR", True, "Every row's special-token structure and round-trip are valid."),
         _token_structure,
     ),
+    (
+        CheckDef(
+            "lost_text",
+            "ERROR",
+            True,
+            "Token accounting: replies whose text holds fewer tokens than the engine reported generating "
+            "(special tokens stripped, reasoning in a field not read, a cut stream).",
+        ),
+        _lost_text,
+    ),
     (CheckDef("truncation_rate", "WARN", False, "Share of replies cut at max_tokens."), _truncation_rate),
     (CheckDef("failed_rate", "WARN", False, "Share of requests that failed after retries."), _failed_rate),
     (
@@ -236,7 +265,7 @@ def _closeness(r: CheckResult) -> float:
 
 
 def combine(per_shard: Mapping[str, Sequence[CheckResult]]) -> list[CheckResult]:
-    """One result per check from per-shard results (the same check order in each shard).
+    """One result per check (in CHECKS order) from per-shard results.
 
     A check fails when it fails on any shard: the result quotes the first failing shard and says how
     many failed, so one bad shard cannot hide among good ones. A check passing everywhere quotes the
@@ -245,9 +274,12 @@ def combine(per_shard: Mapping[str, Sequence[CheckResult]]) -> list[CheckResult]
     keys = sorted(per_shard)
     if len(keys) == 1:
         return list(per_shard[keys[0]])
+    by_name = {key: {r.name: r for r in per_shard[key]} for key in keys}
     out = []
-    for i in range(len(per_shard[keys[0]])):
-        column = [(key, per_shard[key][i]) for key in keys]
+    for d in CHECKS:
+        column = [(key, by_name[key][d.name]) for key in keys if d.name in by_name[key]]
+        if not column:
+            continue
         failing = [(key, r) for key, r in column if not r.passed]
         if failing:
             key, first = failing[0]
@@ -260,9 +292,3 @@ def combine(per_shard: Mapping[str, Sequence[CheckResult]]) -> list[CheckResult]
                 replace(closest, message=f"all {len(keys)} shards pass; closest, shard {key}: {closest.message}")
             )
     return out
-
-
-def run_checks_by_shard(frames: Iterable[tuple[str, pl.DataFrame]], inputs: Inputs) -> list[CheckResult]:
-    """Every check on each shard, combined (see `combine`). `frames` is consumed one shard at a time,
-    so a generator that reads shards lazily keeps one shard in memory."""
-    return combine({key: run_checks(frame, inputs) for key, frame in frames})

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import polars as pl
 
 from eagle_data.catalog import Checks
-from eagle_data.quality.verdicts import KEPT, STRUCTURE_REASONS, is_answered, is_truncated
+from eagle_data.quality.verdicts import KEPT, LOST_TEXT, STRUCTURE_REASONS, is_answered, is_truncated, reported_tokens
 
 
 def share(part: int, whole: int) -> float:
@@ -22,7 +22,8 @@ def share(part: int, whole: int) -> float:
 @dataclass(frozen=True)
 class Summary:
     """Row counts of one frame. "completed" = answered and not truncated: the rows whose length says
-    something about the model (a truncated reply's length only says what max_tokens was)."""
+    something about the model (a truncated reply's length only says what max_tokens was). Fields added
+    later carry defaults, so records written before them still read."""
 
     rows: int
     requested: int  # rows minus skipped_budget: a request was made
@@ -30,7 +31,7 @@ class Summary:
     answered: int  # ok or truncated
     truncated: int
     completed: int
-    short: int  # completed rows with loss-mask sum <= min_loss_tokens
+    short: int  # answered rows (complete or cut) with loss-mask sum <= min_loss_tokens
     top_loss_value: int | None  # the most common loss-mask sum among completed rows
     top_loss_rows: int
     prompts: int  # distinct prompt ids among completed rows
@@ -44,6 +45,10 @@ class Summary:
     ids_mismatch: int  # ... that differ from re-tokenizing the text (the model's ids are kept)
     verdicts: dict[str, int]
     train_rows: int
+    lost_text: int = 0  # rows with the verdict lost_text
+    accounted: int = 0  # answered rows whose reported tokens could be weighed against the rebuilt ones
+    engine_tokens: int = 0  # over accounted rows: what the engine reported ...
+    reply_tokens: int = 0  # ... and what the rebuilt turns hold
 
 
 def summarize(frame: pl.DataFrame, checks: Checks) -> Summary:
@@ -63,6 +68,7 @@ def summarize(frame: pl.DataFrame, checks: Checks) -> Summary:
     structure = {reason: verdicts[reason] for reason in STRUCTURE_REASONS if reason in verdicts}
     bad = frame.filter(pl.col("verdict").is_in(list(STRUCTURE_REASONS)))
     answered = flagged.filter("_answered")
+    accounted = frame.filter(pl.col("token_ratio").is_not_null())
     return Summary(
         rows=frame.height,
         requested=frame.height - verdicts.get("skipped_budget", 0),
@@ -70,7 +76,7 @@ def summarize(frame: pl.DataFrame, checks: Checks) -> Summary:
         answered=answered.height,
         truncated=int(flagged["_truncated"].sum()),
         completed=completed.height,
-        short=int((completed["loss_tokens"].fill_null(0) <= checks.min_loss_tokens).sum()),
+        short=int((answered["loss_tokens"].fill_null(0) <= checks.min_loss_tokens).sum()),
         top_loss_value=top_loss["loss_tokens"][0] if top_loss.height else None,
         top_loss_rows=top_loss["len"][0] if top_loss.height else 0,
         prompts=completed["prompt_id"].n_unique(),
@@ -84,4 +90,8 @@ def summarize(frame: pl.DataFrame, checks: Checks) -> Summary:
         ids_checked=int(frame["ids_match"].is_not_null().sum()),
         ids_mismatch=int(frame["ids_match"].eq(False).sum()),
         train_rows=sum(n for v, n in verdicts.items() if v in KEPT),
+        lost_text=verdicts.get(LOST_TEXT, 0),
+        accounted=accounted.height,
+        engine_tokens=int(accounted.select(reported_tokens().sum()).item()) if accounted.height else 0,
+        reply_tokens=int(accounted["reply_tokens"].sum()) if accounted.height else 0,
     )

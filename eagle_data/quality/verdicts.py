@@ -14,7 +14,16 @@ targets room then keeps the model's own ids, which is right for a draft model; i
 Truncated rows are kept for training but flagged with the verdict "truncated": their tokens are still
 the target model's own output, which is what a draft model learns from, and dropping them would bias
 the data towards short replies (one real run had 18% of replies at the 4,096-token limit). They stay
-out of training only when their token structure is broken, which is checked first.
+out of training when their token structure is broken, when their text was lost, or when they carry
+nothing to learn (no reasoning and no content, or a loss-mask sum at or under `min_loss_tokens`):
+whatever the finish reason, no empty row is ever kept.
+
+Token accounting: a server can report tokens it never put in the text (one that strips special tokens
+answers content "" with completion_tokens = max_tokens; reasoning can come back in a field not read; a
+stream can be cut). `lost_tokens` is what the engine reported beyond the tokens rebuilt for the row's
+regenerated turns (`reply_tokens`, from the targets room); a row that lost more than the catalog's
+`lost_text_tolerance` of the engine's count is `lost_text`. The engine's count is its completion tokens
+(which include reasoning tokens in OpenAI-style usage), or its reasoning tokens when those are larger.
 """
 
 from __future__ import annotations
@@ -25,6 +34,10 @@ from eagle_data.catalog import Checks
 
 PASS = "pass"
 TRUNCATED = "truncated"
+LOST_TEXT = "lost_text"
+# Tokens per regenerated turn an engine may count that the rebuilt text need not hold: the stop token,
+# and the think tags and blank lines a template leaves out of an earlier turn it re-renders.
+TURN_SLACK_TOKENS = 4
 KEPT = frozenset({PASS, TRUNCATED})  # verdicts whose rows go to training
 STRUCTURE_REASONS = (
     "render_error",
@@ -51,7 +64,14 @@ REQUIRED_COLUMNS = (
 )
 
 
-CHECK_COLUMNS = (*REQUIRED_COLUMNS, "verdict")  # all the checks read: not the token lists, not messages
+# Token-accounting inputs, null when a frame predates them (then no row is judged on accounting).
+OPTIONAL_COLUMNS: dict[str, pl.DataType] = {
+    "reasoning_tokens": pl.Int64(),
+    "reply_tokens": pl.Int32(),
+    "reply_turns": pl.Int32(),
+}
+ACCOUNTING_COLUMNS = ("lost_tokens", "token_ratio")  # added by row_verdicts
+CHECK_COLUMNS = (*REQUIRED_COLUMNS, *OPTIONAL_COLUMNS, *ACCOUNTING_COLUMNS, "verdict")  # not token lists, messages
 
 
 def require_columns(frame: pl.DataFrame) -> None:
@@ -80,8 +100,26 @@ def _blank(column: str) -> pl.Expr:
     return pl.col(column).fill_null("").str.strip_chars() == ""
 
 
+def reported_tokens() -> pl.Expr:
+    """What the engine says it generated (see the module docstring)."""
+    return pl.max_horizontal(pl.col("completion_tokens").fill_null(0), pl.col("reasoning_tokens").fill_null(0))
+
+
+def accounting() -> list[pl.Expr]:
+    """`lost_tokens` (reported by the engine, missing from the rebuilt turns) and `token_ratio` (rebuilt
+    over reported); both null where nothing can be compared: no reply, no rebuild, no reported count."""
+    engine = reported_tokens()
+    known = is_answered() & pl.col("reply_tokens").is_not_null() & (engine > 0)
+    lost = engine - pl.col("reply_tokens") - TURN_SLACK_TOKENS * pl.col("reply_turns")
+    return [
+        pl.when(known).then(pl.max_horizontal(lost, 0)).cast(pl.Int64).alias("lost_tokens"),
+        pl.when(known).then(pl.col("reply_tokens") / engine).alias("token_ratio"),
+    ]
+
+
 def _rules(checks: Checks, thinking: bool) -> list[tuple[str, pl.Expr]]:
     """(reason, condition) in the order they are tried; the first that holds is the verdict."""
+    nothing_written = _blank("content") & (_blank("reasoning") | ~is_truncated())  # a cut reply may hold only reasoning
     return [
         ("failed", pl.col("status") == "failed"),
         ("skipped_budget", pl.col("status") == "skipped_budget"),
@@ -90,17 +128,20 @@ def _rules(checks: Checks, thinking: bool) -> list[tuple[str, pl.Expr]]:
         ("roundtrip_mismatch", _false("roundtrip_ok")),
         ("prefix_mismatch", _false("prefix_ok")),
         ("special_token_in_text", pl.col("special_in_text").fill_null(0) > 0),
+        (LOST_TEXT, pl.col("lost_tokens").fill_null(0) > checks.lost_text_tolerance * reported_tokens()),
+        ("empty_completion", nothing_written),
+        ("short_loss", pl.col("loss_tokens").fill_null(0) <= checks.min_loss_tokens),
         (TRUNCATED, is_truncated()),
         ("missing_eot", _false("eot_ok")),
-        ("empty_completion", _blank("content")),
-        ("short_loss", pl.col("loss_tokens").fill_null(0) <= checks.min_loss_tokens),
         ("missing_reasoning", _blank("reasoning") & pl.lit(thinking)),
     ]
 
 
 def row_verdicts(frame: pl.DataFrame, checks: Checks, thinking: bool) -> pl.DataFrame:
-    """`frame` with a `verdict` column: "pass" or the first reason from `_rules`."""
+    """`frame` with the accounting columns and a `verdict`: "pass" or the first reason from `_rules`."""
     require_columns(frame)
+    missing = [pl.lit(None, dtype).alias(name) for name, dtype in OPTIONAL_COLUMNS.items() if name not in frame.columns]
+    frame = frame.with_columns(missing).with_columns(accounting())
     verdict: pl.Expr = pl.lit(PASS)
     for reason, condition in reversed(_rules(checks, thinking)):
         verdict = pl.when(condition).then(pl.lit(reason)).otherwise(verdict)

@@ -15,6 +15,17 @@ from typing import Any
 from eagle_data.targets.profile import Part, Target, TargetError, Template
 
 
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """An earlier regenerated assistant turn, for token accounting: where its tokens sit in the pieces,
+    the reasoning the template left out of them, and how many tokens the engine returned for it."""
+
+    start: int  # pieces[start:end] is the turn as rendered
+    end: int
+    dropped: str  # reasoning the template does not render in this turn ("" when kept or none)
+    output_len: int | None  # len(output_ids) when the engine returned its own ids
+
+
 @dataclass(slots=True)
 class Rendered:
     """Pieces and their mask values; indices mark the final turn and every turn that must close."""
@@ -24,6 +35,7 @@ class Rendered:
     prompt_end: int = 0  # pieces[:prompt_end] is the final turn's generation prompt
     body_end: int = 0  # pieces[prompt_end:body_end] is the final turn as the model wrote it
     closed: list[int] = field(default_factory=list)  # piece index just past each trained turn's end-of-turn
+    history: list[Reply] = field(default_factory=list)  # the regenerated turns before the final one
     _cut: bool = True
 
     def add(self, parts: Iterable[Part], mask: int) -> None:
@@ -118,6 +130,7 @@ def _history_turn(
     out.add(tpl.header["assistant"], 0)
     if trained:
         out.cut()
+    start = len(out.pieces)
     if after_query and reasoning:
         out.add((*tpl.think_open, reasoning, *tpl.think_close), trained)
         out.add(tpl.think_tail, trained)
@@ -128,6 +141,9 @@ def _history_turn(
     out.add((content, tpl.end_of_turn), trained)
     if trained:
         out.closed.append(len(out.pieces))
+        dropped = "" if after_query else reasoning
+        ids = msg.get("output_ids")
+        out.history.append(Reply(start, len(out.pieces), dropped, None if ids is None else len(ids)))
     out.add(tpl.after_turn, 0)
 
 

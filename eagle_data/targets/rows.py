@@ -23,6 +23,7 @@ PASS_THROUGH = (
     "status",
     "finish_reason",
     "completion_tokens",
+    "reasoning_tokens",
     "content",
     "reasoning",
     "model",
@@ -40,6 +41,8 @@ OUTPUT_COLUMNS: dict[str, Any] = {  # built here; then PASS_THROUGH columns foll
     "special_in_text": pl.Int32,
     "ids_match": pl.Boolean,
     "target_error": pl.String,
+    "reply_tokens": pl.Int32,
+    "reply_turns": pl.Int32,
 }
 
 
@@ -68,6 +71,9 @@ def build_training_rows(
     with the end-of-turn id (a truncated final turn excepted). special_in_text: control-token strings in
     user or model text, kept as plain text. ids_match: the engine's `output_ids` for the final turn equal
     the text reconstruction (null without them); when they differ, the engine's ids are used, all trained.
+    reply_tokens: the tokens of every regenerated turn as rebuilt here (a turn's own engine ids where the
+    engine returned them; reasoning a template leaves out of earlier turns encoded apart), over
+    `reply_turns` turns: the quality room weighs them against the engine's reported completion tokens.
     """
     statuses = generations["status"].to_list()
     reasons = generations["finish_reason"].to_list() if "finish_reason" in generations.columns else None
@@ -111,7 +117,8 @@ def _unbuilt(row: str | None) -> dict[str, Any]:
     """A row with no ids: null flags when the status had no reply, false flags when rendering failed."""
     flag = None if row is None else False
     empty = {"input_ids": [], "loss_mask": [], "num_tokens": 0, "loss_tokens": 0, "special_in_text": 0}
-    return {**empty, **dict.fromkeys(FLAGS, flag), "ids_match": None, "target_error": row or ""}
+    unknown = {"ids_match": None, "reply_tokens": None, "reply_turns": None}
+    return {**empty, **dict.fromkeys(FLAGS, flag), **unknown, "target_error": row or ""}
 
 
 class _Encoder:
@@ -126,6 +133,9 @@ class _Encoder:
                 for piece in row.full.pieces:
                     if type(piece) is str:
                         index.setdefault(piece, len(index))
+                for turn in row.full.history:
+                    if turn.dropped and turn.output_len is None:  # counted, never part of the ids
+                        index.setdefault(turn.dropped, len(index))
         self.index = index
         texts = list(index)
         self.encoded = [e.ids for e in target.text_encoder.encode_batch(texts, add_special_tokens=False)]
@@ -161,7 +171,7 @@ class _Encoder:
 
     def _row(self, row: _Row) -> dict[str, Any]:
         full, eot = row.full, self.target.eot_id
-        pieces, masks, closed = full.pieces, full.masks, full.closed
+        pieces, masks, closed, body_end = full.pieces, full.masks, full.closed, full.body_end
         dirty = any(self.dirty[self.index[p]] for p in pieces if type(p) is str)
         ids_match = None
         control_ok = True
@@ -178,8 +188,10 @@ class _Encoder:
                 pieces = [*pieces[: full.prompt_end], out, *pieces[full.body_end :]]
                 masks = [*masks[: full.prompt_end], 1, *masks[full.body_end :]]
                 closed = [c if c <= full.prompt_end else c - shift for c in closed]
+                body_end = full.prompt_end + 1
         ids, mask, ends = self.ids(pieces, masks)
         prompt_len = ends[full.prompt_end - 1] if full.prompt_end else 0
+        reply_tokens = (ends[body_end - 1] if body_end else 0) - prompt_len + self._history_tokens(full, ends)
         prompt = row.prompt
         if prompt.pieces == full.pieces[: full.prompt_end]:
             prefix_ok = True  # the same pieces encode to the same ids
@@ -197,8 +209,23 @@ class _Encoder:
             "special_in_text": sum(self.specials[self.index[p]] for p in full.pieces if type(p) is str),
             "ids_match": ids_match,
             "target_error": "",
+            "reply_tokens": reply_tokens,
+            "reply_turns": 1 + len(full.history),
             "text": "".join(self.target.token_text[p] if type(p) is int else p for p in full.pieces),
         }
+
+    def _history_tokens(self, full: Rendered, ends: list[int]) -> int:
+        """Tokens of the earlier regenerated turns: the engine's count of its own ids, else the rendered
+        turn plus the reasoning the template dropped from it (pieces before the final turn never move)."""
+        total = 0
+        for turn in full.history:
+            if turn.output_len is not None:
+                total += turn.output_len
+                continue
+            total += ends[turn.end - 1] - (ends[turn.start - 1] if turn.start else 0)
+            if turn.dropped:
+                total += len(self.encoded[self.index[turn.dropped]])
+        return total
 
     def _decode(self, rows: list[list[int]]) -> list[str]:
         table = self.target.token_bytes

@@ -1,0 +1,90 @@
+"""Per-shard quality records: typed, versioned, written once at validation and read by everything after.
+
+A dataset report over hundreds of shards must not re-read their token ids, and an asset check must not
+recompute what validation already found: each validated shard leaves one record of its summary, report
+figures and check results, and the roll-up and the asset checks read that. The record is JSON with a
+`version`; a record of another version, or one that no longer reads as this type, is stale and is
+rebuilt from its shard by the caller (report.py), which says so in one line. Fields added later get
+defaults, so a record written before them still reads.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+
+import polars as pl
+from pydantic import TypeAdapter, ValidationError
+
+from eagle_data.quality.figures import Bins, Figures, figures, tables
+from eagle_data.quality.gates import CheckResult, Inputs, evaluate
+from eagle_data.quality.summary import Summary, summarize
+from eagle_data.quality.verdicts import is_answered
+
+# 1: the untyped dicts written before records were versioned (they carry no `version`).
+# 2: typed records with token accounting (lost_text, the accounting ratio) and the inputs judged with.
+SCHEMA_VERSION = 2
+_TOP_LOSS_KEPT = 20  # most common loss-mask sums kept per shard
+_TEXT_KEPT = 200  # characters of the most repeated completion kept
+
+
+@dataclass(frozen=True)
+class ShardRecord:
+    """What one verdicted shard left: its counts, figures and check results, and what it was judged with."""
+
+    partition: str
+    summary: Summary
+    numbers: dict[str, float | int]
+    completion_hist: Bins
+    loss_hist: Bins
+    ratio_hist: Bins
+    top_loss: list[tuple[int, int]]  # (loss-mask sum, rows), most common first
+    results: list[CheckResult]  # in CHECKS order
+    inputs: Inputs
+    version: int = SCHEMA_VERSION
+
+    def figures(self) -> Figures:
+        """The shard's report figures, as `figures()` gave them at validation."""
+        s, top = self.summary, self.top_loss[:5]
+        md = tables(self.completion_hist, self.loss_hist, self.ratio_hist, s.verdicts, [], top, s.answered)
+        return Figures(self.numbers, md, self.completion_hist, self.loss_hist, [], s.verdicts, self.ratio_hist)
+
+    def to_json(self) -> bytes:
+        return _ADAPTER.dump_json(self)
+
+    @staticmethod
+    def from_json(data: bytes) -> ShardRecord | None:
+        """The record, or None when it is stale (another version, or no longer this type's shape)."""
+        try:
+            raw = json.loads(data)
+            if not isinstance(raw, dict) or raw.get("version") != SCHEMA_VERSION:
+                return None
+            return _ADAPTER.validate_python(raw)
+        except (ValueError, ValidationError):
+            return None
+
+
+_ADAPTER = TypeAdapter(ShardRecord)
+
+
+def shard_record(partition: str, frame: pl.DataFrame, inputs: Inputs) -> ShardRecord:
+    """Summarize a verdicted shard once, then take its figures and evaluate every check from that."""
+    s = summarize(frame, inputs.checks)
+    fig = figures(frame, inputs.checks, s)
+    top_loss = (
+        frame.filter(is_answered())
+        .group_by("loss_tokens")
+        .len()
+        .sort(["len", "loss_tokens"], descending=[True, False])  # ties in a stable order: records are reproducible
+    )
+    return ShardRecord(
+        partition=partition,
+        summary=replace(s, top_repeat_text=s.top_repeat_text[:_TEXT_KEPT]),
+        numbers=fig.numbers,
+        completion_hist=fig.completion_hist,
+        loss_hist=fig.loss_hist,
+        ratio_hist=fig.ratio_hist,
+        top_loss=[(int(v), int(n)) for v, n in top_loss.head(_TOP_LOSS_KEPT).iter_rows()],
+        results=evaluate(s, inputs),
+        inputs=inputs,
+    )
