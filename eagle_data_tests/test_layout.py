@@ -75,11 +75,26 @@ STORE_METHODS = {"read_bytes", "write_bytes", "read_frame", "write_frame", "exis
 KEY_MARKERS = ("_log", "_usage", "_index", "_quality", "_prompts", "_validated", "export/", "training_mix/")
 
 
+def _names_a_key(node: ast.AST) -> bool:
+    """An assignment to a name or attribute called like a key (`key = ...`, `self.prefix = ...`)."""
+    targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+    names = [getattr(t, "id", None) or getattr(t, "attr", "") for t in targets if t is not None]
+    return isinstance(node, ast.Assign | ast.AnnAssign) and any("key" in n or "prefix" in n for n in names)
+
+
+def _joins_with_slash(value: ast.AST | None) -> bool:
+    """An f-string that puts a "/" right after a formatted part, outside a URL."""
+    if not isinstance(value, ast.JoinedStr):
+        return False
+    literals = [part.value for part in value.values if isinstance(part, ast.Constant)]
+    return any(t.startswith("/") for t in literals) and not any("://" in t for t in literals)
+
+
 def _hand_built_keys(path: Path) -> list[str]:
     """Places in one module that build or split a storage key without the layout module:
     an f-string or `+` passed as the key of a store call, `split("/")`-style parsing in a module that
-    uses the store, an f-string joining parts with "/" there, or a string that spells a layout folder
-    name inside a path."""
+    uses the store, a `key`/`prefix` variable joined with "/" in an f-string there, or a string that
+    spells a layout folder name inside a path."""
     source = path.read_text()
     tree = ast.parse(source)
     uses_store = "ShardStore" in source or "store." in source
@@ -102,9 +117,8 @@ def _hand_built_keys(path: Path) -> list[str]:
                 isinstance(first, ast.Constant) and first.value == "/"
             ):
                 found.append(f'{where}: {node.func.attr}("/")')
-        literals = [part.value for part in getattr(node, "values", []) if isinstance(part, ast.Constant)]
-        if uses_store and isinstance(node, ast.JoinedStr) and "/" in literals and not any("://" in t for t in literals):
-            found.append(f"{where}: an f-string joining parts with '/'")
+        if uses_store and _names_a_key(node) and _joins_with_slash(getattr(node, "value", None)):
+            found.append(f"{where}: a key or prefix joined by hand with '/'")
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
             text = node.value
             if "/" in text and "://" not in text and any(marker in text for marker in KEY_MARKERS):
@@ -126,7 +140,9 @@ def test_no_module_builds_or_parses_keys_by_hand() -> None:
         ('store.list(f"{ds}/{ds}")', True),
         ('where = key.split("/")[2:]  # store.list', True),
         ('prefix = "b7/b7/_log/00000"', True),
-        ('prefix = f"{ds}/{ds}/{LOG}/{partition}"  # then store.list(prefix)', True),
+        ('self.prefix = f"{ds}/{ds}/{LOG}/{partition}"  # then store.list(self.prefix)', True),
+        ('key = f"{self.prefix}/part-{n}.parquet"  # then store.write_frame(key)', True),
+        ('say(f"{done}/{total} done")  # a store. module logging a fraction', False),
         ('store.write_bytes(layout.usage(ds, "00000"), b"")', False),
         ('model = name.rsplit("/", 1)[-1]', False),  # no store in this module: not a key
     ],
