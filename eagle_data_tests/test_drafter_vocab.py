@@ -12,11 +12,12 @@ import polars as pl
 import pytest
 import torch
 
+from eagle_data import layout
 from eagle_data.catalog import load_catalog
 from eagle_data.defs.drafter import build_drafter_assets
 from eagle_data.defs.resources import StorageResource
 from eagle_data.drafter import vocab
-from eagle_data.drafter.outputs import MIX_KEY, write_draft_vocab
+from eagle_data.drafter.outputs import write_draft_vocab
 from eagle_data.storage import ShardStore
 from eagle_data.targets import load_target
 
@@ -109,7 +110,7 @@ def test_asset_writes_catalog_sizes_and_reuses_the_count_cache(tmp_path: Path) -
     specs = [s.model_copy(update={"target": "qwen3-test"}) for s in load_catalog(profile="").values()]
     store = ShardStore(str(tmp_path))
     frame = mix_frame(vocab_size=50_000).with_columns(dataset=pl.lit(specs[0].name))
-    store.write_frame(MIX_KEY, frame)
+    store.write_frame(layout.mix(), frame)
     resources = {"storage": StorageResource(root=str(tmp_path))}
     result = dg.materialize(build_drafter_assets(specs), resources=resources, instance=dg.DagsterInstance.ephemeral())
     assert result.success
@@ -124,7 +125,7 @@ def test_asset_writes_catalog_sizes_and_reuses_the_count_cache(tmp_path: Path) -
     assert meta["counted"].value is True
     again = write_draft_vocab(specs, store, (32_000,), log=lambda _: None)
     assert again["counted"] is False and again["mix_hash"] == meta["mix_hash"].value
-    store.write_frame(MIX_KEY, frame.head(10))  # new content: a new cache entry, counted again
+    store.write_frame(layout.mix(), frame.head(10))  # new content: a new cache entry, counted again
     assert write_draft_vocab(specs, store, (32_000,), log=lambda _: None)["counted"] is True
 
 
@@ -133,6 +134,6 @@ def test_mix_of_two_targets_is_refused(tmp_path: Path) -> None:
     specs = [specs[0].model_copy(update={"target": "qwen3-test"}), specs[1].model_copy(update={"target": "kimi-test"})]
     store = ShardStore(str(tmp_path))
     frame = mix_frame(rows=4)
-    store.write_frame(MIX_KEY, frame.with_columns(dataset=pl.Series([specs[0].name, specs[1].name] * 2)))
+    store.write_frame(layout.mix(), frame.with_columns(dataset=pl.Series([specs[0].name, specs[1].name] * 2)))
     with pytest.raises(ValueError, match="2 targets"):
         write_draft_vocab(specs, store, (10,))

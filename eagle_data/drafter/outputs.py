@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from eagle_data import layout
 from eagle_data.catalog import DatasetSpec
 from eagle_data.drafter import vocab
 from eagle_data.drafter.mixfile import content_hash, local_mix, mix_target
@@ -12,14 +13,6 @@ from eagle_data.storage import ShardStore
 from eagle_data.targets import load_target
 
 Log = Callable[[str], None]
-MIX_KEY = "training_mix/training_mix/mix.parquet"
-VOCAB_DIR = "drafter/draft_vocab"
-
-
-def vocab_prefix(tokenizer_hash: str, mix_hash: str) -> str:
-    """The cache folder of one (target tokenizer, mix content) pair; one mapping file per size inside."""
-    return f"{VOCAB_DIR}/{tokenizer_hash[:16]}-{mix_hash[:16]}"
-
 
 def write_draft_vocab(
     specs: list[DatasetSpec], store: ShardStore, sizes: tuple[int, ...], log: Log = print
@@ -27,11 +20,10 @@ def write_draft_vocab(
     """Count the mix's supervised tokens (once per tokenizer and mix content) and write one EAGLE-3 mapping
     per draft vocabulary size, skipping those already written; returns the figures, per size the share of
     supervised tokens the draft vocabulary covers and the file's URI."""
-    with local_mix(store, MIX_KEY) as path:
+    with local_mix(store, layout.mix()) as path:
         target = load_target(mix_target(path, specs))
         mix_hash = content_hash(path)
-        prefix = vocab_prefix(target.tokenizer_hash, mix_hash)
-        freq_key = f"{prefix}/token_freq.pt"
+        freq_key = layout.draft_vocab_file(target.tokenizer_hash, mix_hash, layout.TOKEN_FREQ_FILE)
         counted = not store.exists(freq_key)
         if counted:
             counts = vocab.count_supervised(path, target.vocab_size)
@@ -50,7 +42,7 @@ def write_draft_vocab(
     }
     for size in sizes:
         draft = vocab.draft_vocab(counts, size)
-        key = f"{prefix}/vocab_mapping_{size}.pt"
+        key = layout.draft_vocab_file(target.tokenizer_hash, mix_hash, layout.vocab_mapping_name(size))
         if not store.exists(key):
             store.write_bytes(key, vocab.mapping_bytes(draft))
         figures[f"coverage_{size}"] = round(draft.coverage, 6)
