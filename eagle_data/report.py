@@ -13,6 +13,7 @@ from html import escape
 
 import polars as pl
 
+from eagle_data import layout
 from eagle_data.catalog import DatasetSpec
 from eagle_data.quality import CHECK_COLUMNS, Inputs, ShardRecord, rollup, row_verdicts, shard_record
 from eagle_data.quality.figures import Bins, Figures
@@ -153,31 +154,23 @@ def partition_label(keys: Sequence[str]) -> str:
     return keys[0] if len(keys) == 1 else f"{keys[0]}...{keys[-1]}"
 
 
-def quality_prefix(spec: DatasetSpec) -> str:
-    """Where a dataset's reports live: `{ds}/{ds}_quality/` next to its shards."""
-    return f"{spec.name}/{spec.name}_quality"
-
-
 def inputs_for(spec: DatasetSpec, previous_avg_completion_tokens: float | None = None) -> Inputs:
     return Inputs(spec.checks, spec.generation.thinking, previous_avg_completion_tokens)
 
 
-def record_key(spec: DatasetSpec, key: str) -> str:
-    return f"{quality_prefix(spec)}/{key}.json"
-
-
 def write_shard_report(spec: DatasetSpec, store: ShardStore, record: ShardRecord) -> str:
     """Store a shard's quality record and its report page; returns the page's URI."""
-    store.write_bytes(record_key(spec, record.partition), record.to_json())
+    store.write_bytes(layout.quality_record(spec.name, record.partition), record.to_json())
     page = render_report(f"{spec.title or spec.name}: shard {record.partition}", record.figures(), record.results)
-    return store.write_bytes(f"{quality_prefix(spec)}/{record.partition}.html", page)
+    return store.write_bytes(layout.quality_page(spec.name, record.partition), page)
 
 
 def _check_frame(spec: DatasetSpec, store: ShardStore, key: str) -> pl.DataFrame:
     """A validated shard without token lists and conversations (the checks never read them)."""
-    path = store.shard_key(spec.name, f"{spec.name}_validated", key)
+    asset = layout.validated_asset(spec.name)
+    path = layout.shard(spec.name, asset, key)
     if not store.exists(path):
-        raise StorageError(f"{store.uri(path)} does not exist: materialize {spec.name}_validated partition {key} first")
+        raise StorageError(f"{store.uri(path)} does not exist: materialize {asset} partition {key} first")
     data = io.BytesIO(store.read_bytes(path))
     columns = [c for c in pl.read_parquet_schema(data) if c in CHECK_COLUMNS]
     data.seek(0)
@@ -187,7 +180,7 @@ def _check_frame(spec: DatasetSpec, store: ShardStore, key: str) -> pl.DataFrame
 def read_record(spec: DatasetSpec, store: ShardStore, key: str, log: Log = print) -> ShardRecord:
     """A shard's stored record. One that is stale (older schema, or judged with other thresholds than the
     catalog's now) is rebuilt from the validated shard, stored, and announced in one line."""
-    path = record_key(spec, key)
+    path = layout.quality_record(spec.name, key)
     record = ShardRecord.from_json(store.read_bytes(path)) if store.exists(path) else None
     if record is not None and (record.inputs.checks, record.inputs.thinking) == (spec.checks, spec.generation.thinking):
         return record
@@ -206,9 +199,8 @@ def write_dataset_report(spec: DatasetSpec, store: ShardStore, log: Log = print)
     Two runs finishing at once may leave the page one shard behind; the next materialization brings it
     up to date.
     """
-    prefix = quality_prefix(spec)
-    keys = sorted(k.removeprefix(f"{prefix}/").removesuffix(".json") for k in store.list(prefix) if k.endswith(".json"))
-    records = [read_record(spec, store, key, log) for key in keys]
+    parsed = (layout.parse(k) for k in store.list(layout.quality_prefix(spec.name)))
+    records = [read_record(spec, store, p.partition, log) for p in parsed if p and p.kind == "quality_record"]
     fig, results = rollup(records)
     title = f"{spec.title or spec.name} ({spec.name}): {len(records)} of {spec.num_shards} shards"
-    return store.write_bytes(f"{prefix}/index.html", render_report(title, fig, results))
+    return store.write_bytes(layout.quality_index(spec.name), render_report(title, fig, results))

@@ -16,14 +16,13 @@ import dagster as dg
 import polars as pl
 import pytest
 
-from eagle_data import pipeline
+from eagle_data import layout, pipeline
 from eagle_data.catalog import Adapter, DatasetSpec
 from eagle_data.defs.assets import build_dataset_assets
 from eagle_data.defs.checks import build_checks
 from eagle_data.defs.exports import build_exports
 from eagle_data.defs.resources import StorageResource, engine_from_env
 from eagle_data.quality import ShardRecord
-from eagle_data.report import record_key
 from eagle_data.storage import ShardStore
 from eagle_data.targets import load_target
 from eagle_data_tests.fixtures_quality import generation_frame
@@ -114,7 +113,7 @@ def _validated_bytes(store: ShardStore, spec: DatasetSpec, keys: list[str]) -> l
     out: list[pl.DataFrame | bytes] = []
     for key in keys:
         out.append(store.read_shard(spec.name, pipeline.validated_asset(spec), key))
-        out.append(store.read_bytes(record_key(spec, key)))
+        out.append(store.read_bytes(layout.quality_record(spec.name, key)))
     return out
 
 

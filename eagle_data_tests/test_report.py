@@ -9,6 +9,7 @@ from pathlib import Path
 
 import polars as pl
 
+from eagle_data import layout
 from eagle_data.catalog import Adapter, Checks, DatasetSpec
 from eagle_data.quality import Inputs, figures, row_verdicts, run_checks, shard_record
 from eagle_data.report import (
@@ -16,7 +17,6 @@ from eagle_data.report import (
     inputs_for,
     partition_label,
     read_record,
-    record_key,
     render_report,
     write_dataset_report,
     write_shard_report,
@@ -115,7 +115,7 @@ def test_a_record_of_an_older_schema_is_rebuilt_from_its_shard_with_one_notice(t
     shard = row_verdicts(regression_frame(100, dataset="r"), spec.checks, spec.generation.thinking)
     store.write_shard(spec.name, "b9_fixture_validated", "00001", shard)
     old = {"partition": "00001", "summary": {"rows": 100}, "numbers": {}, "results": []}  # the pre-version shape
-    store.write_bytes(record_key(spec, "00001"), json.dumps(old).encode())
+    store.write_bytes(layout.quality_record(spec.name, "00001"), json.dumps(old).encode())
     notices: list[str] = []
     record = read_record(spec, store, "00001", notices.append)
     assert notices == [
