@@ -137,6 +137,11 @@ def check_shard(
     return rows, quality.shard_record(key, rows, inputs)
 
 
+# A pool worker's start (imports, the target's tokenizer: a few CPU-seconds) costs about as much as
+# validating a thousand prompts, so smaller runs validate in this process unless workers are asked for.
+POOL_MIN_PROMPTS = 2_000
+
+
 def cores() -> int:
     """CPU cores this process may run on."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
@@ -154,10 +159,10 @@ def validate(
     """Build and write the validated shards and their HTML quality reports; returns each partition's
     quality record (summary, figures and check results) and the dataset report's URI.
 
-    Shards are built in a pool of `workers` processes (default: every core) while this process reads and
-    writes them, at most two shards per worker in flight; a shard's result does not depend on where it
-    was built, so any worker count writes the same bytes. `previous_avg_completion_tokens` (the last
-    materialization's) feeds the length-shift check.
+    Shards are built in a pool of `workers` processes (default: every core, for runs of POOL_MIN_PROMPTS
+    prompts or more) while this process reads and writes them, at most two shards per worker in flight;
+    a shard's result does not depend on where it was built, so any worker count writes the same bytes.
+    `previous_avg_completion_tokens` (the last materialization's) feeds the length-shift check.
     """
     inputs = report.inputs_for(spec, previous_avg_completion_tokens)
     records: dict[str, quality.ShardRecord] = {}
@@ -167,7 +172,9 @@ def validate(
         report.write_shard_report(spec, store, record)
         records[record.partition] = record
 
-    n = min(workers or cores(), len(partitions))
+    if workers is None:
+        workers = cores() if len(partitions) * spec.shard_size >= POOL_MIN_PROMPTS else 1
+    n = min(workers, len(partitions))
     if n <= 1:
         for key in partitions:
             keep(*check_shard(spec, store.read_shard(spec.name, spec.name, key), key, inputs))
