@@ -99,10 +99,71 @@ class ShardStore:
                 raise
         return self.uri(key)
 
+    @property
+    def can_append(self) -> bool:
+        """Folders append in place; S3 has no append, so appenders write small part objects instead."""
+        return not self.is_s3
+
+    def append_bytes(self, key: str, data: bytes) -> str:
+        """Append to a file in a folder root and fsync it: durable when this returns (folders only)."""
+        if self.is_s3:
+            raise StorageError(f"{self.root}: S3 objects cannot be appended to; write a new part object")
+        path = Path(self.root, key)
+        created = not path.exists()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("ab") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        if created:  # the new name must survive a crash too
+            _fsync_dir(path.parent)
+        return self.uri(key)
+
+    def create_exclusive(self, key: str, data: bytes) -> bool:
+        """Write `data` at `key` only if nothing is there; False when something already is.
+
+        Atomic against other processes and hosts. Folder: a complete temp file is hard-linked to the
+        name, and link(2) fails when the name exists, as O_CREAT|O_EXCL does, without a reader ever
+        seeing a half-written file. S3: a PUT with `If-None-Match: *` (412 when the key exists; a 409
+        conflicting concurrent write also means someone else got there first).
+        """
+        if self.is_s3:
+            from botocore.exceptions import ClientError
+
+            try:
+                self._client().put_object(Bucket=self.bucket, Key=self._s3_key(key), Body=data, IfNoneMatch="*")
+            except ClientError as exc:
+                if exc.response.get("Error", {}).get("Code") in ("PreconditionFailed", "ConditionalRequestConflict"):
+                    return False
+                raise
+            return True
+        path = Path(self.root, key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        finally:
+            Path(tmp).unlink(missing_ok=True)
+        _fsync_dir(path.parent)
+        return True
+
     def read_bytes(self, key: str) -> bytes:
         if self.is_s3:
             return self._client().get_object(Bucket=self.bucket, Key=self._s3_key(key))["Body"].read()
         return Path(self.root, key).read_bytes()
+
+    def missing(self, exc: BaseException) -> bool:
+        """Whether `exc` (from `read_bytes`) means the key does not exist."""
+        if isinstance(exc, FileNotFoundError):
+            return True
+        code = getattr(exc, "response", {}).get("Error", {}).get("Code")
+        return code in ("404", "NoSuchKey", "NotFound")
 
     def exists(self, key: str) -> bool:
         if self.is_s3:
@@ -120,8 +181,10 @@ class ShardStore:
     def list(self, prefix: str) -> list[str]:
         """Keys under `prefix` (a folder-like key), sorted."""
         if self.is_s3:
-            pages = self._client().get_paginator("list_objects_v2").paginate(
-                Bucket=self.bucket, Prefix=self._s3_key(prefix.rstrip("/") + "/")
+            pages = (
+                self._client()
+                .get_paginator("list_objects_v2")
+                .paginate(Bucket=self.bucket, Prefix=self._s3_key(prefix.rstrip("/") + "/"))
             )
             cut = len(self.prefix) + 1 if self.prefix else 0
             return sorted(obj["Key"][cut:] for page in pages for obj in page.get("Contents", []))
@@ -169,6 +232,12 @@ class ShardStore:
                 ) from None
             raise StorageError(f"S3 bucket {self.bucket!r} at {endpoint}: {code} ({exc}); check credentials") from None
         except EndpointConnectionError:
-            raise StorageError(
-                f"cannot reach the S3 endpoint {endpoint}: start it or fix AWS_ENDPOINT_URL"
-            ) from None
+            raise StorageError(f"cannot reach the S3 endpoint {endpoint}: start it or fix AWS_ENDPOINT_URL") from None
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
