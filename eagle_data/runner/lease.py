@@ -3,8 +3,8 @@
 Two runs on one output root (two Dagster instances, a CLI run beside a backfill) must never both
 generate a shard: each would pay for every turn. Before a run opens a shard it takes the shard's lease:
 
-- Key: `{ds}/{ds}/_lease/{partition}/{generation:08d}.json`; the highest generation is the lease. Its
-  JSON names the owner (run id, host, pid) and carries a heartbeat and an expiry (wall clock).
+- Key: `layout.lease` (`{ds}/{ds}/_lease/{partition}/{generation:08d}.json`); the highest generation
+  is the lease. Its JSON names the owner (run id, host, pid) and carries a heartbeat and an expiry.
 - Take: read the highest generation. Live and someone else's: refuse, saying which run holds it.
   Otherwise create the next generation with `ShardStore.create_exclusive` (link(2), which fails like
   O_EXCL on a folder; a PUT with `If-None-Match: *` on S3): of runs racing for a free or expired
@@ -32,9 +32,8 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 
+from eagle_data import layout
 from eagle_data.storage import ShardStore
-
-LEASE_DIR = "_lease"
 
 
 class LeaseLost(RuntimeError):
@@ -80,7 +79,7 @@ class Leases:
             if self.store.create_exclusive(self._key(partition, generation), self._body(generation, now)):
                 self.held[partition] = generation
                 for key in self._generations(partition):
-                    if _generation(key) < generation:
+                    if layout.lease_generation(key) < generation:
                         self.store.delete(key)
                 return None
 
@@ -112,14 +111,12 @@ class Leases:
                 self.store.delete(self._key(partition, generation))
 
     # ---- objects ---------------------------------------------------------------------------------
-    def _prefix(self, partition: str) -> str:
-        return f"{self.dataset}/{self.dataset}/{LEASE_DIR}/{partition}"
-
     def _key(self, partition: str, generation: int) -> str:
-        return f"{self._prefix(partition)}/{generation:08d}.json"
+        return layout.lease(self.dataset, partition, generation)
 
     def _generations(self, partition: str) -> list[str]:
-        return [k for k in self.store.list(self._prefix(partition)) if k.endswith(".json")]
+        keys = self.store.list(layout.lease_prefix(self.dataset, partition))
+        return [k for k in keys if (parsed := layout.parse(k)) is not None and parsed.kind == "lease"]
 
     def _body(self, generation: int, now: float) -> bytes:
         holder = Holder(self.run_id, socket.gethostname(), os.getpid(), now, now + self.ttl_s, generation)
@@ -131,16 +128,12 @@ class Leases:
             keys = self._generations(partition)
             if not keys:
                 return None
-            key = max(keys, key=_generation)
+            key = max(keys, key=layout.lease_generation)
             try:
                 return Holder(**json.loads(self.store.read_bytes(key)))
             except Exception as exc:  # taken over and deleted since the listing: look again
                 if not self.store.missing(exc):
                     raise
-
-
-def _generation(key: str) -> int:
-    return int(key.rsplit("/", 1)[1].removesuffix(".json"))
 
 
 def _process_exists(pid: int) -> bool:

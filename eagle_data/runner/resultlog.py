@@ -36,15 +36,13 @@ from typing import Any
 
 import polars as pl
 
+from eagle_data import layout
 from eagle_data.catalog import DatasetSpec
 from eagle_data.runner.rows import GENERATION_SCHEMA, Row, to_frame
 from eagle_data.storage import ShardStore
 from eagle_data.types import Completion
 
 MAX_TOKENS_KEYS = ("max_tokens", "max_new_tokens", "max_completion_tokens")
-LOG_DIR = "_log"
-USAGE_DIR = "_usage"
-TURNS, CARRY = "turns-", "carry-"  # file-name prefixes of turn logs and of compacted unfinished turns
 Turn = dict[str, Any]  # one turn record: TURN_KEYS, then the Completion's fields
 TURN_KEYS = ("prompt_id", "turn", "config_hash", "base_hash", "max_tokens", "attempts", "latency_s", "finished_at")
 
@@ -137,6 +135,11 @@ def _encode(turns: list[Turn]) -> bytes:
     return "".join(json.dumps(t, separators=(",", ":")) + "\n" for t in turns).encode()
 
 
+def _kind(key: str) -> str:
+    parsed = layout.parse(key)
+    return parsed.kind if parsed else ""
+
+
 def _decode(data: bytes) -> list[Turn]:
     """Turn records of one log; a last line cut short by a kill mid-write is dropped."""
     lines = data.split(b"\n")
@@ -148,13 +151,13 @@ class ResultLog:
 
     def __init__(self, store: ShardStore, dataset: str, partition: str, run: str = "") -> None:
         self.store, self.dataset, self.partition = store, dataset, partition
-        self.prefix = f"{dataset}/{dataset}/{LOG_DIR}/{partition}"
+        self.prefix = layout.log_prefix(dataset, partition)
         self.run = run or f"{time.time_ns():020d}-{os.getpid()}"
         self._seq = 0
 
     def load(self) -> pl.DataFrame:
         """Every stored row of this partition: the last final shard plus all checkpoint parts."""
-        frames = [self.store.read_frame(k) for k in self.store.list(self.prefix) if k.endswith(".parquet")]
+        frames = [self.store.read_frame(k) for k in self.store.list(self.prefix) if _kind(k) == "log_part"]
         if self.store.shard_exists(self.dataset, self.dataset, self.partition):
             frames.append(self.store.read_shard(self.dataset, self.dataset, self.partition))
         frames = [f.select([c for c in GENERATION_SCHEMA if c in f.columns]) for f in frames]
@@ -162,16 +165,16 @@ class ResultLog:
 
     def load_turns(self) -> list[Turn]:
         """Every stored turn record of this partition (turn logs of every run, carried turns)."""
-        keys = [k for k in self.store.list(self.prefix) if k.endswith(".jsonl")]
+        keys = [k for k in self.store.list(self.prefix) if _kind(k) in ("turn_log", "turn_carry")]
         return [turn for key in keys for turn in _decode(self.store.read_bytes(key))]
 
     def append_turns(self, turns: list[Turn]) -> None:
         """Make `turns` durable: appended and fsync'd, or one part object on S3 (blocking)."""
         if self.store.can_append:
-            self.store.append_bytes(f"{self.prefix}/{TURNS}{self.run}.jsonl", _encode(turns))
+            self.store.append_bytes(layout.turn_log(self.dataset, self.partition, self.run), _encode(turns))
         else:
             self._seq += 1
-            self.store.write_bytes(f"{self.prefix}/{TURNS}{self.run}-{self._seq:06d}.jsonl", _encode(turns))
+            self.store.write_bytes(layout.turn_log(self.dataset, self.partition, self.run, self._seq), _encode(turns))
 
     def finalize(self, rows: list[Row], carry: list[Turn], *, whole: bool) -> str:
         """Write the rows, then compact the logs they supersede (blocking).
@@ -180,20 +183,20 @@ class ResultLog:
         Otherwise (a sample) they become one more part. Turns of unfinished conversations (`carry`) are
         kept in one carry file, so their next run replays them.
         """
-        superseded = [k for k in self.store.list(self.prefix) if whole or k.endswith(".jsonl")]
+        superseded = [k for k in self.store.list(self.prefix) if whole or _kind(k) in ("turn_log", "turn_carry")]
         written: set[str] = set()
         frame = to_frame(rows)
         if whole:
             uri = self.store.write_shard(self.dataset, self.dataset, self.partition, frame)
             usage = {"tokens": _tokens(frame), "cost_usd": float(frame["cost_usd"].sum())}
-            self.store.write_bytes(usage_key(self.dataset, self.partition), json.dumps(usage).encode())
+            self.store.write_bytes(layout.usage(self.dataset, self.partition), json.dumps(usage).encode())
         elif rows:
-            written.add(part := f"{self.prefix}/part-{self.run}.parquet")
+            written.add(part := layout.log_part(self.dataset, self.partition, time.time_ns(), os.getpid(), 1))
             uri = self.store.write_frame(part, frame)
         else:
             uri = ""
         if carry:
-            written.add(carried := f"{self.prefix}/{CARRY}{self.run}.jsonl")
+            written.add(carried := layout.turn_carry(self.dataset, self.partition, self.run))
             self.store.write_bytes(carried, _encode(carry))
         for key in superseded:
             if key not in written:
@@ -201,33 +204,30 @@ class ResultLog:
         return uri
 
 
-def usage_key(dataset: str, partition: str) -> str:
-    return f"{dataset}/{dataset}/{USAGE_DIR}/{partition}.json"
-
-
 def _tokens(frame: pl.DataFrame) -> int:
     return int(frame["prompt_tokens"].sum() + frame["completion_tokens"].sum())
 
 
-def stored_usage(store: ShardStore, dataset: str, skip_partitions: set[str]) -> tuple[int, float]:
-    """Tokens and dollars stored for `dataset` outside `skip_partitions`: budgets are per dataset.
+def stored_usage(store: ShardStore, dataset: str) -> tuple[int, float]:
+    """Tokens and dollars stored for `dataset`, every partition: budgets are per dataset, and a range
+    run counts its own partitions' stored spend up front instead of holding every shard open.
 
     Finished shards count through their small usage sidecar (no shard download per call on S3);
     checkpoint parts and turn logs of unfinished shards are read. Carried turns are already counted in
     the failed rows that hold them.
     """
     tokens, usd = 0, 0.0
-    for key in store.list(f"{dataset}/{dataset}"):
-        where = key.split("/")[2:]
-        if len(where) < 2 or where[1].removesuffix(".json") in skip_partitions:
+    for key in store.list(layout.asset_prefix(dataset, layout.generation_asset(dataset))):
+        where = layout.parse(key)
+        if where is None:
             continue
-        if where[0] == USAGE_DIR:
+        if where.kind == "usage":
             usage = json.loads(store.read_bytes(key))
             tokens, usd = tokens + usage["tokens"], usd + usage["cost_usd"]
-        elif where[0] == LOG_DIR and key.endswith(".parquet"):
+        elif where.kind == "log_part":
             frame = store.read_frame(key)
             tokens, usd = tokens + _tokens(frame), usd + float(frame["cost_usd"].sum())
-        elif where[0] == LOG_DIR and where[-1].startswith(TURNS):
+        elif where.kind == "turn_log":
             turns = _decode(store.read_bytes(key))
             tokens += sum(t["prompt_tokens"] + t["completion_tokens"] for t in turns)
             usd += sum(t["cost_usd"] for t in turns)

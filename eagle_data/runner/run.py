@@ -175,7 +175,7 @@ class _Run:
 
     # ---- the call ---------------------------------------------------------------------------------
     async def main(self) -> dict[str, ShardReport]:
-        tokens, usd = await asyncio.to_thread(stored_usage, self.store, self.spec.name, set())
+        tokens, usd = await asyncio.to_thread(stored_usage, self.store, self.spec.name)
         self.budget.spend(tokens, usd)
         self.say(
             f"{self.spec.name}: {len(self.frames)} shards, about {self.total.total} prompts "
