@@ -31,6 +31,7 @@ import socket
 import threading
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from eagle_data import layout
 from eagle_data.storage import ShardStore
@@ -137,10 +138,15 @@ class Leases:
 
 
 def _process_exists(pid: int) -> bool:
+    """Whether a process with this id runs here (a killed one its parent has not reaped yet does not)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:  # another user's process
         return True
-    return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:  # no /proc (macOS): the signal check is all there is
+        return True
+    return stat.rpartition(")")[2].split()[0] != "Z"

@@ -247,8 +247,12 @@ class _Run:
         return deferred
 
     async def _produce_shard(self, partition: str) -> None:
-        shard = await asyncio.to_thread(self._open, partition)
+        shard, height = await asyncio.to_thread(self._open, partition)
         self.open_shards[partition] = shard
+        self.total.total += height - self.expected[partition]
+        for row in shard.rows.values():
+            for tally in (shard.tally, self.total):
+                tally.add(row, reused=True)
         if shard.todo and not self.checked and not self.stop_reason:
             self.checked = True
             self.say(await self.engine.check())
@@ -269,8 +273,9 @@ class _Run:
         shard.todo = []
         self._maybe_finalize(shard)
 
-    def _open(self, partition: str) -> _Shard:
-        """Read the shard's prompts and what its result log holds (blocking; the lease is ours)."""
+    def _open(self, partition: str) -> tuple[_Shard, int]:
+        """Read the shard's prompts and what its result log holds (blocking; the lease is ours);
+        returns the shard and its number of prompts."""
         prompts = self.frames[partition]
         log = ResultLog(self.store, self.spec.name, partition, self.run_id)
         ids = prompts["prompt_id"]
@@ -291,11 +296,7 @@ class _Run:
             else:
                 shard.todo.append(conversation)
         shard.open = len(shard.todo)
-        self.total.total += prompts.height - self.expected[partition]
-        for row in shard.rows.values():
-            for tally in (shard.tally, self.total):
-                tally.add(row, reused=True)
-        return shard
+        return shard, prompts.height
 
     def _stop(self, reason: str, status: Status) -> None:
         self.stop_reason, self.stop_status = reason, status
