@@ -14,6 +14,9 @@ import polars as pl
 
 from eagle_data import exports, layout, quality, report, sources
 from eagle_data.catalog import DatasetSpec, shard_index
+from eagle_data.drafter.decontam import contamination
+from eagle_data.drafter.evalsets import benchmark_index
+from eagle_data.drafter.settings import load_drafter_settings
 from eagle_data.engines.truncation import truncation_report
 from eagle_data.runner import Estimate, RunnerSettings, estimate_generation, run_generation
 from eagle_data.runner.resultlog import ResultLog
@@ -117,11 +120,13 @@ def estimate(
 
 
 def validated_rows(spec: DatasetSpec, generations: pl.DataFrame, partition: str) -> pl.DataFrame:
-    """Token ids, loss masks and per-row verdicts for one generation shard."""
+    """Token ids, loss masks and per-row verdicts for one generation shard; rows overlapping a benchmark
+    (`contamination`: its name) get the verdict `contaminated`."""
     rows = build_training_rows(
         load_target(spec.target), generations, thinking=spec.generation.thinking, mask_empty_think=spec.mask_empty_think
     )
-    rows = rows.with_columns(pl.lit(shard_index(partition), pl.Int32).alias("shard"))
+    index, _ = benchmark_index(load_drafter_settings().decontamination)
+    rows = rows.with_columns(pl.lit(shard_index(partition), pl.Int32).alias("shard"), contamination(rows, index))
     return quality.row_verdicts(rows, spec.checks, thinking=spec.generation.thinking)
 
 

@@ -1,15 +1,24 @@
-"""Drafter inputs built from the training mix: the EAGLE-3 draft vocabulary mappings.
+"""Drafter inputs: the EAGLE-3 draft vocabulary mappings built from the training mix, and the blocking
+benchmark-decontamination check of every `{ds}_validated`.
 
-Downstream of `training_mix`, so a failed blocking check upstream stops them in the same run. The bodies
-only call `eagle_data.drafter`.
+The draft vocabulary is downstream of `training_mix`, so a failed blocking check upstream stops it in
+the same run. The bodies only call `eagle_data.drafter`.
 """
+
+import warnings
 
 import dagster as dg
 
+from eagle_data import layout
 from eagle_data.catalog import DatasetSpec
+from eagle_data.defs.assets import partitions
 from eagle_data.defs.resources import StorageResource
-from eagle_data.drafter.outputs import write_draft_vocab
+from eagle_data.drafter.evalsets import benchmark_index
+from eagle_data.drafter.outputs import decontamination_report, write_draft_vocab
 from eagle_data.drafter.settings import load_drafter_settings
+from eagle_data.report import partition_label
+
+DECONTAMINATION = "decontamination"
 
 
 def build_drafter_assets(specs: list[DatasetSpec]) -> list[dg.AssetsDefinition]:
@@ -27,3 +36,56 @@ def build_drafter_assets(specs: list[DatasetSpec]) -> list[dg.AssetsDefinition]:
         return dg.MaterializeResult(metadata=figures)
 
     return [draft_vocab]
+
+
+def decontamination_check(spec: DatasetSpec) -> dg.AssetChecksDefinition:
+    key = dg.AssetKey(layout.validated_asset(spec.name))
+    with warnings.catch_warnings():  # partitioned checks are a Dagster preview
+        warnings.simplefilter("ignore", dg.PreviewWarning)
+        check_spec = dg.AssetCheckSpec(
+            DECONTAMINATION,
+            asset=key,
+            blocking=True,
+            partitions_def=partitions(spec),
+            description="No row kept for training overlaps a benchmark item (exact after normalization, or a "
+            "shared n-gram); overlapping rows are set aside with the verdict `contaminated`.",
+        )
+
+    @dg.multi_asset_check(name=f"{spec.name}_decontamination", specs=[check_spec])
+    def check(context: dg.AssetCheckExecutionContext, storage: StorageResource):
+        keys = list(context.partition_keys)
+        index, sources = benchmark_index(load_drafter_settings().decontamination)
+        report = decontamination_report(spec.name, storage.store(), keys, index)
+        message = (
+            f"{report.leaked} row(s) kept for training overlap a benchmark: re-materialize {key.to_user_string()} "
+            "to set them aside"
+            if report.leaked
+            else f"{report.matched} of {report.rows} rows overlap a benchmark, all set aside"
+        )
+        yield dg.AssetCheckResult(
+            asset_key=key,
+            check_name=DECONTAMINATION,
+            passed=report.passed,
+            severity=dg.AssetCheckSeverity.ERROR,
+            description=message,
+            metadata={
+                "figure": report.leaked,
+                "threshold": 0,
+                "partitions": partition_label(keys),
+                "rows": report.rows,
+                "matched_rows": report.matched,
+                "per_benchmark": dg.MetadataValue.json(report.per_benchmark),
+                "per_match": dg.MetadataValue.json(report.per_match),
+                "matched_ids": dg.MetadataValue.json(report.matched_ids),
+                "leaked_ids": dg.MetadataValue.json(report.leaked_ids),
+                "benchmarks": dg.MetadataValue.json(
+                    {name: f"{index.items.get(name, 0)} items, {where}" for name, where in sources.items()}
+                ),
+            },
+        )
+
+    return check
+
+
+def build_decontamination_checks(specs: list[DatasetSpec]) -> list[dg.AssetChecksDefinition]:
+    return [decontamination_check(spec) for spec in specs]
