@@ -5,8 +5,6 @@ The draft vocabulary is downstream of `training_mix`, so a failed blocking check
 the same run. The bodies only call `eagle_data.drafter`.
 """
 
-import warnings
-
 import dagster as dg
 
 from eagle_data import layout
@@ -14,7 +12,12 @@ from eagle_data.catalog import DatasetSpec
 from eagle_data.defs.assets import partitions
 from eagle_data.defs.resources import StorageResource
 from eagle_data.drafter.evalsets import benchmark_index
-from eagle_data.drafter.outputs import decontamination_report, write_draft_vocab
+from eagle_data.drafter.outputs import (
+    PLAN_ASSET,
+    decontamination_report,
+    write_draft_vocab,
+    write_hidden_state_plan,
+)
 from eagle_data.drafter.settings import load_drafter_settings
 from eagle_data.report import partition_label
 
@@ -35,21 +38,33 @@ def build_drafter_assets(specs: list[DatasetSpec]) -> list[dg.AssetsDefinition]:
         figures = write_draft_vocab(specs, storage.store(), sizes, log=context.log.info)
         return dg.MaterializeResult(metadata=figures)
 
-    return [draft_vocab]
+    @dg.asset(
+        name=PLAN_ASSET,
+        group_name="drafter",
+        deps=["training_mix"],
+        kinds={"json"},
+        description="Disk bytes and GPU-hours of capturing hidden states of the mix for offline EAGLE-3 training, "
+        "for the catalog's [drafter.hidden_states] recipe: size the capture before running it.",
+    )
+    def hidden_state_plan(context: dg.AssetExecutionContext, storage: StorageResource) -> dg.MaterializeResult:
+        recipe = load_drafter_settings().hidden_states
+        sized, table = write_hidden_state_plan(storage.store(), recipe)
+        context.log.info(f"hidden states: {sized.total_bytes / 1e9:,.1f} GB, {sized.gpu_hours:,.1f} GPU-hours")
+        return dg.MaterializeResult(metadata={**sized.figures(), "plan": dg.MetadataValue.md(table)})
+
+    return [draft_vocab, hidden_state_plan]
 
 
 def decontamination_check(spec: DatasetSpec) -> dg.AssetChecksDefinition:
     key = dg.AssetKey(layout.validated_asset(spec.name))
-    with warnings.catch_warnings():  # partitioned checks are a Dagster preview
-        warnings.simplefilter("ignore", dg.PreviewWarning)
-        check_spec = dg.AssetCheckSpec(
-            DECONTAMINATION,
-            asset=key,
-            blocking=True,
-            partitions_def=partitions(spec),
-            description="No row kept for training overlaps a benchmark item (exact after normalization, or a "
-            "shared n-gram); overlapping rows are set aside with the verdict `contaminated`.",
-        )
+    check_spec = dg.AssetCheckSpec(
+        DECONTAMINATION,
+        asset=key,
+        blocking=True,
+        partitions_def=partitions(spec),
+        description="No row kept for training overlaps a benchmark item (exact after normalization, or a "
+        "shared n-gram); overlapping rows are set aside with the verdict `contaminated`.",
+    )
 
     @dg.multi_asset_check(name=f"{spec.name}_decontamination", specs=[check_spec])
     def check(context: dg.AssetCheckExecutionContext, storage: StorageResource):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -11,13 +12,15 @@ import polars as pl
 
 from eagle_data import layout
 from eagle_data.catalog import DatasetSpec
-from eagle_data.drafter import decontam, vocab
+from eagle_data.drafter import decontam, hidden_states, vocab
 from eagle_data.drafter.mixfile import content_hash, local_mix, mix_target
+from eagle_data.drafter.settings import HiddenStateRecipe
 from eagle_data.quality import KEPT
 from eagle_data.storage import ShardStore, StorageError
 from eagle_data.targets import load_target
 
 Log = Callable[[str], None]
+
 
 def write_draft_vocab(
     specs: list[DatasetSpec], store: ShardStore, sizes: tuple[int, ...], log: Log = print
@@ -54,6 +57,19 @@ def write_draft_vocab(
         figures[f"mapping_{size}_path"] = store.uri(key)
         log(f"draft vocabulary {size}: covers {draft.coverage:.2%} of supervised tokens -> {store.uri(key)}")
     return figures
+
+
+PLAN_ASSET = "hidden_state_plan"
+
+
+def write_hidden_state_plan(store: ShardStore, recipe: HiddenStateRecipe) -> tuple[hidden_states.Plan, str]:
+    """Size the hidden-state capture of the mix for a recipe; writes the plan as JSON and returns it with
+    its markdown table."""
+    with local_mix(store, layout.mix()) as path:
+        sized = hidden_states.plan(hidden_states.mix_token_counts(path), recipe)
+    record = {"recipe": recipe.model_dump(), **sized.figures(), "per_dataset_bytes": sized.per_dataset_bytes}
+    store.write_bytes(layout.drafter_file(PLAN_ASSET, "plan.json"), json.dumps(record, indent=1).encode())
+    return sized, sized.markdown(recipe)
 
 
 SHOWN_IDS = 50  # prompt ids quoted in metadata (the full list would grow with the range)
