@@ -189,3 +189,35 @@ def test_validation_sets_overlapping_rows_aside_with_their_own_verdict() -> None
     assert rows["contamination"].to_list() == [None, None, "humaneval", None, None, None]
     assert rows["verdict"][2] == "contaminated" and rows["verdict"][1] != "contaminated"
     assert generations["prompt_id"][2] not in exports.passed(rows)["prompt_id"].to_list()
+
+
+def test_a_checks_only_run_without_a_partition_judges_each_materialized_shard(tmp_path: Path) -> None:
+    """What the Checks tab's "Execute all" launches: one evaluation per materialized shard."""
+    spec = load_catalog(profile="demo")["b7_sharegpt"]
+    shards = {
+        "00000": conversations([("Hello there.", "Hi.")]).with_columns(verdict=pl.lit("pass")),
+        "00001": conversations([(humaneval_item(9, "prompt"), "ok")]).with_columns(verdict=pl.lit("pass")),
+    }
+
+    @dg.asset(name=layout.validated_asset(spec.name), partitions_def=partitions(spec))
+    def validated(context, storage: StorageResource) -> None:  # context unannotated: string annotations here
+        name = context.asset_key.path[-1]
+        storage.store().write_frame(layout.shard(spec.name, name, context.partition_key), shards[context.partition_key])
+
+    check = decontamination_check(spec)
+    defs = dg.Definitions(
+        assets=[validated], asset_checks=[check], resources={"storage": StorageResource(root=str(tmp_path))}
+    )
+    job = defs.resolve_implicit_global_asset_job_def()
+    with dg.instance_for_test() as instance:
+        for key in shards:
+            assets_only = job.get_subset(asset_selection={validated.key}, asset_check_selection=set())
+            assert assets_only.execute_in_process(partition_key=key, instance=instance).success
+        result = job.get_subset(asset_selection=set(), asset_check_selection=set(check.check_keys)).execute_in_process(
+            instance=instance, raise_on_error=False
+        )
+    found = {e.event_specific_data.partition: e.event_specific_data for e in result.all_events
+             if e.event_type_value == "ASSET_CHECK_EVALUATION"}  # fmt: skip
+    assert found["00000"].passed and not found["00001"].passed
+    assert found["00001"].metadata["leaked_ids"].value == [shards["00001"]["prompt_id"][0]]
+    assert not result.success
