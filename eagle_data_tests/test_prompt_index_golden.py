@@ -15,6 +15,7 @@ import random
 from pathlib import Path
 from typing import Any
 
+import polars as pl
 import pytest
 
 from eagle_data import pipeline
@@ -54,6 +55,19 @@ def synthetic_sharegpt(path: Path, rows: int = 400, seed: int = 7) -> Path:
     return path
 
 
+def as_parquet(jsonl: Path) -> Path:
+    """The parseable rows of a JSONL file as a parquet file (polars infers the struct schema)."""
+    rows = []
+    for line in jsonl.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    path = jsonl.with_suffix(".parquet")
+    pl.DataFrame(rows).write_parquet(path, row_group_size=50)
+    return path
+
+
 def cases(tmp_path: Path) -> dict[str, DatasetSpec]:
     synthetic = synthetic_sharegpt(tmp_path / "synthetic.jsonl")
     out = {name: spec for name, spec in SPECS.items()}
@@ -61,6 +75,7 @@ def cases(tmp_path: Path) -> dict[str, DatasetSpec]:
     out["synthetic"] = SPECS["b7_sharegpt"].model_copy(
         update={"source": str(synthetic), "max_prompts": 160, "shard_size": 25, "max_prompt_chars": 150}
     )
+    out["synthetic_parquet"] = out["synthetic"].model_copy(update={"source": str(as_parquet(synthetic))})
     return out
 
 
@@ -84,7 +99,7 @@ def observe(spec: DatasetSpec, root: Path) -> dict[str, Any]:
     }
 
 
-@pytest.mark.parametrize("case", [*SPECS, "b7_sharegpt_capped", "synthetic"])
+@pytest.mark.parametrize("case", [*SPECS, "b7_sharegpt_capped", "synthetic", "synthetic_parquet"])
 def test_prompt_index_matches_the_frozen_expectation(tmp_path: Path, case: str) -> None:
     spec = cases(tmp_path)[case]
     expected = json.loads(GOLDEN.read_text())[case]
