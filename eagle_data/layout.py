@@ -12,6 +12,7 @@ Keys are relative paths under the root (a folder or `s3://bucket/prefix`):
 | quality | `{ds}/{ds}_quality/{partition}.json` / `{partition}.html` / `index.html` (quality report) |
 | export | `{ds}/export/{name}` (`conversations.jsonl`, `train.parquet`) |
 | mix | `training_mix/training_mix/mix.parquet` |
+| drafter | `drafter/{asset}/{name}`; draft vocabulary files: `drafter/draft_vocab/{tokenizer}-{mix hash}/{name}` |
 
 A key parses back into a `Key` naming its kind and parts, so code that lists a folder never splits
 paths itself.
@@ -34,6 +35,7 @@ Kind = Literal[
     "quality_index",
     "export",
     "mix",
+    "drafter",
 ]
 
 SEP = "/"
@@ -47,6 +49,9 @@ MIX_DATASET = MIX_ASSET = "training_mix"
 MIX_FILE = "mix.parquet"
 CONVERSATIONS_FILE = "conversations.jsonl"
 TRAIN_FILE = "train.parquet"
+DRAFTER_DIR = "drafter"
+DRAFT_VOCAB_ASSET = "draft_vocab"
+TOKEN_FREQ_FILE = "token_freq.pt"
 _PART = re.compile(r"part-(\d+)-(\d+)-(\d+)\.parquet")
 
 
@@ -137,6 +142,20 @@ def mix() -> str:
     return join(MIX_DATASET, MIX_ASSET, MIX_FILE)
 
 
+def drafter_file(asset: str, name: str) -> str:
+    """A file of a drafter-input asset (`drafter/{asset}/{name}`)."""
+    return join(DRAFTER_DIR, asset, name)
+
+
+def draft_vocab_file(tokenizer_hash: str, mix_hash: str, name: str) -> str:
+    """A draft-vocabulary file in the cache folder of one (target tokenizer, mix content) pair."""
+    return join(DRAFTER_DIR, DRAFT_VOCAB_ASSET, f"{tokenizer_hash[:16]}-{mix_hash[:16]}", name)
+
+
+def vocab_mapping_name(size: int) -> str:
+    return f"vocab_mapping_{size}.pt"
+
+
 def s3_root(root: str) -> tuple[str, str]:
     """`s3://bucket/prefix` -> (bucket, prefix); bucket is "" when the URI names none."""
     bucket, _, prefix = root.removeprefix("s3://").partition(SEP)
@@ -163,6 +182,8 @@ def parse(key: str) -> Key | None:
     dataset, folder, rest = parts[0], parts[1], parts[2:]
     if key.strip(SEP) == mix():
         return Key("mix", MIX_DATASET, MIX_ASSET, name=MIX_FILE)
+    if dataset == DRAFTER_DIR:
+        return Key("drafter", DRAFTER_DIR, folder, partition=SEP.join(rest[:-1]), name=rest[-1])
     if folder == EXPORT_DIR and len(rest) == 1:
         return Key("export", dataset, name=rest[0])
     if folder == quality_folder(dataset) and len(rest) == 1:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import io
 import os
+import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -146,6 +147,13 @@ class ShardStore:
         return sorted(
             str(p.relative_to(self.root)) for p in base.rglob("*") if p.is_file() and not p.name.startswith(".")
         )
+
+    def download(self, key: str, path: Path) -> None:
+        """Copy one key to a local file in chunks (never the whole object in memory)."""
+        if self.is_s3:
+            self._client().download_file(self.bucket, self._s3_key(key), str(path))
+        else:
+            shutil.copyfile(Path(self.root, key), path)
 
     def delete(self, key: str) -> None:
         if self.is_s3:

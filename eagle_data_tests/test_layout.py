@@ -31,6 +31,14 @@ BUILT = [
     (layout.export_file(DS, layout.CONVERSATIONS_FILE), Key("export", DS, name="conversations.jsonl")),
     (layout.export_file(DS, layout.TRAIN_FILE), Key("export", DS, name="train.parquet")),
     (layout.mix(), Key("mix", "training_mix", "training_mix", name="mix.parquet")),
+    (
+        layout.drafter_file("hidden_state_plan", "plan.json"),
+        Key("drafter", "drafter", "hidden_state_plan", name="plan.json"),
+    ),
+    (
+        layout.draft_vocab_file("a" * 64, "b" * 64, layout.vocab_mapping_name(32_000)),
+        Key("drafter", "drafter", "draft_vocab", partition="a" * 16 + "-" + "b" * 16, name="vocab_mapping_32000.pt"),
+    ),
 ]
 
 
