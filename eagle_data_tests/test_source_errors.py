@@ -17,7 +17,7 @@ import pytest
 from eagle_data.catalog import load_catalog
 from eagle_data.defs.assets import build_dataset_assets
 from eagle_data.defs.resources import StorageResource
-from eagle_data.storage import ShardStore, StorageError, write_failure
+from eagle_data.storage import ShardStore, StorageError
 
 SPEC = load_catalog(profile="demo")["b7_sharegpt"]
 
@@ -149,8 +149,3 @@ def test_a_read_only_output_root_is_named_with_the_reason_and_no_chained_errors(
     assert "(permission denied)" in message and "EAGLE_DATA_ROOT" in message and "\n" not in message
     assert alone
 
-
-def test_a_full_output_root_says_so():
-    error = write_failure("/data/out", "ds/ds/00000.parquet", OSError(28, "No space left on device"))
-    assert isinstance(error, StorageError)
-    assert str(error).startswith("cannot write ds/ds/00000.parquet under the output root /data/out: it is full")

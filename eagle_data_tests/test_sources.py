@@ -2,6 +2,7 @@ import json
 import os
 from pathlib import Path
 
+import boto3
 import polars as pl
 import pytest
 
@@ -153,3 +154,16 @@ def test_saved_index_built_under_other_settings_is_refused(tmp_path: Path, chang
     with pytest.raises(SourceError, match=rf"other {named}; use another EAGLE_DATA_ROOT, or delete") as err:
         load_index(spec.model_copy(update=change), store)
     assert "\n" not in str(err.value)
+
+
+def test_an_s3_source_is_keyed_by_its_etag(tmp_path: Path, s3_endpoint: str, s3_bucket: str):
+    client = boto3.client("s3", endpoint_url=s3_endpoint)
+    store = ShardStore(f"s3://{s3_bucket}/out", s3_client_factory=lambda: client)
+    spec = SPECS["b7_sharegpt"].model_copy(update={"source": f"s3://{s3_bucket}/in/src.jsonl"})
+    client.put_object(Bucket=s3_bucket, Key="in/src.jsonl", Body=SPECS["b7_sharegpt"].sample_path.read_bytes())
+    first = load_index(spec, store)
+    assert first.prompts == 36 and load_index(spec, store).summary.digest == first.summary.digest
+    changed = b'{"conversations": [{"from": "human", "value": "q"}]}'
+    client.put_object(Bucket=s3_bucket, Key="in/src.jsonl", Body=changed)
+    again = load_index(spec, store)
+    assert again.prompts == 1 and "etag" in again.rebuilt
