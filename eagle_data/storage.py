@@ -24,6 +24,7 @@ from eagle_data import layout
 
 ROOT_ENV = "EAGLE_DATA_ROOT"
 DEFAULT_ROOT = "eagle-output"
+LINK_EXPIRES_S = 7 * 24 * 3600
 
 
 class StorageError(RuntimeError):
@@ -79,6 +80,15 @@ class ShardStore:
 
     def uri(self, key: str) -> str:
         return layout.under(self.root, key)
+
+    def link(self, key: str) -> str:
+        """A URL a browser opens: `file://` under a folder; on S3 a presigned GET URL, valid for
+        `LINK_EXPIRES_S` (7 days, the longest S3 signatures allow; shorter if the credentials are temporary)."""
+        if not self.is_s3:
+            return Path(self.uri(key)).as_uri()
+        return self._client().generate_presigned_url(
+            "get_object", Params={"Bucket": self.bucket, "Key": self._s3_key(key)}, ExpiresIn=LINK_EXPIRES_S
+        )
 
     # ---- frames ----------------------------------------------------------------------------------
     def write_frame(self, key: str, frame: pl.DataFrame) -> str:
