@@ -36,13 +36,24 @@ def validated_asset(spec: DatasetSpec) -> str:
 
 
 def write_prompts(
-    spec: DatasetSpec, store: ShardStore, partitions: list[str], source_path: str | None = None
+    spec: DatasetSpec,
+    store: ShardStore,
+    partitions: list[str],
+    source_path: str | None = None,
+    warn: Log = print,
 ) -> dict[str, dict[str, Any]]:
     """Normalize the source once (the saved prompt index) and write the requested shards; returns each
-    partition's figures (its prompt count, and the index's counts of rows read and skipped by reason)."""
+    partition's figures (its prompt count, and the index's counts of rows read and skipped by reason).
+
+    When the source changed since the index was built, the index is rebuilt and `warn` names the prompt
+    shards written from the old one that this call does not rewrite: they must be re-materialized."""
     index = sources.load_index(spec, store, source_path)
+    if index.rebuilt:
+        stale = sorted(set(shards_written(store, spec.name, prompts_asset(spec))) - set(partitions))
+        redo = f"; re-materialize the {len(stale)} {prompts_asset(spec)} partitions cut from the old one"
+        warn(f"{spec.name}: {index.rebuilt}; rebuilt it" + (f"{redo} ({stale[0]}...{stale[-1]})" if stale else ""))
     dataset_figures = {
-        "prompts_in_source": index.frame.height,
+        "prompts_in_source": index.prompts,
         "rows_read": index.rows_read,
         "skipped": sum(index.skipped.values()),
         **{f"skipped_{reason}": n for reason, n in index.skipped.items()},
