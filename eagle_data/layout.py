@@ -10,7 +10,8 @@ Keys are relative paths under the root (a folder or `s3://bucket/prefix`):
 | turn_carry | `{ds}/{ds}/_log/{partition}/carry-{run}.jsonl` (turns of conversations a shard left unfinished) |
 | lease | `{ds}/{ds}/_lease/{partition}/{generation:08d}.json` (the one run generating the shard) |
 | usage | `{ds}/{ds}/_usage/{partition}.json` (tokens and dollars of a finished generation shard) |
-| index | `{ds}/{ds}_prompts/_index/{name}` (the saved prompt index) |
+| index | `{ds}/{ds}_prompts/_index/summary.json` (the saved prompt index: counts, source identity) |
+| index_block | `{ds}/{ds}_prompts/_index/{digest}/{block}.parquet` (its rows, one block per shard) |
 | quality | `{ds}/{ds}_quality/{partition}.json` / `{partition}.html` / `index.html` (quality report) |
 | export | `{ds}/export/{name}` (`conversations.jsonl`, `train.parquet`) |
 | mix | `training_mix/training_mix/mix.parquet` |
@@ -27,8 +28,20 @@ from dataclasses import dataclass
 from typing import Literal
 
 Kind = Literal[
-    "shard", "log_part", "turn_log", "turn_carry", "lease", "usage", "index", "quality_record", "quality_page",
-    "quality_index", "export", "mix", "drafter",
+    "shard",
+    "log_part",
+    "turn_log",
+    "turn_carry",
+    "lease",
+    "usage",
+    "index",
+    "index_block",
+    "quality_record",
+    "quality_page",
+    "quality_index",
+    "export",
+    "mix",
+    "drafter",
 ]
 
 SEP = "/"
@@ -144,6 +157,11 @@ def index_file(dataset: str, name: str) -> str:
     return join(index_prefix(dataset), name)
 
 
+def index_block(dataset: str, digest: str, block: int) -> str:
+    """Block `block` of the index built from the source content and settings hashed in `digest`."""
+    return join(index_prefix(dataset), digest, f"{block:05d}{SHARD_SUFFIX}")
+
+
 def quality_prefix(dataset: str) -> str:
     return join(dataset, quality_folder(dataset))
 
@@ -220,6 +238,8 @@ def parse(key: str) -> Key | None:
         return Key(kinds[ext], dataset, partition=stem, name=rest[0]) if dot and ext in kinds else None
     if folder == prompts_asset(dataset) and rest[0] == INDEX_DIR and len(rest) == 2:
         return Key("index", dataset, folder, name=rest[1])
+    if folder == prompts_asset(dataset) and rest[0] == INDEX_DIR and len(rest) == 3 and rest[2].endswith(SHARD_SUFFIX):
+        return Key("index_block", dataset, folder, partition=rest[2].removesuffix(SHARD_SUFFIX), name=rest[1])
     if folder == generation_asset(dataset) and rest[0] == LOG_DIR and len(rest) == 3:
         log_kinds: tuple[tuple[Kind, re.Pattern[str]], ...] = (
             ("log_part", _PART), ("turn_log", _TURNS), ("turn_carry", _CARRY)
