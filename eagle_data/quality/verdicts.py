@@ -11,6 +11,9 @@ re-tokenizes the conversations export would turn the string into a control token
 `ids_match` False (the engine's own ids differ from re-tokenizing its text) is no reason: the
 targets room then keeps the model's own ids, which is right for a draft model; it is counted instead.
 
+A row whose prompt or reply overlaps a benchmark item (`contamination`, set by the validation stage,
+see eagle_data/drafter/decontam.py) is `contaminated`: set aside, so no benchmark reaches a drafter.
+
 Truncated rows are kept for training but flagged with the verdict "truncated": their tokens are still
 the target model's own output, which is what a draft model learns from, and dropping them would bias
 the data towards short replies (one real run had 18% of replies at the 4,096-token limit). They stay
@@ -35,6 +38,8 @@ from eagle_data.catalog import Checks
 PASS = "pass"
 TRUNCATED = "truncated"
 LOST_TEXT = "lost_text"
+CONTAMINATED = "contaminated"
+CONTAMINATION = "contamination"  # the benchmark a row overlaps (eagle_data.drafter.decontam), else null
 # Tokens per regenerated turn an engine may count that the rebuilt text need not hold: the stop token,
 # and the think tags and blank lines a template leaves out of an earlier turn it re-renders.
 TURN_SLACK_TOKENS = 4
@@ -64,8 +69,10 @@ REQUIRED_COLUMNS = (
 )
 
 
-# Token-accounting inputs, null when a frame predates them (then no row is judged on accounting).
+# Columns later stages added, null when a frame predates them: then no row is judged on them (token
+# accounting inputs; the benchmark a row overlaps).
 OPTIONAL_COLUMNS: dict[str, pl.DataType] = {
+    CONTAMINATION: pl.String(),
     "reasoning_tokens": pl.Int64(),
     "reply_tokens": pl.Int32(),
     "reply_turns": pl.Int32(),
@@ -128,6 +135,7 @@ def _rules(checks: Checks, thinking: bool) -> list[tuple[str, pl.Expr]]:
         ("roundtrip_mismatch", _false("roundtrip_ok")),
         ("prefix_mismatch", _false("prefix_ok")),
         ("special_token_in_text", pl.col("special_in_text").fill_null(0) > 0),
+        (CONTAMINATED, pl.col(CONTAMINATION).is_not_null()),  # a benchmark's item in a prompt or reply
         (LOST_TEXT, pl.col("lost_tokens").fill_null(0) > checks.lost_text_tolerance * reported_tokens()),
         ("empty_completion", nothing_written),
         ("short_loss", pl.col("loss_tokens").fill_null(0) <= checks.min_loss_tokens),
