@@ -173,9 +173,9 @@ def check_shard(
     return rows, quality.shard_record(key, rows, inputs)
 
 
-# A pool worker's start (imports, the target's tokenizer: a few CPU-seconds) costs about as much as
-# validating a thousand prompts, so smaller runs validate in this process unless workers are asked for.
-POOL_MIN_PROMPTS = 2_000
+# A pool worker's start (imports, loading the target's tokenizer: 3-10 CPU-seconds) costs as much as
+# validating 500-1,500 prompts, so runs under this size validate in this process unless workers are asked.
+POOL_MIN_PROMPTS = 5_000
 
 
 def cores() -> int:
