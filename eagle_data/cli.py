@@ -142,11 +142,13 @@ def demo(dataset: str = DEMO_DATASET) -> int:
           f"[eagle-data] {' '.join(cmd[2:])}\n[eagle-data] full Dagster log: {log_path}", flush=True)  # fmt: skip
     started = time.perf_counter()
     code, view = run_quietly(cmd, env, log_path, lambda text: print(text, flush=True))
-    store = ShardStore()
-    validated = pipeline.shards_written(store, dataset, pipeline.validated_asset(spec))
-    outputs = [f"output: {store.uri(dataset)}/ ({len(validated)} validated shards)",
-               f"quality report: {store.link(layout.quality_index(dataset))}",
-               "browse it all: dagster dev (README, Running real jobs)"]  # fmt: skip
+    outputs = []
+    if code == 0:
+        store = ShardStore()
+        validated = pipeline.shards_written(store, dataset, pipeline.validated_asset(spec))
+        outputs = [f"output: {store.uri(dataset)}/ ({len(validated)} validated shards)",
+                   f"quality report: {store.link(layout.quality_index(dataset))}",
+                   "browse it all: dagster dev (README, Running real jobs)"]  # fmt: skip
     print("\n".join(summary(view, code, time.perf_counter() - started, log_path, outputs)), flush=True)
     return code
 
