@@ -60,7 +60,9 @@ class RunView:
                 if now - self.last_heartbeat < HEARTBEAT_EVERY_S:
                     return None
                 self.last_heartbeat = now
-            text = f"{user['step']}: {'' if m['level'] == 'INFO' else m['level'] + ': '}{user['message']}"
+            level = "" if m["level"] == "INFO" else f"{m['level']}: "
+            message = user["message"]  # most already start with the dataset's name: no second prefix then
+            text = f"{level}{message}" if message.startswith(user["step"]) else f"{user['step']}: {level}{message}"
         else:
             return None
         if text is None or self.notes > MAX_NOTES:
