@@ -19,6 +19,7 @@ from typing import Any
 
 import polars as pl
 
+from eagle_data import provenance
 from eagle_data.catalog import DatasetSpec
 from eagle_data.runner.budget import Budget
 from eagle_data.runner.concurrency import AdaptiveLimiter
@@ -84,6 +85,7 @@ class _Run:
             log,
         )
         self.key = resume_key(engine.config(), spec)
+        self.sampling = provenance.sampling(engine.config())
         self.limiter = AdaptiveLimiter(settings.initial_in_flight, settings.min_in_flight, settings.max_in_flight)
         self.rng = random.Random()
         self.total = Tally(total=sum(f.height for f in shards.values()))
@@ -293,6 +295,7 @@ class _Run:
             max_tokens=self.key.max_tokens,
             engine=self.engine.name,
             model=self.engine.model,
+            sampling=self.sampling,
         )
         shard.rows[row["prompt_id"]] = row
         shard.open -= 1
