@@ -37,7 +37,13 @@ def engine_pool() -> str:
 
 # The Catalog lists assets by name ({ds} before {ds}_prompts); the `stage` tag and the description's
 # first words give the flow order instead.
-STAGES = {"prompts": "1-prompts", "generation": "2-generation", "validated": "3-validated", "export": "4-export"}
+STAGES = {
+    "prompts": "1-prompts",
+    "generation": "2-generation",
+    "validated": "3-validated",
+    "export": "4-export",
+    "drafter": "5-drafter",
+}
 
 
 def catalog_labels(stage: str, owners: Iterable[str], description: str, **tags: str) -> dict[str, Any]:
@@ -125,6 +131,7 @@ def build_dataset_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
             backend,
             log=context.log.info,
             settings=engine.runner_settings(),
+            run_id=context.run_id,
         )
         return dg.MaterializeResult(metadata=figures)
 
