@@ -131,6 +131,7 @@ def build_dataset_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
             backend,
             log=context.log.info,
             settings=engine.runner_settings(),
+            run_id=context.run_id,
         )
         return dg.MaterializeResult(metadata=figures)
 
