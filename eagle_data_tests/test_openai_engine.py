@@ -132,7 +132,7 @@ def test_unknown_provider_or_reasoning_keys_are_refused() -> None:
         OpenAICompatEngine(model="m", provider={"ignored": ["x"]})
     with pytest.raises(ValueError, match="reasoning"):
         OpenAICompatEngine(model="m", reasoning={"budget": 3})
-    with pytest.raises(ValueError, match="unknown engine kind 'vllm'"):
+    with pytest.raises(FatalError, match="unknown engine kind 'vllm': set EAGLE_DATA_ENGINE to one of"):
         make_engine("vllm", model="m")
 
 

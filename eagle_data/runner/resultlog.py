@@ -11,7 +11,8 @@ regenerate/max_turns). A stored row is reused when
   - it is ok, its `base_hash` (the same config without max tokens) matches, and it was generated with
     `max_tokens` <= the current cap: a reply that stopped on its own under a lower cap is exactly
     what the higher cap would allow, so raising max_tokens re-generates only the truncated rows.
-Failed and skipped_budget rows are never reused: the next run retries them.
+Failed and skipped_budget rows are never reused: the next run retries them; nor are rows without text
+(an empty reply stored by an older version): only usable replies are kept.
 """
 
 from __future__ import annotations
@@ -63,6 +64,20 @@ def resume_key(engine_config: dict[str, Any], spec: DatasetSpec) -> ResumeKey:
     return ResumeKey(_digest(payload), _digest(base), cap)
 
 
+def _has_text(content: pl.Expr, reasoning: pl.Expr) -> pl.Expr:
+    return (content.fill_null("").str.strip_chars() != "") | (reasoning.fill_null("").str.strip_chars() != "")
+
+
+def usable() -> pl.Expr:
+    """A reply worth keeping: its last reply and every regenerated assistant turn carry text."""
+    turn = pl.element()
+    blank_turn = (turn.struct.field("role") == "assistant") & ~_has_text(
+        turn.struct.field("content"), turn.struct.field("reasoning")
+    )
+    no_blank_turn = ~pl.col("messages").list.eval(blank_turn).list.any().fill_null(False)
+    return _has_text(pl.col("content"), pl.col("reasoning")) & no_blank_turn
+
+
 def reusable(frame: pl.DataFrame, key: ResumeKey) -> pl.DataFrame:
     """The stored rows the current config may keep: the latest reusable row per prompt_id."""
     same = (pl.col("config_hash") == key.config_hash) & pl.col("status").is_in(["ok", "truncated"])
@@ -70,7 +85,7 @@ def reusable(frame: pl.DataFrame, key: ResumeKey) -> pl.DataFrame:
         (pl.col("status") == "ok") & (pl.col("base_hash") == key.base_hash) & (pl.col("max_tokens") <= key.max_tokens)
     )
     return (
-        frame.filter(same | raised)
+        frame.filter((same | raised) & usable())
         .sort("finished_at")
         .unique("prompt_id", keep="last", maintain_order=True)
         .with_columns(pl.lit(key.config_hash).alias("config_hash"))

@@ -12,7 +12,7 @@ import contextlib
 import gc
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,12 +27,13 @@ from eagle_data.runner.retry import retry_delay, should_retry
 from eagle_data.runner.rows import Row, assistant_message, build_row, plan_turns, to_frame
 from eagle_data.runner.settings import RunnerSettings
 from eagle_data.storage import ShardStore
-from eagle_data.types import Completion, Engine, EngineError, Message, RetryableError, Status
+from eagle_data.types import Completion, Engine, EngineError, FatalError, Message, RetryableError, Status
 
 GC_GEN0_THRESHOLD = 50_000  # see _fewer_gc_passes
 
-# Fatal kinds that every later request would hit too: stop sending instead of failing each prompt.
-ABORT_KINDS = ("http_401", "http_403", "http_402_budget", "auth_missing")
+# Fatal kinds that every later request would hit too (bad or missing key, no access, no budget, a model
+# the server does not have): stop sending, keep what landed, then fail the call with the server's line.
+ABORT_KINDS = ("http_401", "http_403", "http_402_budget", "http_404", "auth_missing", "model_mismatch", "config")
 
 
 @dataclass
@@ -72,8 +73,9 @@ class _Run:
         settings: RunnerSettings,
         log: Callable[[str], None],
         write_shards: bool,
+        redo: Mapping[str, set[str]],
     ) -> None:
-        self.write_shards = write_shards
+        self.write_shards, self.redo = write_shards, redo
         self.engine, self.spec, self.frames, self.store, self.settings, self.say = (
             engine,
             spec,
@@ -90,6 +92,7 @@ class _Run:
         self.bar = ProgressBar(settings.progress_bar)
         self.stop_reason = ""
         self.stop_status: Status = "skipped_budget"
+        self.fatal: EngineError | None = None  # the abort that ended the call
         self.finished_new = 0
         self.seen_kinds: set[str] = set()
         self.tasks: set[asyncio.Task[None]] = set()
@@ -130,11 +133,14 @@ class _Run:
         self.say(self._progress_line())
         if self.stop_reason:
             self.say(self.stop_reason)
+        if self.fatal is not None:
+            raise FatalError(self.stop_reason, kind=self.fatal.kind)
         return {p: self.reports[p] for p in self.frames}
 
     def _open(self, partition: str, prompts: pl.DataFrame) -> _Shard:
         log = ResultLog(self.store, self.spec.name, partition)
-        stored = reusable(log.load(), self.key).filter(pl.col("prompt_id").is_in(prompts["prompt_id"].implode()))
+        wanted = prompts.filter(~pl.col("prompt_id").is_in(list(self.redo.get(partition, ()))))["prompt_id"]
+        stored = reusable(log.load(), self.key).filter(pl.col("prompt_id").is_in(wanted.implode()))
         shard = _Shard(partition, prompts, log, {r["prompt_id"]: r for r in stored.iter_rows(named=True)})
         for row in shard.rows.values():
             for tally in (shard.tally, self.total):
@@ -236,6 +242,13 @@ class _Run:
             self.total.requests += 1
             try:
                 done = await self.engine.complete(list(conversation), prompt_id=prompt_id)
+                if done.empty:  # paid for, but nothing to train on: a failed attempt, retried like a 5xx
+                    self.budget.spend(done.prompt_tokens + done.completion_tokens, done.cost_usd)
+                    raise RetryableError(
+                        f"no content or reasoning (finish_reason {done.finish_reason or 'none'}, "
+                        f"{done.completion_tokens} completion tokens)",
+                        kind="empty_reply",
+                    )
             except EngineError as exc:
                 throttled = isinstance(exc, RetryableError) and exc.throttle
                 throttles += throttled
@@ -259,7 +272,8 @@ class _Run:
                 self.limiter.on_throttle(epoch, exc.retry_after)
             if should_retry(exc, attempts, throttles, self.settings):
                 return retry_delay(exc, attempts + throttles, self.settings, self.rng)
-        elif exc.kind.startswith(ABORT_KINDS) and not self.stop_reason:
+        elif exc.kind.startswith(ABORT_KINDS) and self.fatal is None:
+            self.fatal = exc
             self._stop(f"{self.spec.name}: {exc.kind}: {exc}", "failed")
         return None
 
@@ -296,8 +310,8 @@ class _Run:
 
     def _progress_line(self) -> str:
         """The standard line, plus the engine's own figures when it has any (an SGLang fleet's servers)."""
-        engine_line = getattr(self.engine, "stats_line", None)
-        return f"{self.spec.name}: {self.total.line()}" + (f" | {engine_line()}" if engine_line else "")
+        engine_line = self.engine.stats_line()
+        return f"{self.spec.name}: {self.total.line()}" + (f" | {engine_line}" if engine_line else "")
 
     def _maybe_finalize(self, shard: _Shard) -> None:
         if shard.open == 0 and not shard.finalizing:
@@ -380,6 +394,7 @@ def run_generation(
     settings: RunnerSettings | None = None,
     log: Callable[[str], None] = print,
     write_shards: bool = True,
+    redo: Mapping[str, set[str]] | None = None,
 ) -> dict[str, ShardReport]:
     """Regenerate the assistant replies of every prompt in `shards` (partition key -> prompts frame).
 
@@ -387,8 +402,9 @@ def run_generation(
     durable under the same resume key, and returns one report per partition. With `write_shards`
     False (a sample of a shard's prompts) the rows stay in the result log only, so no partial shard
     file ever looks finished. Closes the engine's loop-bound resources (`engine.aclose()`) at the
-    end; engines reopen them lazily.
+    end; engines reopen them lazily. `redo` (partition key -> prompt_ids) names stored rows to request
+    again instead of reusing them.
     """
     with _fewer_gc_passes():
-        run = _Run(engine, spec, shards, store, settings or RunnerSettings(), log, write_shards)
+        run = _Run(engine, spec, shards, store, settings or RunnerSettings(), log, write_shards, redo or {})
         return asyncio.run(run.main())
