@@ -158,7 +158,7 @@ class OpenAICompatEngine(Engine):
         self.base = base.rstrip("/")
         self.url = self.base + "/chat/completions"
         self.shown = mask_url(base_url.strip().rstrip("/"))  # the base URL as logs and errors show it
-        self._basic = aiohttp.BasicAuth(user, password) if user or password else None
+        self._basic = aiohttp.encode_basic_auth(user, password) if user or password else None
         self._url_secret = password
         self.api_key_env = api_key_env
         self.timeout_s, self.connect_timeout_s, self.max_connections = timeout_s, connect_timeout_s, max_connections
@@ -187,8 +187,9 @@ class OpenAICompatEngine(Engine):
     def describe(self) -> str:
         return f"{self.name} {self.model} at {self.shown}"
 
-    def _key(self) -> str:
-        """The API key ("" when this engine sends none); a one-line error when it is needed and unset."""
+    def _auth(self) -> dict[str, str]:
+        """The Authorization header (basic auth from the URL, or the key); a one-line error when the key
+        is needed and unset."""
         key = os.environ.get(self.api_key_env, "").strip() if self.api_key_env else ""
         if self._basic is not None:
             if key:
@@ -197,15 +198,15 @@ class OpenAICompatEngine(Engine):
                     "keep one (drop the user:password from EAGLE_DATA_BASE_URL, or unset the key)",
                     kind="config",
                 )
-            return ""
+            return {"Authorization": self._basic}
         if self.api_key_env and not key:
             raise FatalError(f"environment variable {self.api_key_env} is empty: export the API key",
                              kind="auth_missing")  # fmt: skip
-        return key
+        return {"Authorization": f"Bearer {key}"} if key else {}
 
     def _secrets(self) -> list[str]:
         key = os.environ.get(self.api_key_env, "").strip() if self.api_key_env else ""
-        return [key, self._url_secret]
+        return [key, self._url_secret, (self._basic or "").removeprefix("Basic ")]
 
     def _scrubbed(self, exc: EngineError) -> EngineError:
         """`exc` with the key and URL password taken out of its message (servers may echo them)."""
@@ -216,22 +217,20 @@ class OpenAICompatEngine(Engine):
         return aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s, sock_read=read_s)
 
     def _open(self) -> aiohttp.ClientSession:
-        headers = {"Content-Type": "application/json"}
-        if key := self._key():
-            headers["Authorization"] = f"Bearer {key}"
+        headers = {"Content-Type": "application/json", **self._auth()}
         connector = aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=0, ttl_dns_cache=300)
         return aiohttp.ClientSession(
-            connector=connector, headers=headers, auth=self._basic, timeout=self._timeout(self.timeout_s)
+            connector=connector, headers=headers, timeout=self._timeout(self.timeout_s)
         )
 
     async def check(self) -> str:
         """Any HTTP answer from `{base_url}/models` proves the server is there; OpenRouter also reports
         the key's credit (GET /key) and refuses to start with none left. A missing key fails here,
         before any prompt is sent."""
-        self._key()
+        auth = self._auth()
         timeout = self._timeout(min(self.timeout_s, CHECK_TIMEOUT_S))
         try:
-            async with aiohttp.ClientSession(timeout=timeout, auth=self._basic) as session, session.get(
+            async with aiohttp.ClientSession(timeout=timeout, headers=auth) as session, session.get(
                 f"{self.base}/models"
             ) as resp:
                 await resp.read()
