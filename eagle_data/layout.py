@@ -7,7 +7,8 @@ Keys are relative paths under the root (a folder or `s3://bucket/prefix`):
 | shard | `{ds}/{asset}/{partition}.parquet` (`asset`: `{ds}_prompts`, `{ds}`, `{ds}_validated`) |
 | log_part | `{ds}/{ds}/_log/{partition}/part-{ns}-{pid}-{seq}.parquet` (generation's durable result log) |
 | usage | `{ds}/{ds}/_usage/{partition}.json` (tokens and dollars of a finished generation shard) |
-| index | `{ds}/{ds}_prompts/_index/{name}` (the saved prompt index) |
+| index | `{ds}/{ds}_prompts/_index/summary.json` (the saved prompt index: counts, source identity) |
+| index_block | `{ds}/{ds}_prompts/_index/{digest}/{block}.parquet` (its rows, one block per shard) |
 | quality | `{ds}/{ds}_quality/{partition}.json` / `{partition}.html` / `index.html` (quality report) |
 | export | `{ds}/export/{name}` (`conversations.jsonl`, `train.parquet`) |
 | mix | `training_mix/training_mix/mix.parquet` |
@@ -24,7 +25,16 @@ from dataclasses import dataclass
 from typing import Literal
 
 Kind = Literal[
-    "shard", "log_part", "usage", "index", "quality_record", "quality_page", "quality_index", "export", "mix",
+    "shard",
+    "log_part",
+    "usage",
+    "index",
+    "index_block",
+    "quality_record",
+    "quality_page",
+    "quality_index",
+    "export",
+    "mix",
     "drafter",
 ]
 
@@ -103,6 +113,11 @@ def index_file(dataset: str, name: str) -> str:
     return join(index_prefix(dataset), name)
 
 
+def index_block(dataset: str, digest: str, block: int) -> str:
+    """Block `block` of the index built from the source content and settings hashed in `digest`."""
+    return join(index_prefix(dataset), digest, f"{block:05d}{SHARD_SUFFIX}")
+
+
 def quality_prefix(dataset: str) -> str:
     return join(dataset, quality_folder(dataset))
 
@@ -179,6 +194,8 @@ def parse(key: str) -> Key | None:
         return Key(kinds[ext], dataset, partition=stem, name=rest[0]) if dot and ext in kinds else None
     if folder == prompts_asset(dataset) and rest[0] == INDEX_DIR and len(rest) == 2:
         return Key("index", dataset, folder, name=rest[1])
+    if folder == prompts_asset(dataset) and rest[0] == INDEX_DIR and len(rest) == 3 and rest[2].endswith(SHARD_SUFFIX):
+        return Key("index_block", dataset, folder, partition=rest[2].removesuffix(SHARD_SUFFIX), name=rest[1])
     if folder == generation_asset(dataset) and rest[0] == LOG_DIR and len(rest) == 3 and _PART.fullmatch(rest[2]):
         return Key("log_part", dataset, folder, partition=rest[1], name=rest[2])
     if folder == generation_asset(dataset) and rest[0] == USAGE_DIR and len(rest) == 2 and rest[1].endswith(".json"):

@@ -14,6 +14,9 @@ import polars as pl
 
 from eagle_data import exports, layout, quality, report, sources
 from eagle_data.catalog import DatasetSpec, shard_index
+from eagle_data.drafter.decontam import contamination
+from eagle_data.drafter.evalsets import benchmark_index
+from eagle_data.drafter.settings import load_drafter_settings
 from eagle_data.engines.truncation import truncation_report
 from eagle_data.quality.verdicts import ENGINE_SIDE_REJECTIONS
 from eagle_data.runner import Estimate, RunnerSettings, estimate_generation, run_generation
@@ -34,13 +37,24 @@ def validated_asset(spec: DatasetSpec) -> str:
 
 
 def write_prompts(
-    spec: DatasetSpec, store: ShardStore, partitions: list[str], source_path: str | None = None
+    spec: DatasetSpec,
+    store: ShardStore,
+    partitions: list[str],
+    source_path: str | None = None,
+    warn: Log = print,
 ) -> dict[str, dict[str, Any]]:
     """Normalize the source once (the saved prompt index) and write the requested shards; returns each
-    partition's figures (its prompt count, and the index's counts of rows read and skipped by reason)."""
+    partition's figures (its prompt count, and the index's counts of rows read and skipped by reason).
+
+    When the source changed since the index was built, the index is rebuilt and `warn` names the prompt
+    shards written from the old one that this call does not rewrite: they must be re-materialized."""
     index = sources.load_index(spec, store, source_path)
+    if index.rebuilt:
+        stale = sorted(set(shards_written(store, spec.name, prompts_asset(spec))) - set(partitions))
+        redo = f"; re-materialize the {len(stale)} {prompts_asset(spec)} partitions cut from the old one"
+        warn(f"{spec.name}: {index.rebuilt}; rebuilt it" + (f"{redo} ({stale[0]}...{stale[-1]})" if stale else ""))
     dataset_figures = {
-        "prompts_in_source": index.frame.height,
+        "prompts_in_source": index.prompts,
         "rows_read": index.rows_read,
         "skipped": sum(index.skipped.values()),
         **{f"skipped_{reason}": n for reason, n in index.skipped.items()},
@@ -131,11 +145,13 @@ def estimate(
 
 
 def validated_rows(spec: DatasetSpec, generations: pl.DataFrame, partition: str) -> pl.DataFrame:
-    """Token ids, loss masks and per-row verdicts for one generation shard."""
+    """Token ids, loss masks and per-row verdicts for one generation shard; rows overlapping a benchmark
+    (`contamination`: its name) get the verdict `contaminated`."""
     rows = build_training_rows(
         load_target(spec.target), generations, thinking=spec.generation.thinking, mask_empty_think=spec.mask_empty_think
     )
-    rows = rows.with_columns(pl.lit(shard_index(partition), pl.Int32).alias("shard"))
+    index, _ = benchmark_index(load_drafter_settings().decontamination)
+    rows = rows.with_columns(pl.lit(shard_index(partition), pl.Int32).alias("shard"), contamination(rows, index))
     return quality.row_verdicts(rows, spec.checks, thinking=spec.generation.thinking)
 
 

@@ -113,13 +113,18 @@ def engine_environment() -> EngineEnvironment:
     )
 
 
+def environment_kind() -> str | None:
+    """The environment's engine kind, or the demo kind on the demo profile; None when neither names one."""
+    env = engine_environment()
+    return env.settings["kind"] or (demo_kind().name if env.demo else None)
+
+
 def generation_pool(kind: str | None = None) -> str:
     """The Dagster pool of generation steps: $EAGLE_DATA_POOL, else the pool of `kind` (default: the
-    environment's kind, or the demo kind on the demo profile). Dagster fixes an asset's pool when the
-    definitions load, so the asset reads this once then and checks the run's resolved kind against it."""
-    env = engine_environment()
-    kind = kind or env.settings["kind"] or (demo_kind().name if env.demo else None)
-    return env.pool or (lookup(kind).pool_name if kind else NO_ENGINE_POOL)
+    environment's). Dagster fixes an asset's pool when the definitions load, so the asset reads this
+    once then and checks the run's resolved kind against it."""
+    kind = kind or environment_kind()
+    return engine_environment().pool or (lookup(kind).pool_name if kind else NO_ENGINE_POOL)
 
 
 def _number_env(name: str, kind: type[int] | type[float]) -> Any:

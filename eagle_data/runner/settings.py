@@ -40,10 +40,17 @@ class RunnerSettings:
     heartbeat_every_s: float = 30.0
 
     def __post_init__(self) -> None:
-        if not 1 <= self.min_in_flight <= self.initial_in_flight <= self.max_in_flight:
+        if self.min_in_flight < 1:
+            raise ValueError(f"runner settings: min_in_flight {self.min_in_flight} is below 1: set min_in_flight >= 1")
+        if self.initial_in_flight < self.min_in_flight:
             raise ValueError(
-                "runner settings: need 1 <= min_in_flight <= initial_in_flight <= max_in_flight, got "
-                f"{self.min_in_flight}, {self.initial_in_flight}, {self.max_in_flight}"
+                f"runner settings: initial_in_flight {self.initial_in_flight} is below min_in_flight "
+                f"{self.min_in_flight}: raise initial_in_flight or set min_in_flight <= {self.initial_in_flight}"
+            )
+        if self.max_in_flight < self.initial_in_flight:
+            raise ValueError(
+                f"runner settings: max_in_flight {self.max_in_flight} is below initial_in_flight "
+                f"{self.initial_in_flight}: raise max_in_flight or set initial_in_flight <= {self.max_in_flight}"
             )
         if self.max_attempts < 1 or self.max_throttle_waits < 0:
             raise ValueError("runner settings: max_attempts must be >= 1 and max_throttle_waits >= 0")
