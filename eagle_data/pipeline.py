@@ -7,7 +7,7 @@ store and writes its own, one Parquet file per partition.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import polars as pl
@@ -17,7 +17,7 @@ from eagle_data.catalog import DatasetSpec, shard_index
 from eagle_data.drafter.decontam import contamination
 from eagle_data.drafter.evalsets import benchmark_index
 from eagle_data.drafter.settings import load_drafter_settings
-from eagle_data.engines.truncation import truncation_report
+from eagle_data.engines.truncation import ReplyLengths, truncation_report
 from eagle_data.quality.verdicts import ENGINE_SIDE_REJECTIONS
 from eagle_data.runner import Estimate, RunnerSettings, estimate_generation, run_generation
 from eagle_data.runner.resultlog import ResultLog
@@ -68,6 +68,25 @@ def write_prompts(
     return per_partition
 
 
+class PromptShards(Mapping[str, pl.DataFrame]):
+    """A dataset's prompt shards, each read from the store only when looked up: the runner looks a shard
+    up when it reaches it, so a range over 1,800 partitions never holds them all."""
+
+    def __init__(self, spec: DatasetSpec, store: ShardStore, partitions: list[str]) -> None:
+        self.spec, self.store, self.partitions = spec, store, partitions
+
+    def __getitem__(self, key: str) -> pl.DataFrame:
+        if key not in self.partitions:
+            raise KeyError(key)
+        return self.store.read_shard(self.spec.name, prompts_asset(self.spec), key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.partitions)
+
+    def __len__(self) -> int:
+        return len(self.partitions)
+
+
 def generate(
     spec: DatasetSpec,
     store: ShardStore,
@@ -76,27 +95,27 @@ def generate(
     log: Log = print,
     settings: RunnerSettings | None = None,
     retry_rejected: bool = False,
+    run_id: str = "",
 ) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     """Regenerate every reply of the requested shards; returns the run's figures (counts summed) and
     each partition's own. With `retry_rejected`, rows the last validation rejected for engine-side
-    reasons are requested again instead of reused.
+    reasons are requested again instead of reused. `run_id` names the run in shard leases.
 
     Also warns when more replies hit max_tokens than the catalog allows, with the max_tokens that would
     have covered 95% of them, and adds the engine's own figures (e.g. per SGLang server) when it has any.
     """
-    shards = {key: store.read_shard(spec.name, prompts_asset(spec), key) for key in partitions}
     redo = {key: engine_side_rejections(spec, store, key) for key in partitions} if retry_rejected else {}
     if redo:
         log(f"{spec.name}: re-requesting {sum(map(len, redo.values()))} rows rejected for engine-side reasons")
-    reports = run_generation(engine, spec, shards, store, settings=settings, log=log, redo=redo)
+    lengths = ReplyLengths()
+    reports = run_generation(
+        engine, spec, PromptShards(spec, store, partitions), store, settings=settings, log=log, lengths=lengths,
+        run_id=run_id, redo=redo,
+    )  # fmt: skip
     per_partition = {key: report.figures for key, report in reports.items()}
     figures = merge_figures(list(per_partition.values()))
-    answered = [reply for report in reports.values() for reply in report.answered]
     cut = truncation_report(
-        [tokens for tokens, _ in answered],
-        [reason for _, reason in answered],
-        max_new_tokens=spec.generation.max_tokens,
-        threshold=spec.checks.max_truncated_share,
+        lengths, max_new_tokens=spec.generation.max_tokens, threshold=spec.checks.max_truncated_share
     )
     figures.update(truncation_p95_tokens=cut.p95_tokens, suggested_max_tokens=cut.suggested_max_tokens)
     if cut.warning:
@@ -125,13 +144,14 @@ def estimate(
     usd_per_completion_token: float,
     log: Log = print,
     settings: RunnerSettings | None = None,
+    run_id: str = "",
 ) -> Estimate:
     """Generate the first few prompts of shard 0, then project the rest. The sample's rows stay in the
     result log (no partial shard file), and the full run reuses them instead of paying again."""
     first = spec.partition_keys[0]
     index = sources.load_index(spec, store)  # every prompt of the dataset, in one frame
     sample = index.shard(spec, first).head(sample_prompts)
-    run_generation(engine, spec, {first: sample}, store, settings=settings, log=log, write_shards=False)
+    run_generation(engine, spec, {first: sample}, store, settings=settings, log=log, write_shards=False, run_id=run_id)
     rows = ResultLog(store, spec.name, first).load().filter(pl.col("prompt_id").is_in(sample["prompt_id"].implode()))
     tokenizer = load_target(spec.target).text_encoder
     return estimate_generation(

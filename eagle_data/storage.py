@@ -126,10 +126,72 @@ class ShardStore:
                 raise write_failure(self.root, key, exc) from None
         return self.uri(key)
 
+    @property
+    def can_append(self) -> bool:
+        """Folders append in place; S3 has no append, so appenders write small part objects instead."""
+        return not self.is_s3
+
+    def append_bytes(self, key: str, data: bytes) -> str:
+        """Append to a file in a folder root and fsync it: durable when this returns (folders only)."""
+        if self.is_s3:
+            raise StorageError(f"{self.root}: S3 objects cannot be appended to; write a new part object")
+        path = Path(self.root, key)
+        try:
+            created = not path.exists()
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with path.open("ab") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            if created:  # the new name must survive a crash too
+                _fsync_dir(path.parent)
+        except OSError as exc:
+            raise write_failure(self.root, key, exc) from None
+        return self.uri(key)
+
+    def create_exclusive(self, key: str, data: bytes) -> bool:
+        """Write `data` at `key` only if nothing is there; False when something already is.
+
+        Atomic against other processes and hosts. Folder: a complete temp file is hard-linked to the
+        name, and link(2) fails when the name exists, as O_CREAT|O_EXCL does, without a reader ever
+        seeing a half-written file. S3: a PUT with `If-None-Match: *` (412 when the key exists; a 409
+        conflicting concurrent write also means someone else got there first).
+        """
+        if self.is_s3:
+            from botocore.exceptions import ClientError
+
+            try:
+                self._client().put_object(Bucket=self.bucket, Key=self._s3_key(key), Body=data, IfNoneMatch="*")
+            except ClientError as exc:
+                if exc.response.get("Error", {}).get("Code") in ("PreconditionFailed", "ConditionalRequestConflict"):
+                    return False
+                raise
+            return True
+        path = Path(self.root, key)
+        try:
+            tmp = _write_temp(path, data)
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                return False
+            finally:
+                tmp.unlink(missing_ok=True)
+            _fsync_dir(path.parent)
+        except OSError as exc:
+            raise write_failure(self.root, key, exc) from None
+        return True
+
     def read_bytes(self, key: str) -> bytes:
         if self.is_s3:
             return self._client().get_object(Bucket=self.bucket, Key=self._s3_key(key))["Body"].read()
         return Path(self.root, key).read_bytes()
+
+    def missing(self, exc: BaseException) -> bool:
+        """Whether `exc` (from `read_bytes`) means the key does not exist."""
+        if isinstance(exc, FileNotFoundError):
+            return True
+        code = getattr(exc, "response", {}).get("Error", {}).get("Code")
+        return code in ("404", "NoSuchKey", "NotFound")
 
     def exists(self, key: str) -> bool:
         if self.is_s3:
@@ -211,8 +273,8 @@ class ShardStore:
             ) from None
 
 
-def _write_atomically(path: Path, data: bytes) -> None:
-    """Write a temp file beside `path`, fsync it and rename it into place: readers see all or nothing."""
+def _write_temp(path: Path, data: bytes) -> Path:
+    """A complete, fsync'd temp file beside `path`, to be renamed or linked into place."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -220,7 +282,25 @@ def _write_atomically(path: Path, data: bytes) -> None:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
-        os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    return Path(tmp)
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    """Write a temp file beside `path`, fsync it and rename it into place: readers see all or nothing."""
+    tmp = _write_temp(path, data)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

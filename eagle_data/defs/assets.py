@@ -144,6 +144,7 @@ def build_dataset_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
             log=context.log.info,
             settings=engine.runner_settings(),
             retry_rejected=config.retry_rejected,
+            run_id=context.run_id,
         )
         return dg.MaterializeResult(metadata={**figures, "engine": backend.describe()})
 
