@@ -7,10 +7,10 @@ import dagster as dg
 from eagle_data.catalog import catalog
 from eagle_data.defs.assets import build_dataset_assets
 from eagle_data.defs.checks import build_checks
-from eagle_data.defs.drafter import build_drafter_assets
+from eagle_data.defs.drafter import build_decontamination_checks, build_drafter_assets
 from eagle_data.defs.exports import build_exports
 from eagle_data.defs.jobs import walk_catalog
-from eagle_data.defs.resources import StorageResource, engine_from_env
+from eagle_data.defs.resources import EngineResource, StorageResource
 from eagle_data.defs.schedules import build_schedules
 from eagle_data.defs.sensors import build_sensors
 
@@ -22,9 +22,9 @@ defs = dg.Definitions(
         build_exports(specs),
         *build_drafter_assets(specs),
     ],
-    asset_checks=build_checks(specs),
+    asset_checks=[*build_checks(specs), *build_decontamination_checks(specs)],
     jobs=[walk_catalog],
     sensors=build_sensors(specs),
     schedules=build_schedules(specs),
-    resources={"storage": StorageResource(), "engine": engine_from_env()},
+    resources={"storage": StorageResource(), "engine": EngineResource()},
 )
