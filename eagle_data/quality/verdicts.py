@@ -44,6 +44,10 @@ CONTAMINATION = "contamination"  # the benchmark a row overlaps (eagle_data.draf
 # and the think tags and blank lines a template leaves out of an earlier turn it re-renders.
 TURN_SLACK_TOKENS = 4
 KEPT = frozenset({PASS, TRUNCATED})  # verdicts whose rows go to training
+# Rejections the engine caused (an answer with no usable text, too little to train on, no reasoning where
+# thinking was asked, text lost against the tokens it reported): another request may do better, so the
+# generation asset's `retry_rejected` re-requests them. Structure and prompt faults are not among them.
+ENGINE_SIDE_REJECTIONS = frozenset({"empty_completion", "short_loss", "missing_reasoning", LOST_TEXT})
 STRUCTURE_REASONS = (
     "render_error",
     "bad_structure",
