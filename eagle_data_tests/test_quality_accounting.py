@@ -21,7 +21,7 @@ from eagle_data.catalog import Adapter, DatasetSpec
 from eagle_data.defs.assets import build_dataset_assets
 from eagle_data.defs.checks import build_checks
 from eagle_data.defs.exports import build_exports
-from eagle_data.defs.resources import StorageResource, engine_from_env
+from eagle_data.defs.resources import EngineResource, StorageResource
 from eagle_data.quality import ShardRecord
 from eagle_data.storage import ShardStore
 from eagle_data.targets import load_target
@@ -95,7 +95,7 @@ def test_the_special_token_regression_fails_blocking_checks_and_stops_the_traini
     defs = dg.Definitions(
         assets=[*build_dataset_assets(spec), build_exports([spec])],
         asset_checks=build_checks([spec]),
-        resources={"storage": StorageResource(root=str(tmp_path)), "engine": engine_from_env()},
+        resources={"storage": StorageResource(root=str(tmp_path)), "engine": EngineResource()},
     )
     selection = {dg.AssetKey(pipeline.validated_asset(spec)), dg.AssetKey("training_mix")}
     with dg.instance_for_test() as instance:
@@ -153,7 +153,7 @@ def test_event_metadata_does_not_grow_with_the_number_of_partitions_in_the_range
     shard = generation_frame(8, empty_share=0.0, dataset=spec.name)
     for key in spec.partition_keys:
         store.write_shard(spec.name, spec.name, key, shard)  # identical shards: identical figures
-    resources = {"storage": StorageResource(root=str(tmp_path)), "engine": engine_from_env()}
+    resources = {"storage": StorageResource(root=str(tmp_path)), "engine": EngineResource()}
     defs = dg.Definitions(assets=build_dataset_assets(spec), resources=resources)
     two, six = _event_sizes(defs, spec, spec.partition_keys[:2]), _event_sizes(defs, spec, spec.partition_keys)
     assert len(set(two + six)) == 1, (two, six)
