@@ -166,12 +166,19 @@ def estimate(
 
 def validated_rows(spec: DatasetSpec, generations: pl.DataFrame, partition: str) -> pl.DataFrame:
     """Token ids, loss masks and per-row verdicts for one generation shard; rows overlapping a benchmark
-    (`contamination`: its name) get the verdict `contaminated`."""
+    (`contamination`: its name) get the verdict `contaminated`; every row names the tokenizer and chat
+    template that made its ids (eagle_data.provenance)."""
+    target = load_target(spec.target)
     rows = build_training_rows(
-        load_target(spec.target), generations, thinking=spec.generation.thinking, mask_empty_think=spec.mask_empty_think
+        target, generations, thinking=spec.generation.thinking, mask_empty_think=spec.mask_empty_think
     )
     index, _ = benchmark_index(load_drafter_settings().decontamination)
-    rows = rows.with_columns(pl.lit(shard_index(partition), pl.Int32).alias("shard"), contamination(rows, index))
+    rows = rows.with_columns(
+        pl.lit(shard_index(partition), pl.Int32).alias("shard"),
+        contamination(rows, index),
+        tokenizer_hash=pl.lit(target.tokenizer_hash),
+        chat_template_hash=pl.lit(target.chat_template_hash),
+    )
     return quality.row_verdicts(rows, spec.checks, thinking=spec.generation.thinking)
 
 

@@ -35,6 +35,7 @@ class Completion:
     reasoning_tokens: int = 0
     cost_usd: float = 0.0
     provider: str = ""
+    served_model: str = ""  # the model id the server reports serving (OpenAI-style `model`), "" if none
     output_ids: list[int] | None = None  # the model's own tokens, when the engine returns them
 
     @property

@@ -130,6 +130,16 @@ def test_saved_index_is_reused_while_the_source_content_is_unchanged(tmp_path: P
     assert again.frame.equals(first.frame) and again.skipped == first.skipped and first.frame.height == 36
 
 
+def test_a_saved_index_stands_when_its_source_file_is_gone(tmp_path: Path):
+    """Another machine on the same root, or a download deleted after indexing: the shards still come."""
+    source = tmp_path / "src.jsonl"
+    source.write_text(SPECS["b7_sharegpt"].sample_path.read_text())
+    spec, store = SPECS["b7_sharegpt"].model_copy(update={"source": str(source)}), ShardStore(str(tmp_path / "out"))
+    first = load_index(spec, store).frame
+    source.unlink()
+    assert load_index(spec, store).shard(spec, "00001")["prompt_id"].to_list() == first["prompt_id"].to_list()[10:20]
+
+
 def test_a_changed_source_file_rebuilds_the_index(tmp_path: Path):
     source = tmp_path / "src.jsonl"
     source.write_text(SPECS["b7_sharegpt"].sample_path.read_text())

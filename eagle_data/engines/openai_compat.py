@@ -108,6 +108,7 @@ def parse_response(status: int, body: bytes, retry_after: str | None = None, now
         reasoning_tokens=details.get("reasoning_tokens") or 0,
         cost_usd=float(usage.get("cost") or 0.0),
         provider=data.get("provider") or "",
+        served_model=data.get("model") or "",
     )
 
 

@@ -296,6 +296,7 @@ def _parse_chat(body: dict[str, Any]) -> Completion:
         finish_reason=finish, prompt_tokens=int(usage.get("prompt_tokens", 0)),
         completion_tokens=int(usage.get("completion_tokens", 0)),
         reasoning_tokens=int(details.get("reasoning_tokens") or 0), provider="sglang",
+        served_model=body.get("model") or "",
     )
 
 

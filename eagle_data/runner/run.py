@@ -23,6 +23,7 @@ from typing import Any
 
 import polars as pl
 
+from eagle_data import provenance
 from eagle_data.catalog import DatasetSpec
 from eagle_data.engines.truncation import ReplyLengths
 from eagle_data.runner.budget import Budget
@@ -152,6 +153,7 @@ class _Run:
         self.write_shards, self.lengths, self.redo = write_shards, lengths, redo
         self.run_id = run_id or uuid.uuid4().hex
         self.key = resume_key(engine.config(), spec)
+        self.sampling = provenance.sampling(engine.config())
         self.leases = Leases(store, spec.name, self.run_id, settings.lease_ttl_s)
         self.limiter = AdaptiveLimiter(settings.initial_in_flight, settings.min_in_flight, settings.max_in_flight)
         self.rng = random.Random()
@@ -427,6 +429,7 @@ class _Run:
             max_tokens=self.key.max_tokens,
             engine=self.engine.name,
             model=self.engine.model,
+            sampling=self.sampling,
         )
         return row
 
