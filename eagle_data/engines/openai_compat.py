@@ -28,7 +28,7 @@ from eagle_data.secrets import mask_url, redact, strip_credentials, url_parts
 from eagle_data.types import PROMPT_ID_HEADER, Completion, Engine, EngineError, FatalError, Message, RetryableError
 
 if TYPE_CHECKING:
-    from eagle_data.catalog import DatasetSpec
+    from eagle_data.catalog import DatasetSpec, SamplingSetting
 
 OPENAI, OPENROUTER = "openai", "openrouter"
 OPENROUTER_URL = "https://openrouter.ai/api/v1"
@@ -258,16 +258,41 @@ class OpenAICompatEngine(Engine):
             raise FatalError(f"{info.line()}: add credit or raise the key's limit before running", kind="no_credit")
         return info.line()
 
-    async def complete(self, messages: list[Message], *, prompt_id: str) -> Completion:
+    async def complete(
+        self, messages: list[Message], *, prompt_id: str, sampling: SamplingSetting | None = None
+    ) -> Completion:
+        """`sampling`: this prompt's setting of a sampling mixture, sent in place of the engine's own."""
         try:
-            return await self._complete(messages, prompt_id)
+            return await self._complete(messages, prompt_id, self.overrides(sampling) if sampling else {})
         except EngineError as exc:
             raise self._scrubbed(exc) from None
 
-    async def _complete(self, messages: list[Message], prompt_id: str) -> Completion:
+    def overrides(self, setting: SamplingSetting) -> dict[str, Any]:
+        """A mixture setting as request fields: sampling as is; reasoning effort and thinking in OpenRouter's
+        `reasoning` object, or for other servers as `reasoning_effort` and the chat template's
+        `enable_thinking`."""
+        out: dict[str, Any] = {
+            k: v for k in ("temperature", "top_p", "min_p") if (v := getattr(setting, k)) is not None
+        }
+        if self.name == OPENROUTER:
+            reasoning = dict(self._body.get("reasoning") or {})
+            reasoning.update({"effort": setting.reasoning_effort} if setting.reasoning_effort else {})
+            reasoning.update({"enabled": setting.thinking} if setting.thinking is not None else {})
+            out.update({"reasoning": reasoning} if reasoning else {})
+            return out
+        out.update({"reasoning_effort": setting.reasoning_effort} if setting.reasoning_effort else {})
+        if setting.thinking is not None:
+            out["chat_template_kwargs"] = {
+                **self._body.get("chat_template_kwargs", {}),
+                "enable_thinking": setting.thinking,
+            }
+        return out
+
+    async def _complete(self, messages: list[Message], prompt_id: str, overrides: dict[str, Any]) -> Completion:
         if self._session is None:
             self._session = self._open()
-        payload = {**self._body, "messages": [{"role": m["role"], "content": m["content"]} for m in messages]}
+        turns = [{"role": m["role"], "content": m["content"]} for m in messages]
+        payload = {**self._body, **overrides, "messages": turns}
         try:
             async with self._session.post(
                 self.url, data=json.dumps(payload).encode(), headers={PROMPT_ID_HEADER: prompt_id}
@@ -361,10 +386,10 @@ def make_openrouter(*, api_key_env: str = OPENROUTER_KEY_ENV, **arguments: Any) 
 MODEL_FIX = "set EAGLE_DATA_MODEL (e.g. Qwen/Qwen3-8B)"
 register(EngineKind(
     name=OPENAI, build=_build, make=make_openai, summary="any OpenAI-compatible server at EAGLE_DATA_BASE_URL",
-    key_env="OPENAI_API_KEY",
+    key_env="OPENAI_API_KEY", mixtures=True,
     required={"model": MODEL_FIX, "base_url": "set EAGLE_DATA_BASE_URL (e.g. http://host:30000/v1)"},
 ))  # fmt: skip
 register(EngineKind(
-    name=OPENROUTER, build=_build, make=make_openrouter,
+    name=OPENROUTER, build=_build, make=make_openrouter, mixtures=True,
     summary="OpenRouter's API", key_env=OPENROUTER_KEY_ENV, required={"model": MODEL_FIX},
 ))  # fmt: skip
