@@ -159,7 +159,8 @@ class OpenAICompatEngine(Engine):
         """`reasoning_request`: the API takes OpenRouter's `reasoning` request field, so the thinking
         switch goes there (else into `chat_template_kwargs`); `reports_credit`: it answers GET /key with
         the key's credit, checked before anything is sent."""
-        self.name, self.model, self.reports_credit = name, model, reports_credit
+        self.name, self.model = name, model
+        self.reasoning_request, self.reports_credit = reasoning_request, reports_credit
         base, user, password = strip_credentials(checked_base_url(base_url))
         self.base = base.rstrip("/")
         self.url = self.base + "/chat/completions"
@@ -274,7 +275,7 @@ class OpenAICompatEngine(Engine):
         out: dict[str, Any] = {
             k: v for k in ("temperature", "top_p", "min_p") if (v := getattr(setting, k)) is not None
         }
-        if self.name == OPENROUTER:
+        if self.reasoning_request:
             reasoning = dict(self._body.get("reasoning") or {})
             reasoning.update({"effort": setting.reasoning_effort} if setting.reasoning_effort else {})
             reasoning.update({"enabled": setting.thinking} if setting.thinking is not None else {})
