@@ -11,7 +11,8 @@ from __future__ import annotations
 import io
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +99,28 @@ class ShardStore:
                 Path(tmp).unlink(missing_ok=True)
                 raise
         return self.uri(key)
+
+    @contextmanager
+    def staged(self, key: str) -> Iterator[Path]:
+        """A local file to write `key` piece by piece, for outputs too big to hold in memory. On a clean
+        exit it replaces `key` atomically (a rename in the folder, a multipart upload on S3); on an error
+        it is removed and `key` keeps its old content."""
+        local = not self.is_s3
+        folder = Path(self.root, key).parent if local else Path(tempfile.gettempdir())
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(dir=folder, prefix=f".{Path(key).name}.", suffix=".tmp")
+        os.close(fd)
+        tmp = Path(name)
+        try:
+            yield tmp
+            if local:
+                with tmp.open("rb+") as fh:
+                    os.fsync(fh.fileno())
+                os.replace(tmp, Path(self.root, key))
+            else:
+                self._client().upload_file(str(tmp), self.bucket, self._s3_key(key))
+        finally:
+            tmp.unlink(missing_ok=True)
 
     def read_bytes(self, key: str) -> bytes:
         if self.is_s3:

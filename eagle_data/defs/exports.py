@@ -1,30 +1,105 @@
 """The exports: per-dataset conversations JSONL and tokenized parquet, and the weighted training mix.
 
-Downstream of every `{ds}_validated`, so a failed blocking check upstream stops it in the same run.
+Downstream of every `{ds}_validated`, so a failed blocking check stops it in the same run. A blocking
+check only stops steps of its own run, so the export also holds the gate across runs: it reads only the
+validated shards whose latest evaluation of every blocking check passed on that shard's latest
+materialization (`admission`), and names every shard it leaves out, with the reason.
 """
 
-import dagster as dg
+# No `from __future__ import annotations` here: Dagster reads the context annotation at definition time.
+from collections.abc import Sequence
 
-from eagle_data import pipeline
+import dagster as dg
+from dagster._core.event_api import PartitionKeyFilter
+from dagster._core.storage.asset_check_execution_record import AssetCheckPartitionInfo
+
+from eagle_data import exports, pipeline, quality
 from eagle_data.catalog import DatasetSpec
+from eagle_data.defs.checks import validated_key
 from eagle_data.defs.resources import StorageResource
+from eagle_data.storage import ShardStore
 
 
 class ExportConfig(dg.Config):
     seed: int = 0  # the mix's shuffle and sub-sampling; the same seed gives the same rows
 
 
-def build_exports(specs: list[DatasetSpec]) -> dg.AssetsDefinition:
+def _evaluated_latest(info: AssetCheckPartitionInfo) -> bool:
+    """The evaluation judged the shard's latest materialization. Evaluations logged without their target
+    (by an op) count when they came after that materialization."""
+    if info.latest_target_materialization_storage_id is not None:
+        return info.latest_target_materialization_storage_id == info.latest_materialization_storage_id
+    return info.latest_check_event_storage_id > (info.latest_materialization_storage_id or 0)
+
+
+def _failure(instance: dg.DagsterInstance, info: AssetCheckPartitionInfo) -> str:
+    """`{check} failed`, with the evaluation's own one-line description when it has one."""
+    history = instance.event_log_storage.get_asset_check_execution_history(
+        info.check_key, limit=1, partition_filter=PartitionKeyFilter(key=info.partition_key)
+    )
+    evaluation = history[0].evaluation if history else None
+    said = evaluation.description.splitlines()[0] if evaluation and evaluation.description else ""
+    return f"{info.check_key.name} failed" + (f": {said}" if said else "")
+
+
+def _reason(instance: dg.DagsterInstance, name: str, info: AssetCheckPartitionInfo | None) -> str | None:
+    """Why blocking check `name` keeps a shard out of the export, or None when it lets it in."""
+    if info is None:
+        return f"{name} never ran on this shard; run the checks"
+    status = info.latest_execution_status.value
+    if status == "PLANNED":
+        return f"{name} did not finish (run {info.latest_planned_run_id[:8]}); re-run the checks"
+    if not _evaluated_latest(info):
+        return f"{name} last ran on an earlier materialization of this shard; re-run the checks"
+    return _failure(instance, info) if status == "FAILED" else None
+
+
+def admission(instance: dg.DagsterInstance, store: ShardStore, spec: DatasetSpec) -> exports.Admission:
+    """Which validated shards of `spec` the export may read: written, materialized in this instance, and
+    passed by the latest evaluation of every blocking check on that very materialization."""
+    key = validated_key(spec)
+    on_storage = set(pipeline.shards_written(store, spec.name, pipeline.validated_asset(spec)))
+    materialized = instance.get_materialized_partitions(key)
+    candidates = sorted(on_storage | materialized)
+    blocking = [dg.AssetCheckKey(key, d.name) for d in quality.CHECKS if d.blocking]
+    infos = {
+        (info.check_key.name, info.partition_key): info
+        for info in instance.event_log_storage.get_asset_check_partition_info(blocking, partition_keys=candidates)
+    }
+    admitted, excluded = [], {}
+    for partition in candidates:
+        if partition not in on_storage:
+            excluded[partition] = "its shard file is missing from storage; re-materialize it"
+        elif partition not in materialized:
+            excluded[partition] = "this Dagster instance has no materialization of it; materialize it here"
+        elif reasons := [r for c in blocking if (r := _reason(instance, c.name, infos.get((c.name, partition))))]:
+            excluded[partition] = "; ".join(reasons)
+        else:
+            admitted.append(partition)
+    return exports.Admission(tuple(admitted), excluded)
+
+
+def build_exports(specs: Sequence[DatasetSpec]) -> dg.AssetsDefinition:
     @dg.asset(
         name="training_mix",
         group_name="exports",
         deps=[pipeline.validated_asset(spec) for spec in specs],
         kinds={"parquet", "json"},
         description="SpecForge conversations JSONL and tokenized parquet per dataset, and the weighted mix "
-        "(catalog mix_weight) of every passing row.",
+        "(catalog mix_weight) of every training row of the shards that passed their blocking checks.",
     )
-    def training_mix(config: ExportConfig, storage: StorageResource) -> dg.MaterializeResult:
-        figures = pipeline.export(specs, storage.store(), seed=config.seed)
+    def training_mix(
+        context: dg.AssetExecutionContext, config: ExportConfig, storage: StorageResource
+    ) -> dg.MaterializeResult:
+        store = storage.store()
+        gate = {spec.name: admission(context.instance, store, spec) for spec in specs}
+        try:
+            figures = pipeline.export(list(specs), store, gate, seed=config.seed, log=context.log.info)
+        except exports.ExportError as exc:
+            raise dg.Failure(description=str(exc), allow_retries=False) from None
+        if "excluded" in figures:
+            figures["excluded"] = dg.MetadataValue.md(figures["excluded"])
+        figures["mix_path"] = dg.MetadataValue.path(figures["mix_path"])
         return dg.MaterializeResult(metadata=figures)
 
     return training_mix
