@@ -146,6 +146,14 @@ def load_catalog(path: Path = CATALOG_PATH, profile: str | None = None) -> dict[
     return specs
 
 
+def read_table(path: Path, name: str) -> dict[str, Any]:
+    """A top-level table of the catalog file other than the datasets (e.g. `[drafter]`); {} when absent."""
+    table = tomllib.loads(path.read_text()).get(name, {})
+    if not isinstance(table, dict):
+        raise CatalogError(f"[{name}] in {path} must be a table")
+    return table
+
+
 @cache
 def catalog() -> dict[str, DatasetSpec]:
     """The catalog as configured by the environment, read once per process."""

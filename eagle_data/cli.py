@@ -27,6 +27,7 @@ def _dagster_env() -> dict[str, str]:
 def demo(dataset: str = DEMO_DATASET) -> int:
     """Materialize every partition of one dataset's three assets on the embedded demo model."""
     os.environ.setdefault("EAGLE_DATA_PROFILE", "demo")
+    from eagle_data import pipeline
     from eagle_data.catalog import get_dataset
     from eagle_data.demo import ensure_demo_model
     from eagle_data.storage import ShardStore
@@ -47,9 +48,9 @@ def demo(dataset: str = DEMO_DATASET) -> int:
         print(f"[eagle-data] the run failed (exit {code}); the log above says where", file=sys.stderr)
         return code
     store = ShardStore()
-    validated = [k for k in store.list(f"{dataset}/{dataset}_validated") if k.endswith(".parquet")]
+    validated = pipeline.shards_written(store, dataset, pipeline.validated_asset(spec))
     print(f"[eagle-data] done in {time.perf_counter() - started:.0f} s: {len(keys)} partitions of {selection}")
-    print(f"[eagle-data] output: {store.root}/{dataset}/  ({len(validated)} validated shards)")
+    print(f"[eagle-data] output: {store.uri(dataset)}/  ({len(validated)} validated shards)")
     return 0
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import polars as pl
 
-from eagle_data import exports, quality, report, sources
+from eagle_data import exports, layout, quality, report, sources
 from eagle_data.catalog import DatasetSpec, shard_index
 from eagle_data.engines.truncation import truncation_report
 from eagle_data.runner import Estimate, RunnerSettings, estimate_generation, run_generation
@@ -28,11 +28,11 @@ Log = Callable[[str], None]
 
 
 def prompts_asset(spec: DatasetSpec) -> str:
-    return f"{spec.name}_prompts"
+    return layout.prompts_asset(spec.name)
 
 
 def validated_asset(spec: DatasetSpec) -> str:
-    return f"{spec.name}_validated"
+    return layout.validated_asset(spec.name)
 
 
 def write_prompts(
@@ -162,18 +162,16 @@ ADDITIVE = (
 
 def shards_written(store: ShardStore, dataset: str, asset: str) -> list[str]:
     """Partition keys of the shards an asset has written (its top-level .parquet files)."""
-    prefix = f"{dataset}/{asset}/"
-    keys = (key.removeprefix(prefix) for key in store.list(prefix))
-    return [key.removesuffix(".parquet") for key in keys if "/" not in key and key.endswith(".parquet")]
+    keys = (layout.parse(key) for key in store.list(layout.asset_prefix(dataset, asset)))
+    return [key.partition for key in keys if key is not None and key.kind == "shard" and key.asset == asset]
 
 
-MIX_KEY = "training_mix/training_mix/mix.parquet"
 EXCLUDED_SHOWN = 200  # excluded shards listed in the export's metadata table; the log lists every one
 
 
 def export_keys(spec: DatasetSpec) -> tuple[str, str]:
     """Storage keys of a dataset's export files: conversations JSONL, training parquet."""
-    return f"{spec.name}/export/conversations.jsonl", f"{spec.name}/export/train.parquet"
+    return layout.export_file(spec.name, layout.CONVERSATIONS_FILE), layout.export_file(spec.name, layout.TRAIN_FILE)
 
 
 def export(
@@ -221,15 +219,15 @@ def export(
                 log(f"WARNING {spec.name}: {sum(done.dropped.values())} rows kept by the verdicts were refused "
                     f"on the way out ({dict(done.dropped)}); re-validate those shards")  # fmt: skip
         if not sum(done.rows for done in written.values()):
-            store.delete(MIX_KEY)
+            store.delete(layout.mix())
             raise exports.ExportError(nothing_to_take(written, excluded))
         plan = exports.plan_mix({name: done.rows for name, done in written.items()},
                                 {spec.name: spec.mix_weight for spec in specs}, seed)  # fmt: skip
         rows = sum(done.rows for done in written.values())
         size = bucket_rows or exports.bucket_rows(rows, sum(done.tokens for done in written.values()))
-        mix_file = staged.enter_context(store.staged(MIX_KEY))
+        mix_file = staged.enter_context(store.staged(layout.mix()))
         figures["mix_rows"] = exports.write_mix(trains, plan, mix_file, Path(spill), size)
-    figures["mix_path"] = store.uri(MIX_KEY)
+    figures["mix_path"] = store.uri(layout.mix())
     return figures
 
 

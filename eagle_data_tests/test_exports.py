@@ -12,7 +12,7 @@ from typing import Any
 import polars as pl
 import pytest
 
-from eagle_data import pipeline
+from eagle_data import layout, pipeline
 from eagle_data.exports import (
     Admission,
     ExportError,
@@ -88,8 +88,9 @@ def test_training_parquet_round_trips_ids_and_masks(validated: pl.DataFrame, tmp
 def numbered(name: str, n: int) -> pl.DataFrame:
     ids = pl.Series([[i] for i in range(n)], dtype=pl.List(pl.Int32))
     masks = pl.Series([[1]] * n, dtype=pl.List(pl.UInt8))
-    return pl.DataFrame({"prompt_id": [f"{name}{i}" for i in range(n)], "dataset": name, "input_ids": ids,
-                         "loss_mask": masks})
+    return pl.DataFrame(
+        {"prompt_id": [f"{name}{i}" for i in range(n)], "dataset": name, "input_ids": ids, "loss_mask": masks}
+    )
 
 
 def mix(tmp_path: Path, frames: dict[str, pl.DataFrame], weights: dict[str, float], seed: int, bucket_rows: int = 7):
@@ -210,8 +211,8 @@ def test_export_to_s3_equals_the_local_export(tmp_path: Path, s3_endpoint: str, 
     outputs: dict[str, Any] = {}
     for store in (local, remote):
         pipeline.export(specs, store, admit_all(store, specs), seed=3)
-        outputs[store.root] = [store.read_bytes(k) for k in ("b93_gamma/export/conversations.jsonl",)] + [
-            store.read_frame(k) for k in ("b93_gamma/export/train.parquet", pipeline.MIX_KEY)
-        ]
+        outputs[store.root] = [
+            store.read_bytes(k) for k in (layout.export_file("b93_gamma", layout.CONVERSATIONS_FILE),)
+        ] + [store.read_frame(k) for k in (layout.export_file("b93_gamma", layout.TRAIN_FILE), layout.mix())]
     first, second = outputs.values()
     assert first[0] == second[0] and first[1].equals(second[1]) and first[2].equals(second[2])

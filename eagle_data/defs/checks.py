@@ -8,7 +8,6 @@ downstream do not run. Check metadata carries `figure`, `threshold` and `partiti
 
 # No `from __future__ import annotations` here: Dagster reads the context annotation at definition time.
 import io
-import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -73,14 +72,12 @@ def check_evaluations(spec: DatasetSpec, records: Mapping[str, Record]) -> list[
 
 def dataset_checks(spec: DatasetSpec) -> dg.AssetChecksDefinition:
     key = validated_key(spec)
-    with warnings.catch_warnings():  # partitioned checks are a Dagster preview: one warning per spec otherwise
-        warnings.simplefilter("ignore", dg.PreviewWarning)
-        specs = [
-            dg.AssetCheckSpec(
-                d.name, asset=key, description=d.description, blocking=d.blocking, partitions_def=partitions(spec)
-            )
-            for d in quality.CHECKS
-        ]
+    specs = [
+        dg.AssetCheckSpec(
+            d.name, asset=key, description=d.description, blocking=d.blocking, partitions_def=partitions(spec)
+        )
+        for d in quality.CHECKS
+    ]
 
     @dg.multi_asset_check(name=f"{spec.name}_quality_checks", specs=specs, description=f"{spec.title}: quality gates.")
     def checks(context: dg.AssetCheckExecutionContext, storage: StorageResource):
