@@ -30,6 +30,12 @@ def spec(name: str, shards: int) -> DatasetSpec:
                        shard_size=ROWS, target="qwen3-test")  # fmt: skip
 
 
+def shard_frame(dataset: str, key: str, empty_share: float) -> pl.DataFrame:
+    """A generation shard whose prompt ids start with its partition key."""
+    frame = generation_frame(ROWS, empty_share=empty_share, dataset=dataset)
+    return frame.with_columns(prompt_id=pl.format("{}-{}", pl.lit(key), pl.col("prompt_id")))
+
+
 @dataclass
 class Gate:
     instance: dg.DagsterInstance
@@ -45,8 +51,9 @@ def definitions(ds: DatasetSpec, root: Path) -> dg.Definitions:
     )
 
 
-def run(instance: dg.DagsterInstance, defs: dg.Definitions, asset: str, partition: str | None = None,
-        checks: bool = True) -> dg.ExecuteInProcessResult:
+def run(
+    instance: dg.DagsterInstance, defs: dg.Definitions, asset: str, partition: str | None = None, checks: bool = True
+) -> dg.ExecuteInProcessResult:
     """One run of one asset (with its checks unless told not to), as launched from the UI."""
     job = defs.resolve_implicit_global_asset_job_def()
     selection = {"asset_selection": {dg.AssetKey(asset)}} | ({} if checks else {"asset_check_selection": set()})
@@ -58,7 +65,8 @@ def run(instance: dg.DagsterInstance, defs: dg.Definitions, asset: str, partitio
 def gate(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gate]:
     """b9_gate: shards 00001 and 00002 fail `empty_response`, 00003 is re-validated after its checks ran
     (no check judged its latest materialization). b9_none: its one shard fails. Each partition in its own
-    run, as a user launching them from the UI would."""
+    run, as a user launching them from the UI would. b9_range: one run over 00000...00002 (a backfill),
+    where 00001 fails."""
     root = tmp_path_factory.mktemp("gate")
     store = ShardStore(str(root))
     with dg.DagsterInstance.ephemeral() as instance:
@@ -66,11 +74,18 @@ def gate(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gate]:
         for ds, shares in ((spec("b9_gate", 4), SHARES), (spec("b9_none", 1), {"00000": 0.87})):
             defs[ds.name] = definitions(ds, root)
             for key, share in shares.items():
-                frame = generation_frame(ROWS, empty_share=share, dataset=ds.name)
-                frame = frame.with_columns(prompt_id=pl.format("{}-{}", pl.lit(key), pl.col("prompt_id")))
-                store.write_shard(ds.name, ds.name, key, frame)
+                store.write_shard(ds.name, ds.name, key, shard_frame(ds.name, key, share))
                 run(instance, defs[ds.name], f"{ds.name}_validated", key)
         assert run(instance, defs["b9_gate"], "b9_gate_validated", "00003", checks=False).success
+        ranged = spec("b9_range", 3)
+        defs[ranged.name] = definitions(ranged, root)
+        for key, share in {"00000": 0.0, "00001": 0.87, "00002": 0.0}.items():
+            store.write_shard(ranged.name, ranged.name, key, shard_frame(ranged.name, key, share))
+        tags = {"dagster/asset_partition_range_start": "00000", "dagster/asset_partition_range_end": "00002"}
+        job = defs[ranged.name].resolve_implicit_global_asset_job_def()
+        job.get_subset(asset_selection={dg.AssetKey("b9_range_validated")}).execute_in_process(
+            instance=instance, tags=tags, raise_on_error=False
+        )
         yield Gate(instance, root, defs)
 
 
@@ -96,3 +111,12 @@ def test_training_mix_with_no_shard_passing_fails_with_one_line(gate: Gate) -> N
     assert message.startswith("training_mix: no validated shard passed every blocking check (1 left out, ")
     assert "b9_none 00000: empty_response failed" in message and "\n" not in message
     assert not (gate.root / "training_mix" / "training_mix" / "mix.parquet").exists()  # no stale mix stays
+
+
+def test_after_a_range_run_the_export_takes_the_shards_it_passed_and_leaves_out_those_it_failed(gate: Gate) -> None:
+    result = run(gate.instance, gate.defs["b9_range"], "training_mix")
+    assert result.success
+    train = pl.read_parquet(gate.root / "b9_range" / "export" / "train.parquet")
+    assert set(train["prompt_id"].str.slice(0, 5)) == {"00000", "00002"}
+    table = result.asset_materializations_for_node("training_mix")[0].metadata["excluded"].value
+    assert "| b9_range | 00001 | empty_response failed in run " in table and "00000" not in table

@@ -10,6 +10,7 @@ materialization (`admission`), and names every shard it leaves out, with the rea
 from collections.abc import Sequence
 
 import dagster as dg
+from dagster._core.definitions.asset_checks.asset_check_evaluation import AssetCheckEvaluation
 from dagster._core.event_api import PartitionKeyFilter
 from dagster._core.storage.asset_check_execution_record import AssetCheckPartitionInfo
 
@@ -24,6 +25,9 @@ class ExportConfig(dg.Config):
     seed: int = 0  # the mix's shuffle and sub-sampling; the same seed gives the same rows
 
 
+RunEvaluations = dict[str, tuple[int, AssetCheckEvaluation]]  # check name -> (storage id, evaluation)
+
+
 def _evaluated_latest(info: AssetCheckPartitionInfo) -> bool:
     """The evaluation judged the shard's latest materialization. Evaluations logged without their target
     (by an op) count when they came after that materialization."""
@@ -32,25 +36,54 @@ def _evaluated_latest(info: AssetCheckPartitionInfo) -> bool:
     return info.latest_check_event_storage_id > (info.latest_materialization_storage_id or 0)
 
 
+def _said(evaluation: AssetCheckEvaluation | None) -> str:
+    """The first line of an evaluation's description, after a colon; "" without one."""
+    return f": {evaluation.description.splitlines()[0]}" if evaluation and evaluation.description else ""
+
+
 def _failure(instance: dg.DagsterInstance, info: AssetCheckPartitionInfo) -> str:
-    """`{check} failed`, with the evaluation's own one-line description when it has one."""
+    """`{check} failed`, with the evaluation's own description."""
     history = instance.event_log_storage.get_asset_check_execution_history(
         info.check_key, limit=1, partition_filter=PartitionKeyFilter(key=info.partition_key)
     )
-    evaluation = history[0].evaluation if history else None
-    said = evaluation.description.splitlines()[0] if evaluation and evaluation.description else ""
-    return f"{info.check_key.name} failed" + (f": {said}" if said else "")
+    return f"{info.check_key.name} failed" + _said(history[0].evaluation if history else None)
 
 
-def _reason(instance: dg.DagsterInstance, name: str, info: AssetCheckPartitionInfo | None) -> str | None:
-    """Why blocking check `name` keeps a shard out of the export, or None when it lets it in."""
-    if info is None:
-        return f"{name} never ran on this shard; run the checks"
+def _range_evaluations(instance: dg.DagsterInstance, key: dg.AssetKey, run_id: str) -> RunEvaluations:
+    """check name -> (storage id, evaluation) of the evaluations a run made for its whole partition range
+    (recorded without a partition: the run's partitions stay PLANNED in the check's per-partition rows)."""
+    records = instance.get_records_for_run(run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION).records
+    evaluations = ((r.storage_id, r.event_log_entry.dagster_event.event_specific_data) for r in records)
+    return {e.check_name: (sid, e) for sid, e in evaluations if e.asset_key == key and e.partition is None}
+
+
+def _range_reason(info: AssetCheckPartitionInfo, evaluations: RunEvaluations) -> str | None:
+    """Why a range run's evaluation keeps the shard out, or None. It passed only if it passed on every
+    shard of the range; a failed one names its failing shards (`failing_shards`), the others passed."""
+    name, run = info.check_key.name, info.latest_planned_run_id[:8]
+    if name not in evaluations:
+        return f"{name} has no result for this shard (run {run} did not finish it); re-run the checks"
+    storage_id, evaluation = evaluations[name]
+    if storage_id < (info.latest_materialization_storage_id or 0):
+        return f"{name} last ran on an earlier materialization of this shard; re-run the checks"
+    failing = evaluation.metadata.get("failing_shards")
+    if evaluation.passed or (failing is not None and info.partition_key not in str(failing.value).split(",")):
+        return None
+    return f"{name} failed in run {run}" + _said(evaluation)
+
+
+def _reason(
+    instance: dg.DagsterInstance, info: AssetCheckPartitionInfo, ranges: dict[str, RunEvaluations]
+) -> str | None:
+    """Why a blocking check keeps its shard out of the export, or None when it lets it in."""
     status = info.latest_execution_status.value
     if status == "PLANNED":
-        return f"{name} did not finish (run {info.latest_planned_run_id[:8]}); re-run the checks"
+        run = info.latest_planned_run_id
+        if run not in ranges:
+            ranges[run] = _range_evaluations(instance, info.check_key.asset_key, run)
+        return _range_reason(info, ranges[run])
     if not _evaluated_latest(info):
-        return f"{name} last ran on an earlier materialization of this shard; re-run the checks"
+        return f"{info.check_key.name} last ran on an earlier materialization of this shard; re-run the checks"
     return _failure(instance, info) if status == "FAILED" else None
 
 
@@ -66,13 +99,16 @@ def admission(instance: dg.DagsterInstance, store: ShardStore, spec: DatasetSpec
         (info.check_key.name, info.partition_key): info
         for info in instance.event_log_storage.get_asset_check_partition_info(blocking, partition_keys=candidates)
     }
-    admitted, excluded = [], {}
+    admitted, excluded, ranges = [], {}, {}  # ranges: run id -> that run's range evaluations
     for partition in candidates:
+        found = [infos.get((check.name, partition)) for check in blocking]
         if partition not in on_storage:
             excluded[partition] = "its shard file is missing from storage; re-materialize it"
         elif partition not in materialized:
             excluded[partition] = "this Dagster instance has no materialization of it; materialize it here"
-        elif reasons := [r for c in blocking if (r := _reason(instance, c.name, infos.get((c.name, partition))))]:
+        elif unchecked := [c.name for c, info in zip(blocking, found, strict=True) if info is None]:
+            excluded[partition] = f"{', '.join(unchecked)} never ran on this shard; run the checks"
+        elif reasons := [r for info in found if info and (r := _reason(instance, info, ranges))]:
             excluded[partition] = "; ".join(reasons)
         else:
             admitted.append(partition)
