@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import tomllib
 from functools import cache
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 CATALOG_PATH = Path(__file__).with_name("catalog.toml")
 SAMPLES_DIR = Path(__file__).parent / "data" / "samples"
@@ -87,6 +88,7 @@ class DatasetSpec(_Frozen):
     shard_size: int = Field(500, gt=0)
     max_prompts: int = Field(100_000, gt=0)
     max_prompt_chars: int = Field(32_000, gt=0)
+    max_skipped_share: float = Field(0.5, ge=0, le=1)  # more source rows skipped fails the prompts step
     regenerate: Literal["all", "first"] = "all"
     max_turns: int = Field(8, gt=0)
     token_budget: int = Field(0, ge=0)
@@ -96,6 +98,16 @@ class DatasetSpec(_Frozen):
     mask_empty_think: bool = False  # loss mask 0 on an empty think block the model wrote (nothing to learn)
     generation: Generation = Generation()
     checks: Checks = Checks()
+    # Shown as the assets' owners in the Dagster catalog: an email or "team:<name>" (Dagster's two forms).
+    owners: tuple[str, ...] = ()
+
+    @field_validator("owners")
+    @classmethod
+    def _owner_forms(cls, owners: tuple[str, ...]) -> tuple[str, ...]:
+        bad = [o for o in owners if not re.fullmatch(r"team:\S+|[^@\s]+@[^@\s]+", o)]
+        if bad:
+            raise ValueError(f"owners {bad} must each be an email or 'team:<name>'")
+        return owners
 
     @property
     def num_shards(self) -> int:

@@ -7,7 +7,7 @@ import dagster as dg
 from eagle_data.catalog import catalog
 from eagle_data.defs.assets import build_dataset_assets
 from eagle_data.defs.checks import build_checks
-from eagle_data.defs.drafter import build_drafter_assets
+from eagle_data.defs.drafter import build_decontamination_checks, build_drafter_assets
 from eagle_data.defs.exports import build_exports
 from eagle_data.defs.jobs import walk_catalog
 from eagle_data.defs.resources import StorageResource, engine_from_env
@@ -22,7 +22,7 @@ defs = dg.Definitions(
         build_exports(specs),
         *build_drafter_assets(specs),
     ],
-    asset_checks=build_checks(specs),
+    asset_checks=[*build_checks(specs), *build_decontamination_checks(specs)],
     jobs=[walk_catalog],
     sensors=build_sensors(specs),
     schedules=build_schedules(specs),

@@ -11,11 +11,13 @@ from collections.abc import Sequence
 
 import dagster as dg
 from dagster._core.definitions.asset_checks.asset_check_evaluation import AssetCheckEvaluation
+from dagster._core.definitions.assets.graph.asset_graph import AssetGraph
 from dagster._core.event_api import PartitionKeyFilter
 from dagster._core.storage.asset_check_execution_record import AssetCheckPartitionInfo
 
-from eagle_data import exports, pipeline, quality
+from eagle_data import exports, pipeline
 from eagle_data.catalog import DatasetSpec
+from eagle_data.defs.assets import catalog_labels
 from eagle_data.defs.checks import validated_key
 from eagle_data.defs.resources import StorageResource
 from eagle_data.storage import ShardStore
@@ -87,17 +89,27 @@ def _reason(
     return _failure(instance, info) if status == "FAILED" else None
 
 
-def admission(instance: dg.DagsterInstance, store: ShardStore, spec: DatasetSpec) -> exports.Admission:
+def blocking_checks(graph: AssetGraph, spec: DatasetSpec) -> list[dg.AssetCheckKey]:
+    """Every blocking check the definitions hold on `{ds}_validated` (the quality gates, decontamination)."""
+    key = validated_key(spec)
+    return sorted(
+        (k for k in graph.asset_check_keys if k.asset_key == key and graph.get_check_spec(k).blocking),
+        key=lambda k: k.name,
+    )
+
+
+def admission(
+    instance: dg.DagsterInstance, store: ShardStore, spec: DatasetSpec, blocking: Sequence[dg.AssetCheckKey]
+) -> exports.Admission:
     """Which validated shards of `spec` the export may read: written, materialized in this instance, and
-    passed by the latest evaluation of every blocking check on that very materialization."""
+    passed by the latest evaluation of every `blocking` check on that very materialization."""
     key = validated_key(spec)
     on_storage = set(pipeline.shards_written(store, spec.name, pipeline.validated_asset(spec)))
     materialized = instance.get_materialized_partitions(key)
     candidates = sorted(on_storage | materialized)
-    blocking = [dg.AssetCheckKey(key, d.name) for d in quality.CHECKS if d.blocking]
     infos = {
         (info.check_key.name, info.partition_key): info
-        for info in instance.event_log_storage.get_asset_check_partition_info(blocking, partition_keys=candidates)
+        for info in instance.event_log_storage.get_asset_check_partition_info(list(blocking), partition_keys=candidates)
     }
     admitted, excluded, ranges = [], {}, {}  # ranges: run id -> that run's range evaluations
     for partition in candidates:
@@ -121,14 +133,20 @@ def build_exports(specs: Sequence[DatasetSpec]) -> dg.AssetsDefinition:
         group_name="exports",
         deps=[pipeline.validated_asset(spec) for spec in specs],
         kinds={"parquet", "json"},
-        description="SpecForge conversations JSONL and tokenized parquet per dataset, and the weighted mix "
-        "(catalog mix_weight) of every training row of the shards that passed their blocking checks.",
+        **catalog_labels(
+            "export",
+            (o for spec in specs for o in spec.owners),
+            "SpecForge conversations JSONL "
+            "and tokenized parquet per dataset, and the weighted mix (catalog mix_weight) of every "
+            "training row of the shards that passed their blocking checks.",
+        ),
     )
     def training_mix(
         context: dg.AssetExecutionContext, config: ExportConfig, storage: StorageResource
     ) -> dg.MaterializeResult:
         store = storage.store()
-        gate = {spec.name: admission(context.instance, store, spec) for spec in specs}
+        graph = context.repository_def.asset_graph
+        gate = {spec.name: admission(context.instance, store, spec, blocking_checks(graph, spec)) for spec in specs}
         try:
             figures = pipeline.export(list(specs), store, gate, seed=config.seed, log=context.log.info)
         except exports.ExportError as exc:

@@ -48,12 +48,15 @@ def walk_datasets(
             usd_per_completion_token=config.usd_per_million_completion_tokens / 1e6,
             log=context.log.info,
             settings=settings,
+            run_id=context.run_id,
         )
         context.log.info(f"pre-flight estimate: {estimate.line()}")
         context.log_event(dg.AssetObservation(asset_key=spec.name, metadata=estimate.figures()))
         if config.estimate_only:
             continue
-        _, per_partition = pipeline.generate(spec, store, keys, backend, log=context.log.info, settings=settings)
+        _, per_partition = pipeline.generate(
+            spec, store, keys, backend, log=context.log.info, settings=settings, run_id=context.run_id
+        )
         _report(context, spec.name, per_partition)
         previous = previous_figure(context.instance, validated_key(spec), context.run_id)
         records, _ = pipeline.validate(spec, store, keys, previous)
