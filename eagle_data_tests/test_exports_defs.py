@@ -44,9 +44,10 @@ class Gate:
 
 
 def definitions(ds: DatasetSpec, root: Path) -> dg.Definitions:
+    checks = build_checks([ds])
     return dg.Definitions(
-        assets=[*build_dataset_assets(ds), build_exports([ds])],
-        asset_checks=build_checks([ds]),
+        assets=[*build_dataset_assets(ds), build_exports([ds], checks)],
+        asset_checks=checks,
         resources={"storage": StorageResource(root=str(root)), "engine": engine_from_env()},
     )
 

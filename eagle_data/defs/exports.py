@@ -11,7 +11,6 @@ from collections.abc import Sequence
 
 import dagster as dg
 from dagster._core.definitions.asset_checks.asset_check_evaluation import AssetCheckEvaluation
-from dagster._core.definitions.assets.graph.asset_graph import AssetGraph
 from dagster._core.event_api import PartitionKeyFilter
 from dagster._core.storage.asset_check_execution_record import AssetCheckPartitionInfo
 
@@ -89,15 +88,6 @@ def _reason(
     return _failure(instance, info) if status == "FAILED" else None
 
 
-def blocking_checks(graph: AssetGraph, spec: DatasetSpec) -> list[dg.AssetCheckKey]:
-    """Every blocking check the definitions hold on `{ds}_validated` (the quality gates, decontamination)."""
-    key = validated_key(spec)
-    return sorted(
-        (k for k in graph.asset_check_keys if k.asset_key == key and graph.get_check_spec(k).blocking),
-        key=lambda k: k.name,
-    )
-
-
 def admission(
     instance: dg.DagsterInstance, store: ShardStore, spec: DatasetSpec, blocking: Sequence[dg.AssetCheckKey]
 ) -> exports.Admission:
@@ -127,7 +117,11 @@ def admission(
     return exports.Admission(tuple(admitted), excluded)
 
 
-def build_exports(specs: Sequence[DatasetSpec]) -> dg.AssetsDefinition:
+def build_exports(specs: Sequence[DatasetSpec], checks: Sequence[dg.AssetChecksDefinition]) -> dg.AssetsDefinition:
+    """The `training_mix` asset over `specs`, gated by every blocking check among `checks`."""
+    blocking = [check.key for c in checks for check in c.check_specs if check.blocking]
+    gated_by = {spec.name: [k for k in blocking if k.asset_key == validated_key(spec)] for spec in specs}
+
     @dg.asset(
         name="training_mix",
         group_name="exports",
@@ -136,17 +130,15 @@ def build_exports(specs: Sequence[DatasetSpec]) -> dg.AssetsDefinition:
         **catalog_labels(
             "export",
             (o for spec in specs for o in spec.owners),
-            "SpecForge conversations JSONL "
-            "and tokenized parquet per dataset, and the weighted mix (catalog mix_weight) of every "
-            "training row of the shards that passed their blocking checks.",
+            "SpecForge conversations JSONL and tokenized parquet per dataset, and the weighted mix (catalog "
+            "mix_weight) of every training row of the shards that passed their blocking checks.",
         ),
     )
     def training_mix(
         context: dg.AssetExecutionContext, config: ExportConfig, storage: StorageResource
     ) -> dg.MaterializeResult:
         store = storage.store()
-        graph = context.repository_def.asset_graph
-        gate = {spec.name: admission(context.instance, store, spec, blocking_checks(graph, spec)) for spec in specs}
+        gate = {spec.name: admission(context.instance, store, spec, gated_by[spec.name]) for spec in specs}
         try:
             figures = pipeline.export(list(specs), store, gate, seed=config.seed, log=context.log.info)
         except exports.ExportError as exc:
