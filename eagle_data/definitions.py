@@ -10,7 +10,7 @@ from eagle_data.defs.checks import build_checks
 from eagle_data.defs.drafter import build_decontamination_checks, build_drafter_assets
 from eagle_data.defs.exports import build_exports
 from eagle_data.defs.jobs import walk_catalog
-from eagle_data.defs.resources import StorageResource, engine_from_env
+from eagle_data.defs.resources import EngineResource, StorageResource
 from eagle_data.defs.schedules import build_schedules
 from eagle_data.defs.sensors import build_sensors
 
@@ -27,5 +27,5 @@ defs = dg.Definitions(
     jobs=[walk_catalog],
     sensors=build_sensors(specs),
     schedules=build_schedules(specs),
-    resources={"storage": StorageResource(), "engine": engine_from_env()},
+    resources={"storage": StorageResource(), "engine": EngineResource()},
 )

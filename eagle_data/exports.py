@@ -28,15 +28,17 @@ from pathlib import Path
 import polars as pl
 from polars.io.plugins import register_io_source
 
+from eagle_data import provenance
 from eagle_data.quality import split_rows
 
-TRAINING_SCHEMA: dict[str, pl.DataType] = {
+TRAINING_COLUMNS = ("prompt_id", "dataset", "input_ids", "loss_mask")
+TRAINING_SCHEMA: dict[str, pl.DataType] = {  # what train.parquet and the mix hold, in this order
     "prompt_id": pl.String(),
     "dataset": pl.String(),
     "input_ids": pl.List(pl.Int32),
     "loss_mask": pl.List(pl.UInt8),
+    **{column: pl.String() for column in provenance.COLUMNS},
 }
-TRAINING_COLUMNS = tuple(TRAINING_SCHEMA)
 STRUCTURE_FLAGS = ("structure_ok", "roundtrip_ok", "prefix_ok")  # False: the ids are not the target's
 REQUIRED_COLUMNS = (*TRAINING_COLUMNS, "messages", "verdict", "target_error", *STRUCTURE_FLAGS)
 ROW_GROUP_ROWS = 1024  # parquet row groups of the exports: small enough that writing them stays flat
@@ -118,8 +120,12 @@ def to_specforge_jsonl(rows: pl.DataFrame) -> bytes:
 
 
 def to_training_parquet(rows: pl.DataFrame) -> pl.DataFrame:
-    """Token ids and loss masks, in the exports' schema, ready to write as parquet."""
-    return rows.select(pl.col(name).cast(dtype) for name, dtype in TRAINING_SCHEMA.items())
+    """Token ids and loss masks, with how each row was made (eagle_data.provenance; null where a shard
+    predates a column), in the exports' schema, ready to write as parquet."""
+    return rows.select(
+        (pl.col(name) if name in rows.columns else pl.lit(None)).cast(dtype).alias(name)
+        for name, dtype in TRAINING_SCHEMA.items()
+    )
 
 
 def sink(frames: Iterable[pl.DataFrame], schema: Mapping[str, pl.DataType], path: Path) -> None:

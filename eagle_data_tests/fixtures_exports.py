@@ -14,6 +14,7 @@ from pathlib import Path
 
 import polars as pl
 
+from eagle_data import layout
 from eagle_data.catalog import Adapter, DatasetSpec
 from eagle_data.storage import ShardStore
 from eagle_data.targets.rows import MESSAGE_DTYPE
@@ -70,7 +71,7 @@ def write_fixture(store: ShardStore) -> list[DatasetSpec]:
     """Every fixture shard written where the validation stage writes it; returns the specs."""
     for name, (shards, _) in FIXTURE_DATASETS.items():
         for shard in range(shards):
-            store.write_shard(name, f"{name}_validated", f"{shard:05d}", validated_shard(name, shard))
+            store.write_shard(name, layout.validated_asset(name), f"{shard:05d}", validated_shard(name, shard))
     return fixture_specs()
 
 
@@ -86,11 +87,11 @@ def export_digests(root: Path, datasets: list[str]) -> dict[str, dict[str, objec
     """What an export wrote under `root`: row counts, digests and the first prompt ids, per file."""
     out: dict[str, dict[str, object]] = {}
     for name in datasets:
-        train = pl.read_parquet(root / name / "export" / "train.parquet")
-        jsonl = (root / name / "export" / "conversations.jsonl").read_bytes()
+        train = pl.read_parquet(root / layout.export_file(name, layout.TRAIN_FILE))
+        jsonl = (root / layout.export_file(name, layout.CONVERSATIONS_FILE)).read_bytes()
         out[name] = {"rows": train.height, "train_sha256": rows_digest(train),
-                     "jsonl_sha256": hashlib.sha256(jsonl).hexdigest(), "columns": train.columns}  # fmt: skip
-    mixed = pl.read_parquet(root / "training_mix" / "training_mix" / "mix.parquet")
-    out["mix"] = {"rows": mixed.height, "sha256": rows_digest(mixed), "columns": mixed.columns,
+                     "jsonl_sha256": hashlib.sha256(jsonl).hexdigest()}  # fmt: skip
+    mixed = pl.read_parquet(root / layout.mix())
+    out["mix"] = {"rows": mixed.height, "sha256": rows_digest(mixed),
                   "first_ids": mixed["prompt_id"].head(8).to_list()}  # fmt: skip
     return out

@@ -12,7 +12,7 @@ from typing import Any
 import polars as pl
 import pytest
 
-from eagle_data import layout, pipeline
+from eagle_data import layout, pipeline, provenance
 from eagle_data.exports import (
     Admission,
     ExportError,
@@ -77,7 +77,7 @@ def test_training_parquet_round_trips_ids_and_masks(validated: pl.DataFrame, tmp
     path = tmp_path / "train.parquet"
     to_training_parquet(exportable(validated, min_loss_tokens=0)[0]).write_parquet(path)
     back = pl.read_parquet(path)
-    assert back.columns == ["prompt_id", "dataset", "input_ids", "loss_mask"]
+    assert back.columns == ["prompt_id", "dataset", "input_ids", "loss_mask", *provenance.COLUMNS]
     assert back.schema["input_ids"] == pl.List(pl.Int32) and back.schema["loss_mask"] == pl.List(pl.UInt8)
     ok = validated.filter(pl.col("verdict") == "pass")
     assert back.height == ok.height == 2
@@ -98,7 +98,7 @@ def mix(tmp_path: Path, frames: dict[str, pl.DataFrame], weights: dict[str, floa
     folder = tmp_path / f"mix-{len(os.listdir(tmp_path))}"
     (folder / "spill").mkdir(parents=True)
     for name, frame in frames.items():
-        frame.write_parquet(folder / f"{name}.parquet")
+        to_training_parquet(frame).write_parquet(folder / f"{name}.parquet")
     plan = plan_mix({name: frame.height for name, frame in frames.items()}, weights, seed)
     trains = {name: folder / f"{name}.parquet" for name in frames}
     write_mix(trains, plan, folder / "mix.parquet", folder / "spill", bucket_rows)
@@ -139,6 +139,8 @@ def test_streaming_export_writes_what_the_in_memory_export_wrote(tmp_path: Path,
     figures = pipeline.export(specs, store, admit_all(store, specs), seed=seed, bucket_rows=bucket_rows)
     assert export_digests(tmp_path, list(FIXTURE_DATASETS)) == golden
     assert figures["mix_rows"] == golden["mix"]["rows"] == 5244
+    mixed = pl.read_parquet(tmp_path / layout.mix())
+    assert mixed.columns == ["prompt_id", "dataset", "input_ids", "loss_mask", *provenance.COLUMNS]
 
 
 def zero_mask_shard(dataset: str = "b93_gamma") -> pl.DataFrame:
@@ -167,8 +169,8 @@ def test_export_never_writes_a_zero_mask_row(tmp_path: Path) -> None:
     spec = write_fixture(store)[2]  # b93_gamma, mix weight 1
     store.write_shard(spec.name, f"{spec.name}_validated", "00000", zero_mask_shard())
     figures = pipeline.export([spec], store, {spec.name: Admission(("00000",))}, seed=0)
-    train = pl.read_parquet(tmp_path / spec.name / "export" / "train.parquet")
-    mixed = pl.read_parquet(tmp_path / "training_mix" / "training_mix" / "mix.parquet")
+    train = pl.read_parquet(tmp_path / layout.export_file(spec.name, layout.TRAIN_FILE))
+    mixed = pl.read_parquet(tmp_path / layout.mix())
     assert train["prompt_id"].to_list() == mixed["prompt_id"].to_list() == ["b93_gamma-00000-0005"]
     assert figures[f"{spec.name}_refused_short_loss"] == 2 and figures[f"{spec.name}_refused_length_mismatch"] == 2
 
@@ -180,7 +182,7 @@ def test_export_reads_only_admitted_shards_and_names_the_others(tmp_path: Path) 
     lines: list[str] = []
     gate = {spec.name: Admission(("00000",), {"00001": "empty_response failed", "00002": "token_structure failed"})}
     figures = pipeline.export([spec], store, gate, seed=0, log=lines.append)
-    train = pl.read_parquet(tmp_path / spec.name / "export" / "train.parquet")
+    train = pl.read_parquet(tmp_path / layout.export_file(spec.name, layout.TRAIN_FILE))
     assert set(train["prompt_id"].str.slice(9, 5)) == {"00000"}
     assert figures["excluded_shards"] == 2
     assert "| b92_beta | 00001 | empty_response failed |" in figures["excluded"]

@@ -13,6 +13,7 @@ import dagster as dg
 import polars as pl
 import pytest
 
+from eagle_data import layout
 from eagle_data.catalog import Adapter, DatasetSpec
 from eagle_data.defs.assets import build_dataset_assets
 from eagle_data.defs.checks import build_checks
@@ -93,8 +94,8 @@ def gate(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gate]:
 def test_training_mix_alone_leaves_out_shards_whose_blocking_check_failed_in_an_earlier_run(gate: Gate) -> None:
     result = run(gate.instance, gate.defs["b9_gate"], "training_mix")
     assert result.success
-    mixed = pl.read_parquet(gate.root / "training_mix" / "training_mix" / "mix.parquet")
-    train = pl.read_parquet(gate.root / "b9_gate" / "export" / "train.parquet")
+    mixed = pl.read_parquet(gate.root / layout.mix())
+    train = pl.read_parquet(gate.root / layout.export_file("b9_gate", layout.TRAIN_FILE))
     assert set(mixed["prompt_id"].str.slice(0, 5)) == set(train["prompt_id"].str.slice(0, 5)) == {"00000"}
     assert mixed.height == train.height > 0
     metadata = result.asset_materializations_for_node("training_mix")[0].metadata
@@ -111,13 +112,13 @@ def test_training_mix_with_no_shard_passing_fails_with_one_line(gate: Gate) -> N
     message = failure.step_failure_data.user_failure_data.description
     assert message.startswith("training_mix: no validated shard passed every blocking check (1 left out, ")
     assert "b9_none 00000: empty_response failed" in message and "\n" not in message
-    assert not (gate.root / "training_mix" / "training_mix" / "mix.parquet").exists()  # no stale mix stays
+    assert not (gate.root / layout.mix()).exists()  # no stale mix stays
 
 
 def test_after_a_range_run_the_export_takes_the_shards_it_passed_and_leaves_out_those_it_failed(gate: Gate) -> None:
     result = run(gate.instance, gate.defs["b9_range"], "training_mix")
     assert result.success
-    train = pl.read_parquet(gate.root / "b9_range" / "export" / "train.parquet")
+    train = pl.read_parquet(gate.root / layout.export_file("b9_range", layout.TRAIN_FILE))
     assert set(train["prompt_id"].str.slice(0, 5)) == {"00000", "00002"}
     table = result.asset_materializations_for_node("training_mix")[0].metadata["excluded"].value
     assert "| b9_range | 00001 | empty_response failed in run " in table and "00000" not in table
