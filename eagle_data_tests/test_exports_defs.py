@@ -18,7 +18,7 @@ from eagle_data.catalog import Adapter, DatasetSpec
 from eagle_data.defs.assets import build_dataset_assets
 from eagle_data.defs.checks import build_checks
 from eagle_data.defs.exports import build_exports
-from eagle_data.defs.resources import StorageResource, engine_from_env
+from eagle_data.defs.resources import EngineResource, StorageResource
 from eagle_data.storage import ShardStore
 from eagle_data_tests.fixtures_quality import generation_frame
 
@@ -49,7 +49,7 @@ def definitions(ds: DatasetSpec, root: Path) -> dg.Definitions:
     return dg.Definitions(
         assets=[*build_dataset_assets(ds), build_exports([ds], checks)],
         asset_checks=checks,
-        resources={"storage": StorageResource(root=str(root)), "engine": engine_from_env()},
+        resources={"storage": StorageResource(root=str(root)), "engine": EngineResource()},
     )
 
 
