@@ -7,6 +7,7 @@ store and writes its own, one Parquet file per partition.
 
 from __future__ import annotations
 
+import io
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack
@@ -22,7 +23,7 @@ from eagle_data.drafter.evalsets import benchmark_index
 from eagle_data.drafter.settings import load_drafter_settings
 from eagle_data.engines.truncation import ReplyLengths, truncation_report
 from eagle_data.quality.verdicts import ENGINE_SIDE_REJECTIONS
-from eagle_data.runner import Estimate, RunnerSettings, estimate_generation, run_generation
+from eagle_data.runner import Estimate, RunnerSettings, estimate_generation, mixture, run_generation
 from eagle_data.runner.resultlog import ResultLog
 from eagle_data.storage import ShardStore
 from eagle_data.targets import build_training_rows, load_target
@@ -121,6 +122,8 @@ def generate(
         lengths, max_new_tokens=spec.generation.max_tokens, threshold=spec.checks.max_truncated_share
     )
     figures.update(truncation_p95_tokens=cut.p95_tokens, suggested_max_tokens=cut.suggested_max_tokens)
+    if spec.generation.mixture:  # the sampling settings the written rows were made with, against the weights
+        figures.update(mixture.realized(settings_used(spec, store, partitions), spec.generation.mixture))
     if cut.warning:
         log(f"WARNING {spec.name}: {cut.warning}")
         figures["truncation_warning"] = cut.warning
@@ -135,6 +138,16 @@ def engine_side_rejections(spec: DatasetSpec, store: ShardStore, partition: str)
         return set()
     verdicts = store.read_shard(spec.name, validated_asset(spec), partition).select("prompt_id", "verdict")
     return set(verdicts.filter(pl.col("verdict").is_in(list(ENGINE_SIDE_REJECTIONS)))["prompt_id"])
+
+
+def settings_used(spec: DatasetSpec, store: ShardStore, partitions: list[str]) -> list[str]:
+    """The `sampling_setting` of every row of the written generation shards (one column read per shard)."""
+    names: list[str] = []
+    for key in partitions:
+        if store.shard_exists(spec.name, spec.name, key):
+            data = io.BytesIO(store.read_bytes(layout.shard(spec.name, spec.name, key)))
+            names += pl.read_parquet(data, columns=["sampling_setting"])["sampling_setting"].to_list()
+    return names
 
 
 def estimate(
