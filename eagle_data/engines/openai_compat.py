@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
-from eagle_data.engines import EngineKind, EngineSettings, register
+from eagle_data.engines import EngineKind, EngineSettings, lookup, register
 from eagle_data.engines.replies import reply_text
 from eagle_data.runner.retry import parse_retry_after
 from eagle_data.secrets import mask_url, redact, strip_credentials, url_parts
@@ -153,8 +153,14 @@ class OpenAICompatEngine(Engine):
         timeout_s: float = TIMEOUT_S,
         connect_timeout_s: float = CONNECT_TIMEOUT_S,
         max_connections: int = 4096,
+        reasoning_request: bool = False,
+        reports_credit: bool = False,
     ) -> None:
+        """`reasoning_request`: the API takes OpenRouter's `reasoning` request field, so the thinking
+        switch goes there (else into `chat_template_kwargs`); `reports_credit`: it answers GET /key with
+        the key's credit, checked before anything is sent."""
         self.name, self.model = name, model
+        self.reasoning_request, self.reports_credit = reasoning_request, reports_credit
         base, user, password = strip_credentials(checked_base_url(base_url))
         self.base = base.rstrip("/")
         self.url = self.base + "/chat/completions"
@@ -173,7 +179,7 @@ class OpenAICompatEngine(Engine):
             body["provider"] = provider
         if reasoning := _checked("reasoning", reasoning, REASONING_KEYS):
             body["reasoning"] = reasoning
-        elif thinking is not None and name == OPENROUTER:
+        elif thinking is not None and reasoning_request:
             body["reasoning"] = {"enabled": thinking}
         elif thinking is not None:
             body["chat_template_kwargs"] = {"enable_thinking": thinking}
@@ -241,7 +247,7 @@ class OpenAICompatEngine(Engine):
                 "or fix EAGLE_DATA_BASE_URL / the engine resource's base_url",
                 kind="unreachable",
             ) from None
-        if self.name != OPENROUTER:
+        if not self.reports_credit:
             return f"{self.name} engine at {self.shown}: reachable, model {self.model}"
         try:
             info = await asyncio.to_thread(
@@ -269,7 +275,7 @@ class OpenAICompatEngine(Engine):
         out: dict[str, Any] = {
             k: v for k in ("temperature", "top_p", "min_p") if (v := getattr(setting, k)) is not None
         }
-        if self.name == OPENROUTER:
+        if self.reasoning_request:
             reasoning = dict(self._body.get("reasoning") or {})
             reasoning.update({"effort": setting.reasoning_effort} if setting.reasoning_effort else {})
             reasoning.update({"enabled": setting.thinking} if setting.thinking is not None else {})
@@ -354,13 +360,13 @@ def check_credit(
     )
 
 
-def _build(settings: EngineSettings, spec: DatasetSpec) -> OpenAICompatEngine:
+def _build(settings: EngineSettings, spec: DatasetSpec) -> Engine:
+    """Either kind from resolved settings: the record's own `make` with the dataset's sampling."""
     g = spec.generation
     given = {"base_url": settings.base_url, "provider": settings.provider, "reasoning": settings.reasoning}
-    return OpenAICompatEngine(
-        name=settings.kind, model=settings.model, api_key_env=settings.key_env(), max_tokens=g.max_tokens,
-        temperature=g.temperature, top_p=g.top_p, thinking=g.thinking, **settings.timeouts(),
-        **{k: v for k, v in given.items() if v},
+    return lookup(settings.kind).make(
+        model=settings.model, api_key_env=settings.key_env(), max_tokens=g.max_tokens, temperature=g.temperature,
+        top_p=g.top_p, thinking=g.thinking, **settings.timeouts(), **{k: v for k, v in given.items() if v},
     )  # fmt: skip
 
 
@@ -373,7 +379,9 @@ def make_openai(*, base_url: str = "", **arguments: Any) -> OpenAICompatEngine:
 
 
 def make_openrouter(*, api_key_env: str = OPENROUTER_KEY_ENV, **arguments: Any) -> OpenAICompatEngine:
-    return OpenAICompatEngine(name=OPENROUTER, api_key_env=api_key_env, **arguments)
+    return OpenAICompatEngine(
+        name=OPENROUTER, api_key_env=api_key_env, reasoning_request=True, reports_credit=True, **arguments
+    )
 
 
 MODEL_FIX = "set EAGLE_DATA_MODEL (e.g. Qwen/Qwen3-8B)"
