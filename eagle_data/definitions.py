@@ -15,14 +15,15 @@ from eagle_data.defs.schedules import build_schedules
 from eagle_data.defs.sensors import build_sensors
 
 specs = list(catalog().values())
+checks = [*build_checks(specs), *build_decontamination_checks(specs)]
 
 defs = dg.Definitions(
     assets=[
         *(asset for spec in specs for asset in build_dataset_assets(spec)),
-        build_exports(specs),
+        build_exports(specs, checks),
         *build_drafter_assets(specs),
     ],
-    asset_checks=[*build_checks(specs), *build_decontamination_checks(specs)],
+    asset_checks=checks,
     jobs=[walk_catalog],
     sensors=build_sensors(specs),
     schedules=build_schedules(specs),
