@@ -92,9 +92,10 @@ def test_the_special_token_regression_fails_blocking_checks_and_stops_the_traini
     """Issue #10 case 1 through the real `{ds}_validated`, its asset checks and `training_mix`."""
     spec = spec_for("b9_strip")
     ShardStore(str(tmp_path)).write_shard(spec.name, spec.name, "00000", stripped_replies(20, spec.name))
+    checks = build_checks([spec])
     defs = dg.Definitions(
-        assets=[*build_dataset_assets(spec), build_exports([spec])],
-        asset_checks=build_checks([spec]),
+        assets=[*build_dataset_assets(spec), build_exports([spec], checks)],
+        asset_checks=checks,
         resources={"storage": StorageResource(root=str(tmp_path)), "engine": EngineResource()},
     )
     selection = {dg.AssetKey(pipeline.validated_asset(spec)), dg.AssetKey("training_mix")}
