@@ -6,9 +6,10 @@ import dagster as dg
 
 from eagle_data.catalog import catalog
 from eagle_data.defs.assets import build_dataset_assets
+from eagle_data.defs.catalog_order import catalog_order_sensor
 from eagle_data.defs.checks import build_checks
 from eagle_data.defs.exports import build_exports
-from eagle_data.defs.jobs import walk_catalog
+from eagle_data.defs.pools import dead_run_reaper, pool_watch_executor
 from eagle_data.defs.resources import StorageResource, engine_from_env
 from eagle_data.defs.schedules import build_schedules
 from eagle_data.defs.sensors import build_sensors
@@ -18,8 +19,8 @@ specs = list(catalog().values())
 defs = dg.Definitions(
     assets=[*(asset for spec in specs for asset in build_dataset_assets(spec)), build_exports(specs)],
     asset_checks=build_checks(specs),
-    jobs=[walk_catalog],
-    sensors=build_sensors(specs),
+    sensors=[*build_sensors(specs), catalog_order_sensor(specs), dead_run_reaper()],
     schedules=build_schedules(specs),
     resources={"storage": StorageResource(), "engine": engine_from_env()},
+    executor=pool_watch_executor,
 )

@@ -19,7 +19,7 @@ from eagle_data import quality
 from eagle_data.alerts import WEBHOOK_ENV
 from eagle_data.catalog import Adapter, DatasetSpec, catalog
 from eagle_data.defs.assets import build_dataset_assets, previous_figure
-from eagle_data.defs.checks import build_checks, check_evaluations, check_keys
+from eagle_data.defs.checks import build_checks, check_keys
 from eagle_data.defs.exports import build_exports
 from eagle_data.defs.resources import StorageResource, engine_from_env
 from eagle_data.defs.schedules import build_schedules
@@ -223,31 +223,6 @@ def test_check_results_carry_figure_threshold_and_partition(scenario: Scenario) 
     assert metadata["figure"] == pytest.approx(0.87) and metadata["threshold"] == 0.01
     assert metadata["partitions"] == "00001"
     assert evaluation.description and "87.0%" in evaluation.description
-
-
-def test_op_jobs_can_log_the_same_gates_and_the_sensor_announces_them(
-    scenario: Scenario, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    frame = quality.row_verdicts(FRAMES["00001"], SPEC.checks, SPEC.generation.thinking)
-    inputs = quality.Inputs(SPEC.checks, SPEC.generation.thinking, None)
-    record = quality.shard_record("00001", frame, SPEC.checks, quality.run_checks(frame, inputs))
-    evaluations = check_evaluations(SPEC, {"00001": record})
-    failed = [e for e in evaluations if not e.passed]
-    assert [(e.check_name, e.blocking, e.partition) for e in failed] == [("empty_response", True, "00001")]
-
-    @dg.op
-    def walk(context: dg.OpExecutionContext) -> None:
-        for evaluation in evaluations:
-            context.log_event(evaluation)
-
-    with dg.instance_for_test() as instance, Receiver() as receiver:
-        monkeypatch.setenv(WEBHOOK_ENV, receiver.url)
-        cursor = tick(scenario.defs, instance, "quality_alerts", None).cursor
-        dg.GraphDefinition(name="walk", node_defs=[walk]).to_job().execute_in_process(instance=instance)
-        tick(scenario.defs, instance, "quality_alerts", cursor)
-    assert [a["blocks"][0]["text"]["text"] for a in receiver.bodies] == [
-        "ERROR check empty_response failed on b9_fixture [00001]"
-    ]
 
 
 def test_a_range_run_is_judged_shard_by_shard(scenario: Scenario) -> None:

@@ -9,8 +9,7 @@ downstream do not run. Check metadata carries `figure`, `threshold` and `partiti
 # No `from __future__ import annotations` here: Dagster reads the context annotation at definition time.
 import io
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Iterator, Sequence
 
 import dagster as dg
 import polars as pl
@@ -19,7 +18,7 @@ from eagle_data import pipeline, quality
 from eagle_data.catalog import DatasetSpec
 from eagle_data.defs.assets import partitions, previous_figure
 from eagle_data.defs.resources import StorageResource
-from eagle_data.report import Record, partition_label
+from eagle_data.report import partition_label
 from eagle_data.storage import ShardStore, StorageError
 
 
@@ -45,30 +44,15 @@ def read_for_checks(store: ShardStore, spec: DatasetSpec, keys: Sequence[str]) -
         yield key, pl.read_parquet(data, columns=columns)
 
 
-def _outcome(key: dg.AssetKey, r: quality.CheckResult, partitions: str) -> dict[str, Any]:
-    """What a check result and a check evaluation share."""
-    return {
-        "asset_key": key,
-        "check_name": r.name,
-        "passed": r.passed,
-        "severity": dg.AssetCheckSeverity(r.severity),
-        "description": r.message,
-        "metadata": {**r.metadata(), "partitions": partitions},
-    }
-
-
 def to_result(key: dg.AssetKey, r: quality.CheckResult, partitions: str) -> dg.AssetCheckResult:
-    return dg.AssetCheckResult(**_outcome(key, r, partitions))
-
-
-def check_evaluations(spec: DatasetSpec, records: Mapping[str, Record]) -> list[dg.AssetCheckEvaluation]:
-    """The gates' results from validation's shard records, for op-based jobs (walk_catalog) that report
-    materializations themselves: one evaluation per check and partition, for `context.log_event`."""
-    return [
-        dg.AssetCheckEvaluation(**_outcome(validated_key(spec), r, key), blocking=r.blocking, partition=key)
-        for key, record in sorted(records.items())
-        for r in (quality.CheckResult(**x) for x in record["results"])
-    ]
+    return dg.AssetCheckResult(
+        asset_key=key,
+        check_name=r.name,
+        passed=r.passed,
+        severity=dg.AssetCheckSeverity(r.severity),
+        description=r.message,
+        metadata={**r.metadata(), "partitions": partitions},
+    )
 
 
 def dataset_checks(spec: DatasetSpec) -> dg.AssetChecksDefinition:
