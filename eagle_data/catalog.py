@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import tomllib
 from functools import cache
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 CATALOG_PATH = Path(__file__).with_name("catalog.toml")
 SAMPLES_DIR = Path(__file__).parent / "data" / "samples"
@@ -96,6 +97,16 @@ class DatasetSpec(_Frozen):
     mask_empty_think: bool = False  # loss mask 0 on an empty think block the model wrote (nothing to learn)
     generation: Generation = Generation()
     checks: Checks = Checks()
+    # Shown as the assets' owners in the Dagster catalog: an email or "team:<name>" (Dagster's two forms).
+    owners: tuple[str, ...] = ()
+
+    @field_validator("owners")
+    @classmethod
+    def _owner_forms(cls, owners: tuple[str, ...]) -> tuple[str, ...]:
+        bad = [o for o in owners if not re.fullmatch(r"team:\S+|[^@\s]+@[^@\s]+", o)]
+        if bad:
+            raise ValueError(f"owners {bad} must each be an email or 'team:<name>'")
+        return owners
 
     @property
     def num_shards(self) -> int:
@@ -144,6 +155,14 @@ def load_catalog(path: Path = CATALOG_PATH, profile: str | None = None) -> dict[
             where = ".".join(str(p) for p in first["loc"])
             raise CatalogError(f"catalog entry {name!r}: {where}: {first['msg']} (fix {path})") from exc
     return specs
+
+
+def read_table(path: Path, name: str) -> dict[str, Any]:
+    """A top-level table of the catalog file other than the datasets (e.g. `[drafter]`); {} when absent."""
+    table = tomllib.loads(path.read_text()).get(name, {})
+    if not isinstance(table, dict):
+        raise CatalogError(f"[{name}] in {path} must be a table")
+    return table
 
 
 @cache

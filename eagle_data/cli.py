@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import re
 import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 DEMO_DATASET = "b7_sharegpt"
@@ -24,33 +28,127 @@ def _dagster_env() -> dict[str, str]:
     return env
 
 
+# One line of Dagster's CLI log: "<date> <time> <tz> - dagster - LEVEL - JOB - RUN_ID - <rest>". Framework events
+# put "PID - [STEP - ]EVENT_TYPE - message" in <rest>, user logs "STEP - message".
+LOG_LINE = re.compile(r"^\S+ \S+ \S+ - dagster - (?P<level>[A-Z]+) - \S+ - (?P<run>[0-9a-f-]{36}) - (?P<rest>.*)$")
+EVENT = re.compile(r"^\d+ - (?:(?P<step>\S+) - )?(?P<event>[A-Z][A-Z_]+) - (?P<message>.*)$")
+USER_LOG = re.compile(r"^(?P<step>\S+) - (?P<message>.*)$")
+CHECK = re.compile(r"^Asset check '(?P<name>[^']+)' on '[^']+' (?P<outcome>passed|failed)")
+MAX_NOTES = 24  # progress lines shown; the rest of the run is in the log file
+HEARTBEAT_EVERY_S = 60.0  # the runner's sign of life comes every 30 s; the terminal needs less
+
+
+@dataclass
+class RunView:
+    """What `eagle-data demo` shows of a Dagster CLI run: a few progress notes, and the check outcomes for
+    the summary. Everything Dagster prints still goes to the log file."""
+
+    checks: dict[str, list[bool]] = field(default_factory=dict)
+    failed_steps: list[str] = field(default_factory=list)
+    notes: int = 0
+    last_heartbeat: float = -math.inf
+
+    def note(self, line: str, now: float) -> str | None:
+        """The progress note for one log line, or None when the line only belongs in the log."""
+        m = LOG_LINE.match(line)
+        if not m:
+            return None
+        if event := EVENT.match(m["rest"]):
+            text = self._event(event["step"] or "run", event["event"], event["message"])
+        elif m["level"] != "DEBUG" and (user := USER_LOG.match(m["rest"])):
+            if "heartbeat:" in user["message"]:
+                if now - self.last_heartbeat < HEARTBEAT_EVERY_S:
+                    return None
+                self.last_heartbeat = now
+            text = f"{user['step']}: {'' if m['level'] == 'INFO' else m['level'] + ': '}{user['message']}"
+        else:
+            return None
+        if text is None or self.notes > MAX_NOTES:
+            return None
+        self.notes += 1
+        return "  ... (the rest is in the log)" if self.notes > MAX_NOTES else f"  {text[:160]}"
+
+    def _event(self, step: str, event: str, message: str) -> str | None:
+        if event == "STEP_START":
+            return f"{step}: started"
+        if event == "STEP_SUCCESS":
+            took = re.search(r" in (\S+?)\.?$", message)
+            return f"{step}: done" + (f" in {took[1]}" if took else "")
+        if event == "STEP_FAILURE":
+            self.failed_steps.append(step)
+            return f"{step}: FAILED: {message.splitlines()[0] if message else ''}"
+        if event == "ASSET_CHECK_EVALUATION" and (check := CHECK.match(message)):
+            self.checks.setdefault(check["name"], []).append(check["outcome"] == "passed")
+            return None if check["outcome"] == "passed" else f"check {check['name']}: FAILED"
+        return None
+
+
+def run_quietly(
+    cmd: list[str], env: dict[str, str], log_path: Path, echo: Callable[[str], None]
+) -> tuple[int, RunView]:
+    """Run a Dagster CLI command with all its output in `log_path`, echoing only the view's notes."""
+    view = RunView()
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("w", buffering=1) as log, subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
+    ) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            log.write(line)
+            if text := view.note(line.rstrip("\n"), time.monotonic()):
+                echo(text)
+        return proc.wait(), view
+
+
+def summary(view: RunView, code: int, seconds: float, log_path: Path, outputs: list[str]) -> list[str]:
+    """The closing lines: outcome, checks, where the data and the report are, where the full log is."""
+    passed = sorted(name for name, outcomes in view.checks.items() if all(outcomes))
+    failed = sorted(name for name, outcomes in view.checks.items() if not all(outcomes))
+    lines = [f"[eagle-data] {'done' if code == 0 else f'FAILED (exit {code})'} in {seconds:.0f} s"]
+    if view.checks:
+        lines.append(f"[eagle-data] checks: {len(passed)} passed" + (f"; FAILED: {', '.join(failed)}" * bool(failed)))
+    if view.failed_steps:
+        lines.append(f"[eagle-data] failed steps: {', '.join(view.failed_steps)}")
+    if code == 0:
+        lines += [f"[eagle-data] {line}" for line in outputs]
+    elif not view.failed_steps:  # it failed before any step ran: the cause is at the end of the log
+        tail = [t for t in log_path.read_text(errors="replace").splitlines() if t.strip()][-5:]
+        lines += [f"  | {t[:160]}" for t in tail]
+    lines.append(f"[eagle-data] full Dagster log: {log_path}")
+    return lines
+
+
 def demo(dataset: str = DEMO_DATASET) -> int:
-    """Materialize every partition of one dataset's three assets on the embedded demo model."""
+    """Materialize every partition of one dataset's three assets on the embedded demo model; print a short
+    progress and summary (under 40 lines), Dagster's full log going to a file under $DAGSTER_HOME/logs."""
     os.environ.setdefault("EAGLE_DATA_PROFILE", "demo")
+    from eagle_data import layout, pipeline
     from eagle_data.catalog import get_dataset
     from eagle_data.demo import ensure_demo_model
     from eagle_data.storage import ShardStore
 
     spec = get_dataset(dataset)
-    print(f"[eagle-data] demo model: {ensure_demo_model()} (random weights: its text is meaningless; "
-          "real runs use EAGLE_DATA_ENGINE=openrouter or sglang)", flush=True)
+    model = ensure_demo_model()
     keys = spec.partition_keys
     selection = f"{dataset}_prompts,{dataset},{dataset}_validated"
     cmd = [
         sys.executable, "-m", "dagster", "asset", "materialize", "-m", "eagle_data.definitions",
         "--select", selection, "--partition-range", f"{keys[0]}...{keys[-1]}",
     ]
-    print(f"[eagle-data] {' '.join(cmd[2:])}", flush=True)
+    env = _dagster_env()
+    log_path = Path(env["DAGSTER_HOME"]) / "logs" / f"demo-{dataset}-{time.strftime('%Y%m%d-%H%M%S')}.log"
+    print(f"[eagle-data] demo: {len(keys)} shards of {dataset} on {model}\n"
+          "[eagle-data] (random weights: meaningless text; real runs use EAGLE_DATA_ENGINE=openrouter or sglang)\n"
+          f"[eagle-data] {' '.join(cmd[2:])}\n[eagle-data] full Dagster log: {log_path}", flush=True)  # fmt: skip
     started = time.perf_counter()
-    code = subprocess.call(cmd, env=_dagster_env())
-    if code:
-        print(f"[eagle-data] the run failed (exit {code}); the log above says where", file=sys.stderr)
-        return code
+    code, view = run_quietly(cmd, env, log_path, lambda text: print(text, flush=True))
     store = ShardStore()
-    validated = [k for k in store.list(f"{dataset}/{dataset}_validated") if k.endswith(".parquet")]
-    print(f"[eagle-data] done in {time.perf_counter() - started:.0f} s: {len(keys)} partitions of {selection}")
-    print(f"[eagle-data] output: {store.root}/{dataset}/  ({len(validated)} validated shards)")
-    return 0
+    validated = pipeline.shards_written(store, dataset, pipeline.validated_asset(spec))
+    outputs = [f"output: {store.uri(dataset)}/ ({len(validated)} validated shards)",
+               f"quality report: {store.link(layout.quality_index(dataset))}",
+               "browse it all: dagster dev (README, Running real jobs)"]  # fmt: skip
+    print("\n".join(summary(view, code, time.perf_counter() - started, log_path, outputs)), flush=True)
+    return code
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,6 +8,7 @@ from eagle_data.catalog import catalog
 from eagle_data.defs.assets import build_dataset_assets
 from eagle_data.defs.catalog_order import catalog_order_sensor
 from eagle_data.defs.checks import build_checks
+from eagle_data.defs.drafter import build_drafter_assets
 from eagle_data.defs.exports import build_exports
 from eagle_data.defs.pools import dead_run_reaper, pool_watch_executor
 from eagle_data.defs.resources import StorageResource, engine_from_env
@@ -17,7 +18,11 @@ from eagle_data.defs.sensors import build_sensors
 specs = list(catalog().values())
 
 defs = dg.Definitions(
-    assets=[*(asset for spec in specs for asset in build_dataset_assets(spec)), build_exports(specs)],
+    assets=[
+        *(asset for spec in specs for asset in build_dataset_assets(spec)),
+        build_exports(specs),
+        *build_drafter_assets(specs),
+    ],
     asset_checks=build_checks(specs),
     sensors=[*build_sensors(specs), catalog_order_sensor(specs), dead_run_reaper()],
     schedules=build_schedules(specs),

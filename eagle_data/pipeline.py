@@ -11,7 +11,7 @@ from typing import Any
 
 import polars as pl
 
-from eagle_data import exports, quality, report, sources
+from eagle_data import exports, layout, quality, report, sources
 from eagle_data.catalog import DatasetSpec, shard_index
 from eagle_data.engines.truncation import truncation_report
 from eagle_data.runner import Estimate, RunnerSettings, estimate_generation, run_generation
@@ -24,11 +24,11 @@ Log = Callable[[str], None]
 
 
 def prompts_asset(spec: DatasetSpec) -> str:
-    return f"{spec.name}_prompts"
+    return layout.prompts_asset(spec.name)
 
 
 def validated_asset(spec: DatasetSpec) -> str:
-    return f"{spec.name}_validated"
+    return layout.validated_asset(spec.name)
 
 
 def write_prompts(
@@ -158,9 +158,8 @@ ADDITIVE = (
 
 def shards_written(store: ShardStore, dataset: str, asset: str) -> list[str]:
     """Partition keys of the shards an asset has written (its top-level .parquet files)."""
-    prefix = f"{dataset}/{asset}/"
-    keys = (key.removeprefix(prefix) for key in store.list(prefix))
-    return [key.removesuffix(".parquet") for key in keys if "/" not in key and key.endswith(".parquet")]
+    keys = (layout.parse(key) for key in store.list(layout.asset_prefix(dataset, asset)))
+    return [key.partition for key in keys if key is not None and key.kind == "shard" and key.asset == asset]
 
 
 def export(specs: list[DatasetSpec], store: ShardStore, *, seed: int) -> dict[str, Any]:
@@ -175,15 +174,17 @@ def export(specs: list[DatasetSpec], store: ShardStore, *, seed: int) -> dict[st
         validated = pl.concat(
             [store.read_shard(spec.name, validated_asset(spec), key) for key in keys], how="diagonal_relaxed"
         )
-        store.write_bytes(f"{spec.name}/export/conversations.jsonl", exports.to_specforge_jsonl(validated))
+        store.write_bytes(
+            layout.export_file(spec.name, layout.CONVERSATIONS_FILE), exports.to_specforge_jsonl(validated)
+        )
         training[spec.name] = exports.to_training_parquet(validated)
-        store.write_frame(f"{spec.name}/export/train.parquet", training[spec.name])
+        store.write_frame(layout.export_file(spec.name, layout.TRAIN_FILE), training[spec.name])
         figures[f"{spec.name}_rows"] = training[spec.name].height
     if training:
         weights = {spec.name: spec.mix_weight for spec in specs if spec.name in training}
         mixed = exports.mix(training, weights, seed)
         figures["mix_rows"] = mixed.height
-        figures["mix_path"] = store.write_frame("training_mix/training_mix/mix.parquet", mixed)
+        figures["mix_path"] = store.write_frame(layout.mix(), mixed)
     return figures
 
 

@@ -13,6 +13,7 @@ from html import escape
 
 import polars as pl
 
+from eagle_data import layout
 from eagle_data.catalog import DatasetSpec
 from eagle_data.quality.figures import Bins, Figures, figures
 from eagle_data.quality.gates import CheckResult, Inputs, run_checks
@@ -149,11 +150,6 @@ def partition_label(keys: Sequence[str]) -> str:
     return keys[0] if len(keys) == 1 else f"{keys[0]}...{keys[-1]}"
 
 
-def quality_prefix(spec: DatasetSpec) -> str:
-    """Where a dataset's reports live: `{ds}/{ds}_quality/` next to its shards."""
-    return f"{spec.name}/{spec.name}_quality"
-
-
 def write_shard_report(
     spec: DatasetSpec,
     store: ShardStore,
@@ -163,12 +159,12 @@ def write_shard_report(
 ) -> Record:
     """Check one verdicted validated shard, write its record and page; returns the record (its figures
     and check results), so callers need not keep the shard's token ids in memory."""
-    prefix, inputs = quality_prefix(spec), Inputs(spec.checks, spec.generation.thinking, previous_avg_completion_tokens)
+    inputs = Inputs(spec.checks, spec.generation.thinking, previous_avg_completion_tokens)
     results = run_checks(frame, inputs)
     record = shard_record(key, frame, spec.checks, results)
-    store.write_bytes(f"{prefix}/{key}.json", json.dumps(record).encode())
+    store.write_bytes(layout.quality_record(spec.name, key), json.dumps(record).encode())
     page = render_report(f"{spec.title or spec.name}: shard {key}", figures(frame, spec.checks), results)
-    store.write_bytes(f"{prefix}/{key}.html", page)
+    store.write_bytes(layout.quality_page(spec.name, key), page)
     return record
 
 
@@ -178,8 +174,8 @@ def write_dataset_report(spec: DatasetSpec, store: ShardStore) -> str:
     Two runs finishing at once may leave the page one shard behind; the next materialization brings it
     up to date.
     """
-    prefix = quality_prefix(spec)
-    records = [json.loads(store.read_bytes(k)) for k in store.list(prefix) if k.endswith(".json")]
+    keys = store.list(layout.quality_prefix(spec.name))
+    records = [json.loads(store.read_bytes(k)) for k in keys if (p := layout.parse(k)) and p.kind == "quality_record"]
     fig, results = rollup(records)
     title = f"{spec.title or spec.name} ({spec.name}): {len(records)} of {spec.num_shards} shards"
-    return store.write_bytes(f"{prefix}/index.html", render_report(title, fig, results))
+    return store.write_bytes(layout.quality_index(spec.name), render_report(title, fig, results))

@@ -19,6 +19,7 @@ from typing import Any
 
 import polars as pl
 
+from eagle_data import layout
 from eagle_data.catalog import Adapter, DatasetSpec, shard_index
 from eagle_data.storage import ShardStore
 from eagle_data.types import Message
@@ -200,8 +201,7 @@ def build_index(spec: DatasetSpec, location: str) -> PromptIndex:
 
 
 def _index_keys(spec: DatasetSpec) -> tuple[str, str]:
-    base = f"{spec.name}/{spec.name}_prompts/_index"
-    return f"{base}/prompts.parquet", f"{base}/summary.json"
+    return layout.index_file(spec.name, "prompts.parquet"), layout.index_file(spec.name, "summary.json")
 
 
 def _fingerprint(spec: DatasetSpec, location: str) -> dict[str, Any]:

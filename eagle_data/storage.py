@@ -1,6 +1,7 @@
 """Parquet shards on a local folder or S3, written atomically, under one path scheme.
 
-Layout: `{root}/{dataset}/{asset}/{partition}.parquet`. A reader never sees a half-written shard:
+Keys are built and parsed by `eagle_data.layout` (shards: `{root}/{dataset}/{asset}/{partition}.parquet`).
+A reader never sees a half-written shard:
 locally we write a temp file and `os.replace` it; on S3 a PUT is atomic by the protocol.
 The Dagster layer writes every partition itself (no IO manager): Dagster's UPath IO managers refuse
 single-run partition ranges, and dagster-polars breaks on polars 2.
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -17,8 +19,11 @@ from typing import Any
 
 import polars as pl
 
+from eagle_data import layout
+
 ROOT_ENV = "EAGLE_DATA_ROOT"
 DEFAULT_ROOT = "eagle-output"
+LINK_EXPIRES_S = 7 * 24 * 3600
 
 
 class StorageError(RuntimeError):
@@ -39,22 +44,30 @@ class ShardStore:
         self._s3_factory = s3_client_factory
         self._s3: Any = None
         if self.is_s3:
-            bucket, _, prefix = self.root.removeprefix("s3://").partition("/")
-            if not bucket:
+            self.bucket, self.prefix = layout.s3_root(self.root)
+            if not self.bucket:
                 raise StorageError(f"{ROOT_ENV}={self.root!r} names no bucket; use s3://bucket/prefix")
-            self.bucket, self.prefix = bucket, prefix.strip("/")
 
     @property
     def is_s3(self) -> bool:
         return self.root.startswith("s3://")
 
-    # ---- one path scheme -------------------------------------------------------------------------
+    # ---- one path scheme (eagle_data.layout) -----------------------------------------------------
     @staticmethod
     def shard_key(dataset: str, asset: str, partition: str) -> str:
-        return f"{dataset}/{asset}/{partition}.parquet"
+        return layout.shard(dataset, asset, partition)
 
     def uri(self, key: str) -> str:
-        return f"{self.root}/{key}"
+        return layout.under(self.root, key)
+
+    def link(self, key: str) -> str:
+        """A URL a browser opens: `file://` under a folder; on S3 a presigned GET URL, valid for
+        `LINK_EXPIRES_S` (7 days, the longest S3 signatures allow; shorter if the credentials are temporary)."""
+        if not self.is_s3:
+            return Path(self.uri(key)).as_uri()
+        return self._client().generate_presigned_url(
+            "get_object", Params={"Bucket": self.bucket, "Key": self._s3_key(key)}, ExpiresIn=LINK_EXPIRES_S
+        )
 
     # ---- frames ----------------------------------------------------------------------------------
     def write_frame(self, key: str, frame: pl.DataFrame) -> str:
@@ -121,7 +134,7 @@ class ShardStore:
         """Keys under `prefix` (a folder-like key), sorted."""
         if self.is_s3:
             pages = self._client().get_paginator("list_objects_v2").paginate(
-                Bucket=self.bucket, Prefix=self._s3_key(prefix.rstrip("/") + "/")
+                Bucket=self.bucket, Prefix=self._s3_key(layout.join(prefix) + layout.SEP)
             )
             cut = len(self.prefix) + 1 if self.prefix else 0
             return sorted(obj["Key"][cut:] for page in pages for obj in page.get("Contents", []))
@@ -132,6 +145,13 @@ class ShardStore:
             str(p.relative_to(self.root)) for p in base.rglob("*") if p.is_file() and not p.name.startswith(".")
         )
 
+    def download(self, key: str, path: Path) -> None:
+        """Copy one key to a local file in chunks (never the whole object in memory)."""
+        if self.is_s3:
+            self._client().download_file(self.bucket, self._s3_key(key), str(path))
+        else:
+            shutil.copyfile(Path(self.root, key), path)
+
     def delete(self, key: str) -> None:
         if self.is_s3:
             self._client().delete_object(Bucket=self.bucket, Key=self._s3_key(key))
@@ -140,7 +160,7 @@ class ShardStore:
 
     # ---- S3 plumbing -----------------------------------------------------------------------------
     def _s3_key(self, key: str) -> str:
-        return f"{self.prefix}/{key}" if self.prefix else key
+        return layout.under(self.prefix, key)
 
     def _client(self) -> Any:
         if self._s3 is None:

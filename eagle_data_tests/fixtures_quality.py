@@ -119,7 +119,7 @@ def clean_frame(n: int = 200, seed: int = 0, dataset: str = "fixture") -> pl.Dat
 
 
 def generation_frame(n: int = 200, empty_share: float = 0.87, dataset: str = "fixture") -> pl.DataFrame:
-    """A generation shard (DESIGN.md contract) where `empty_share` of replies are the empty "OK.", for
+    """A generation shard (the contract in docs/design.md) where `empty_share` of replies are the empty "OK.", for
     tests that run the real validation stage (token ids by the targets room) in front of the checks."""
     from eagle_data.targets.rows import MESSAGE_DTYPE
 

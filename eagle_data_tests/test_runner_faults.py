@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import re
 from collections import Counter
 from collections.abc import Iterator
@@ -12,6 +13,7 @@ import pytest
 
 from eagle_data.engines import make_engine
 from eagle_data.runner import RunnerSettings, run_generation
+from eagle_data.runner.progress import ProgressBar, Tally
 from eagle_data.storage import ShardStore
 from eagle_data_tests.servers.openai_fake import FakeOpenAI, Faults, prompt_shards, spec_for_tests
 
@@ -107,3 +109,28 @@ def test_multi_turn_rows_hold_the_regenerated_conversation_and_progress_is_logge
     assert row["provider"] == "FakeProvider" and row["cost_usd"] > 0 and row["status"] == "ok"
     progress = [line for line in lines if re.fullmatch(PROGRESS_RE, line)]
     assert [p.split()[1] for p in progress[:2]] == ["10/20", "20/20"]
+
+
+def test_a_server_that_never_answers_gets_a_heartbeat_with_the_oldest_requests_age(
+    server: FakeOpenAI, tmp_path: Path
+) -> None:
+    server.faults = Faults(p_hang=1.0)  # accepts every request and never answers
+    lines: list[str] = []
+    engine = make_engine("openai", base_url=f"http://127.0.0.1:{server.port}/v1", model="m", timeout_s=2.5)
+    settings = RunnerSettings(max_attempts=1, heartbeat_every_s=0.5, **FAST_RETRY)
+    run_generation(engine, spec_for_tests(), prompt_shards(1, 2), ShardStore(str(tmp_path)), settings=settings,
+                   log=lines.append)  # fmt: skip
+    beats = [line for line in lines if "heartbeat" in line]
+    assert re.fullmatch(r"b7_sharegpt: heartbeat: 2 in flight, oldest [01] s, 0/2 done, 0 errors so far", beats[0])
+    ages = [int(m.group(1)) for line in beats if (m := re.search(r"oldest (\d+) s", line))]
+    assert len(beats) >= 4 and max(ages) >= 2  # the age grows while nothing lands
+
+
+def test_the_progress_bar_shows_what_is_in_flight() -> None:
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    stream = Terminal()
+    ProgressBar(True, stream).update(Tally(total=10), 32, "3 in flight, oldest 41 s", force=True)
+    assert "inflight<=32 3 in flight, oldest 41 s" in stream.getvalue()

@@ -7,6 +7,7 @@ import dagster as dg
 
 from eagle_data import pipeline
 from eagle_data.catalog import DatasetSpec
+from eagle_data.defs.assets import catalog_labels
 from eagle_data.defs.resources import StorageResource
 
 
@@ -20,8 +21,9 @@ def build_exports(specs: list[DatasetSpec]) -> dg.AssetsDefinition:
         group_name="exports",
         deps=[pipeline.validated_asset(spec) for spec in specs],
         kinds={"parquet", "json"},
-        description="SpecForge conversations JSONL and tokenized parquet per dataset, and the weighted mix "
-        "(catalog mix_weight) of every passing row.",
+        **catalog_labels("export", (o for spec in specs for o in spec.owners), "SpecForge conversations JSONL "
+                         "and tokenized parquet per dataset, and the weighted mix (catalog mix_weight) of every "
+                         "passing row."),
     )
     def training_mix(config: ExportConfig, storage: StorageResource) -> dg.MaterializeResult:
         figures = pipeline.export(specs, storage.store(), seed=config.seed)

@@ -114,14 +114,15 @@ class ProgressBar:
         self.enabled = enabled and self.stream.isatty()
         self._last = 0.0
 
-    def update(self, tally: Tally, in_flight_limit: int, force: bool = False) -> None:
+    def update(self, tally: Tally, in_flight_limit: int, in_flight: str = "", force: bool = False) -> None:
+        """Redraw (at most every BAR_REFRESH_S unless forced); `in_flight` is the heartbeat's summary."""
         now = time.monotonic()
         if not self.enabled or (not force and now - self._last < BAR_REFRESH_S):
             return
         self._last = now
         filled = int(BAR_WIDTH * tally.done / tally.total) if tally.total else BAR_WIDTH
         bar = "#" * filled + "." * (BAR_WIDTH - filled)
-        self.stream.write(f"\r[{bar}] {tally.line()} inflight<={in_flight_limit}\x1b[K")
+        self.stream.write(f"\r[{bar}] {tally.line()} inflight<={in_flight_limit} {in_flight}\x1b[K")
         self.stream.flush()
 
     def close(self) -> None:

@@ -25,13 +25,12 @@ from typing import Any
 
 import polars as pl
 
+from eagle_data import layout
 from eagle_data.catalog import DatasetSpec
 from eagle_data.runner.rows import GENERATION_SCHEMA, Row, to_frame
 from eagle_data.storage import ShardStore
 
 MAX_TOKENS_KEYS = ("max_tokens", "max_new_tokens", "max_completion_tokens")
-LOG_DIR = "_log"
-USAGE_DIR = "_usage"
 
 
 @dataclass(frozen=True)
@@ -82,7 +81,7 @@ class ResultLog:
 
     def __init__(self, store: ShardStore, dataset: str, partition: str) -> None:
         self.store, self.dataset, self.partition = store, dataset, partition
-        self.prefix = f"{dataset}/{dataset}/{LOG_DIR}/{partition}"
+        self.prefix = layout.log_prefix(dataset, partition)
         self._seq = 0
 
     def load(self) -> pl.DataFrame:
@@ -96,7 +95,7 @@ class ResultLog:
     def write_part(self, rows: list[Row]) -> str:
         """Make `rows` durable (blocking: call it off the event loop)."""
         self._seq += 1
-        key = f"{self.prefix}/part-{time.time_ns():020d}-{os.getpid()}-{self._seq:06d}.parquet"
+        key = layout.log_part(self.dataset, self.partition, time.time_ns(), os.getpid(), self._seq)
         return self.store.write_frame(key, to_frame(rows))
 
     def finalize(self, frame: pl.DataFrame) -> str:
@@ -104,14 +103,10 @@ class ResultLog:
         parts = self.store.list(self.prefix)
         uri = self.store.write_shard(self.dataset, self.dataset, self.partition, frame)
         usage = {"tokens": _tokens(frame), "cost_usd": float(frame["cost_usd"].sum())}
-        self.store.write_bytes(usage_key(self.dataset, self.partition), json.dumps(usage).encode())
+        self.store.write_bytes(layout.usage(self.dataset, self.partition), json.dumps(usage).encode())
         for key in parts:
             self.store.delete(key)
         return uri
-
-
-def usage_key(dataset: str, partition: str) -> str:
-    return f"{dataset}/{dataset}/{USAGE_DIR}/{partition}.json"
 
 
 def _tokens(frame: pl.DataFrame) -> int:
@@ -125,12 +120,14 @@ def stored_usage(store: ShardStore, dataset: str, skip_partitions: set[str]) -> 
     checkpoint parts of unfinished shards are read.
     """
     tokens, usd = 0, 0.0
-    for key in store.list(f"{dataset}/{dataset}"):
-        where = key.split("/")[2:]
-        if where[0] == USAGE_DIR and where[1].removesuffix(".json") not in skip_partitions:
+    for key in store.list(layout.asset_prefix(dataset, layout.generation_asset(dataset))):
+        where = layout.parse(key)
+        if where is None or where.partition in skip_partitions:
+            continue
+        if where.kind == "usage":
             usage = json.loads(store.read_bytes(key))
             tokens, usd = tokens + usage["tokens"], usd + usage["cost_usd"]
-        elif where[0] == LOG_DIR and where[1] not in skip_partitions:
+        elif where.kind == "log_part":
             frame = store.read_frame(key)
             tokens, usd = tokens + _tokens(frame), usd + float(frame["cost_usd"].sum())
     return tokens, usd

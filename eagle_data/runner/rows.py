@@ -1,6 +1,6 @@
 """The generations frame: schema, conversation walk, and row building.
 
-Columns follow DESIGN.md's generation contract, plus `messages` (the regenerated conversation),
+Columns follow the generation contract (docs/design.md), plus `messages` (the regenerated conversation),
 `base_hash` and `max_tokens` (what resume needs to reuse ok rows after max_tokens is raised).
 """
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import itertools
 import random
 import time
 from collections.abc import Callable, Iterator
@@ -96,6 +97,8 @@ class _Run:
         self.finalizers: list[asyncio.Task[None]] = []
         self.reports: dict[str, ShardReport] = {}
         self.flush_now = asyncio.Event()
+        self.sent_at: dict[int, float] = {}  # request ticket -> send time, oldest first (the heartbeat's)
+        self.tickets = itertools.count()
 
     # ---- the call ---------------------------------------------------------------------------------
     async def main(self) -> dict[str, ShardReport]:
@@ -114,6 +117,7 @@ class _Run:
                 await self.engine.aclose()
                 raise
         flusher = asyncio.create_task(self._flush_loop(shards))
+        heartbeat = asyncio.create_task(self._heartbeat_loop())
         try:
             await self._produce(shards)
             while self.tasks:
@@ -121,6 +125,7 @@ class _Run:
             await asyncio.gather(*self.finalizers)
         finally:
             flusher.cancel()
+            heartbeat.cancel()
             self.bar.close()
             for shard in shards:  # interrupted (Ctrl-C, Dagster termination): keep what landed
                 if shard.pending:
@@ -235,7 +240,7 @@ class _Run:
             shard.tally.requests += 1
             self.total.requests += 1
             try:
-                done = await self.engine.complete(list(conversation), prompt_id=prompt_id)
+                done = await self._send(conversation, prompt_id)
             except EngineError as exc:
                 throttled = isinstance(exc, RetryableError) and exc.throttle
                 throttles += throttled
@@ -250,6 +255,15 @@ class _Run:
                 return None, attempts + throttles + 1, f"internal: {type(exc).__name__}: {exc}"
             self.limiter.on_success()
             return done, attempts + throttles + 1, ""
+
+    async def _send(self, conversation: list[Message], prompt_id: str) -> Completion:
+        """One request, registered in flight while it is out (the heartbeat reports the oldest)."""
+        ticket = next(self.tickets)
+        self.sent_at[ticket] = time.monotonic()
+        try:
+            return await self.engine.complete(list(conversation), prompt_id=prompt_id)
+        finally:
+            del self.sent_at[ticket]
 
     def _on_error(self, shard: _Shard, exc: EngineError, epoch: int, attempts: int, throttles: int) -> float | None:
         """Count the error and adapt the limit; the wait before the next attempt, or None to give up."""
@@ -291,13 +305,31 @@ class _Run:
             self.finished_new += 1
             if self.finished_new % self.settings.progress_every == 0:
                 self.say(self._progress_line())
-        self.bar.update(self.total, self.limiter.current)
+        self.bar.update(self.total, self.limiter.current, self._in_flight())
         self._maybe_finalize(shard)
 
     def _progress_line(self) -> str:
         """The standard line, plus the engine's own figures when it has any (an SGLang fleet's servers)."""
         engine_line = getattr(self.engine, "stats_line", None)
         return f"{self.spec.name}: {self.total.line()}" + (f" | {engine_line()}" if engine_line else "")
+
+    def _in_flight(self) -> str:
+        """`12 in flight, oldest 31 s`: what the heartbeat and the bar show."""
+        oldest = next(iter(self.sent_at.values()), None)
+        age = f", oldest {time.monotonic() - oldest:.0f} s" if oldest is not None else ""
+        return f"{len(self.sent_at)} in flight{age}"
+
+    async def _heartbeat_loop(self) -> None:
+        """A sign of life while prompts are open, even when nothing lands (a hung server, long backoff)."""
+        while True:
+            await asyncio.sleep(self.settings.heartbeat_every_s)
+            if self.tasks:
+                errors = sum(self.total.errors.values())
+                self.say(
+                    f"{self.spec.name}: heartbeat: {self._in_flight()}, {self.total.done}/{self.total.total} done, "
+                    f"{errors} errors so far"
+                )
+            self.bar.update(self.total, self.limiter.current, self._in_flight(), force=True)
 
     def _maybe_finalize(self, shard: _Shard) -> None:
         if shard.open == 0 and not shard.finalizing:

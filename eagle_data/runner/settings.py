@@ -22,6 +22,8 @@ class RunnerSettings:
         flush_every_rows: ... or as soon as this many rows wait.
         progress_every: a progress log line every N finished prompts.
         progress_bar: draw a terminal bar on stderr when it is a TTY.
+        heartbeat_every_s: while prompts are open, a sign-of-life line at least this often (in flight,
+            the oldest request's age, done, errors so far), so a hung server is visible within seconds.
     """
 
     max_in_flight: int = 2000
@@ -35,6 +37,7 @@ class RunnerSettings:
     flush_every_rows: int = 5000
     progress_every: int = 500
     progress_bar: bool = True
+    heartbeat_every_s: float = 30.0
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_in_flight <= self.initial_in_flight <= self.max_in_flight:
@@ -48,3 +51,5 @@ class RunnerSettings:
             raise ValueError("runner settings: need 0 <= backoff_base_s <= backoff_cap_s")
         if self.flush_every_s <= 0 or self.flush_every_rows < 1 or self.progress_every < 1:
             raise ValueError("runner settings: flush_every_s, flush_every_rows and progress_every must be > 0")
+        if self.heartbeat_every_s <= 0:
+            raise ValueError("runner settings: heartbeat_every_s must be > 0")

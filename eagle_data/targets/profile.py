@@ -6,13 +6,14 @@ run mapped Kimi's `<|im_end|>` to the wrong id), so loading refuses any mismatch
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, cached_property
 from pathlib import Path
 from typing import Literal
 
@@ -65,6 +66,7 @@ class Profile(_Frozen):
     tokenizer_env: str | None = None
     pattern: str | None = None  # split regex, needed only to convert a tiktoken.model
     tokens: dict[str, int]
+    vocab_size: int | None = None  # rows of the model's embedding (config.json); default: the tokenizer's size
 
     def tokenizer_source(self) -> str:
         return (os.environ.get(self.tokenizer_env) if self.tokenizer_env else None) or self.tokenizer
@@ -108,6 +110,18 @@ class Target:
     def eot_id(self) -> int:
         return self.template.end_of_turn
 
+    @property
+    def vocab_size(self) -> int:
+        """Rows of the target model's embedding, which a draft vocabulary's `t2d` mask must span: config.json's
+        `vocab_size` (often padded past the tokenizer, e.g. Qwen3 151,936 vs 151,669 tokens) when the profile
+        gives it, else the tokenizer's size."""
+        return self.profile.vocab_size or self.tokenizer.get_vocab_size(with_added_tokens=True)
+
+    @cached_property
+    def tokenizer_hash(self) -> str:
+        """SHA-256 of the tokenizer's full JSON: two runs with the same hash tokenized alike."""
+        return hashlib.sha256(self.tokenizer.to_str().encode()).hexdigest()
+
 
 def read_profiles(path: Path = TARGETS_PATH) -> dict[str, Profile]:
     """All profiles in a targets TOML file, validated."""
@@ -142,6 +156,12 @@ def build_target(profile: Profile) -> Target:
                 f"{profile.tokenizer_source()!r} has {actual}; "
                 f"fix the tokenizer source or [profiles.{profile.name}.tokens]"
             )
+    size = tokenizer.get_vocab_size(with_added_tokens=True)
+    if profile.vocab_size is not None and profile.vocab_size < size:
+        raise TargetError(
+            f"target {profile.name}: vocab_size {profile.vocab_size} is below the tokenizer's {size} tokens; "
+            "set it to config.json's vocab_size"
+        )
     added = tokenizer.get_added_tokens_decoder()
     token_text = {i: t.content for i, t in added.items()}
     strings = sorted(token_text.values(), key=len, reverse=True)

@@ -58,7 +58,7 @@ def build_training_rows(
 ) -> pl.DataFrame:
     """Token ids, loss mask and verification flags per generation row.
 
-    `generations` follows the generation contract (DESIGN.md) with `messages` holding the conversation
+    `generations` follows the generation contract (docs/design.md) with `messages` holding the conversation
     including the regenerated assistant turns. Rows with status failed/skipped_budget get empty lists and
     null flags; a conversation the template cannot render gets empty lists, false flags and `target_error`.
 

@@ -1,0 +1,55 @@
+"""The training mix as a local file: streamed from the store, hashed, scanned lazily (never loaded whole)."""
+
+from __future__ import annotations
+
+import hashlib
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import polars as pl
+
+from eagle_data.catalog import DatasetSpec
+from eagle_data.storage import ShardStore, StorageError
+
+CHUNK = 1 << 20
+
+
+@contextmanager
+def local_mix(store: ShardStore, key: str) -> Iterator[Path]:
+    """A local path to the mix: the file itself on a folder root, a temporary download on S3."""
+    if not store.exists(key):
+        raise StorageError(f"{store.uri(key)} does not exist: materialize training_mix first")
+    if not store.is_s3:
+        yield Path(store.root, key)
+        return
+    with tempfile.TemporaryDirectory(prefix="eagle-mix-") as folder:
+        path = Path(folder, Path(key).name)
+        store.download(key, path)
+        yield path
+
+
+def content_hash(path: Path) -> str:
+    """SHA-256 of the file's bytes, read in 1 MiB chunks."""
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        while chunk := fh.read(CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def mix_target(path: Path, specs: list[DatasetSpec]) -> str:
+    """The one target model every dataset in the mix was tokenized for (ids of two targets never mix)."""
+    names = pl.scan_parquet(path).select(pl.col("dataset").unique()).collect(engine="streaming")["dataset"]
+    by_name = {spec.name: spec for spec in specs}
+    unknown = sorted(set(names) - set(by_name))
+    if unknown:
+        raise ValueError(f"the mix holds dataset(s) {', '.join(unknown)} missing from the catalog; re-export it")
+    targets = sorted({by_name[name].target for name in names})
+    if len(targets) != 1:
+        raise ValueError(
+            f"the mix holds datasets of {len(targets)} targets ({', '.join(targets) or 'none'}); "
+            "give every dataset in the mix the same catalog `target`"
+        )
+    return targets[0]

@@ -1,0 +1,51 @@
+"""The drafter outputs as plain functions over the store, called by the Dagster assets (defs/drafter.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from eagle_data import layout
+from eagle_data.catalog import DatasetSpec
+from eagle_data.drafter import vocab
+from eagle_data.drafter.mixfile import content_hash, local_mix, mix_target
+from eagle_data.storage import ShardStore
+from eagle_data.targets import load_target
+
+Log = Callable[[str], None]
+
+def write_draft_vocab(
+    specs: list[DatasetSpec], store: ShardStore, sizes: tuple[int, ...], log: Log = print
+) -> dict[str, Any]:
+    """Count the mix's supervised tokens (once per tokenizer and mix content) and write one EAGLE-3 mapping
+    per draft vocabulary size, skipping those already written; returns the figures, per size the share of
+    supervised tokens the draft vocabulary covers and the file's URI."""
+    with local_mix(store, layout.mix()) as path:
+        target = load_target(mix_target(path, specs))
+        mix_hash = content_hash(path)
+        freq_key = layout.draft_vocab_file(target.tokenizer_hash, mix_hash, layout.TOKEN_FREQ_FILE)
+        counted = not store.exists(freq_key)
+        if counted:
+            counts = vocab.count_supervised(path, target.vocab_size)
+            store.write_bytes(freq_key, vocab.token_freq_bytes(counts))
+        else:
+            counts = vocab.counts_from_token_freq(store.read_bytes(freq_key), target.vocab_size)
+    figures: dict[str, Any] = {
+        "target": target.name,
+        "target_vocab_size": target.vocab_size,
+        "tokenizer_hash": target.tokenizer_hash,
+        "mix_hash": mix_hash,
+        "supervised_tokens": int(counts.sum()),
+        "distinct_supervised_ids": int((counts > 0).sum()),
+        "counted": counted,
+        "token_freq_path": store.uri(freq_key),
+    }
+    for size in sizes:
+        draft = vocab.draft_vocab(counts, size)
+        key = layout.draft_vocab_file(target.tokenizer_hash, mix_hash, layout.vocab_mapping_name(size))
+        if not store.exists(key):
+            store.write_bytes(key, vocab.mapping_bytes(draft))
+        figures[f"coverage_{size}"] = round(draft.coverage, 6)
+        figures[f"mapping_{size}_path"] = store.uri(key)
+        log(f"draft vocabulary {size}: covers {draft.coverage:.2%} of supervised tokens -> {store.uri(key)}")
+    return figures

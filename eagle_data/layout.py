@@ -1,0 +1,188 @@
+"""The storage layout: every key under the output root is built and parsed here, nowhere else.
+
+Keys are relative paths under the root (a folder or `s3://bucket/prefix`):
+
+| kind | key |
+| --- | --- |
+| shard | `{ds}/{asset}/{partition}.parquet` (`asset`: `{ds}_prompts`, `{ds}`, `{ds}_validated`) |
+| log_part | `{ds}/{ds}/_log/{partition}/part-{ns}-{pid}-{seq}.parquet` (generation's durable result log) |
+| usage | `{ds}/{ds}/_usage/{partition}.json` (tokens and dollars of a finished generation shard) |
+| index | `{ds}/{ds}_prompts/_index/{name}` (the saved prompt index) |
+| quality | `{ds}/{ds}_quality/{partition}.json` / `{partition}.html` / `index.html` (quality report) |
+| export | `{ds}/export/{name}` (`conversations.jsonl`, `train.parquet`) |
+| mix | `training_mix/training_mix/mix.parquet` |
+| drafter | `drafter/{asset}/{name}`; draft vocabulary files: `drafter/draft_vocab/{tokenizer}-{mix hash}/{name}` |
+
+A key parses back into a `Key` naming its kind and parts, so code that lists a folder never splits
+paths itself.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+Kind = Literal[
+    "shard", "log_part", "usage", "index", "quality_record", "quality_page", "quality_index", "export", "mix",
+    "drafter",
+]
+
+SEP = "/"
+SHARD_SUFFIX = ".parquet"
+LOG_DIR = "_log"
+USAGE_DIR = "_usage"
+INDEX_DIR = "_index"
+EXPORT_DIR = "export"
+QUALITY_INDEX = "index.html"
+MIX_DATASET = MIX_ASSET = "training_mix"
+MIX_FILE = "mix.parquet"
+CONVERSATIONS_FILE = "conversations.jsonl"
+TRAIN_FILE = "train.parquet"
+DRAFTER_DIR = "drafter"
+DRAFT_VOCAB_ASSET = "draft_vocab"
+TOKEN_FREQ_FILE = "token_freq.pt"
+_PART = re.compile(r"part-(\d+)-(\d+)-(\d+)\.parquet")
+
+
+# ---- asset names (they are folder names too) ------------------------------------------------------
+def prompts_asset(dataset: str) -> str:
+    return f"{dataset}_prompts"
+
+
+def generation_asset(dataset: str) -> str:
+    return dataset
+
+
+def validated_asset(dataset: str) -> str:
+    return f"{dataset}_validated"
+
+
+def quality_folder(dataset: str) -> str:
+    return f"{dataset}_quality"
+
+
+# ---- builders -------------------------------------------------------------------------------------
+def join(*parts: str) -> str:
+    """A key from its parts; empty parts are left out."""
+    return SEP.join(p.strip(SEP) for p in parts if p.strip(SEP))
+
+
+def under(root: str, key: str) -> str:
+    """The URI of `key` under a root (a folder path or `s3://bucket/prefix`; "" for a bare bucket)."""
+    return f"{root.rstrip(SEP)}{SEP}{key}" if root else key
+
+
+def asset_prefix(dataset: str, asset: str) -> str:
+    """The folder of an asset's shards (list it to find them)."""
+    return join(dataset, asset)
+
+
+def shard(dataset: str, asset: str, partition: str) -> str:
+    return join(dataset, asset, partition + SHARD_SUFFIX)
+
+
+def log_prefix(dataset: str, partition: str) -> str:
+    return join(dataset, generation_asset(dataset), LOG_DIR, partition)
+
+
+def log_part(dataset: str, partition: str, stamp_ns: int, pid: int, seq: int) -> str:
+    """One checkpoint part; names sort by time of writing."""
+    return join(log_prefix(dataset, partition), f"part-{stamp_ns:020d}-{pid}-{seq:06d}.parquet")
+
+
+def usage(dataset: str, partition: str) -> str:
+    return join(dataset, generation_asset(dataset), USAGE_DIR, partition + ".json")
+
+
+def index_prefix(dataset: str) -> str:
+    return join(dataset, prompts_asset(dataset), INDEX_DIR)
+
+
+def index_file(dataset: str, name: str) -> str:
+    return join(index_prefix(dataset), name)
+
+
+def quality_prefix(dataset: str) -> str:
+    return join(dataset, quality_folder(dataset))
+
+
+def quality_record(dataset: str, partition: str) -> str:
+    return join(quality_prefix(dataset), partition + ".json")
+
+
+def quality_page(dataset: str, partition: str) -> str:
+    return join(quality_prefix(dataset), partition + ".html")
+
+
+def quality_index(dataset: str) -> str:
+    return join(quality_prefix(dataset), QUALITY_INDEX)
+
+
+def export_file(dataset: str, name: str) -> str:
+    return join(dataset, EXPORT_DIR, name)
+
+
+def mix() -> str:
+    return join(MIX_DATASET, MIX_ASSET, MIX_FILE)
+
+
+def drafter_file(asset: str, name: str) -> str:
+    """A file of a drafter-input asset (`drafter/{asset}/{name}`)."""
+    return join(DRAFTER_DIR, asset, name)
+
+
+def draft_vocab_file(tokenizer_hash: str, mix_hash: str, name: str) -> str:
+    """A draft-vocabulary file in the cache folder of one (target tokenizer, mix content) pair."""
+    return join(DRAFTER_DIR, DRAFT_VOCAB_ASSET, f"{tokenizer_hash[:16]}-{mix_hash[:16]}", name)
+
+
+def vocab_mapping_name(size: int) -> str:
+    return f"vocab_mapping_{size}.pt"
+
+
+def s3_root(root: str) -> tuple[str, str]:
+    """`s3://bucket/prefix` -> (bucket, prefix); bucket is "" when the URI names none."""
+    bucket, _, prefix = root.removeprefix("s3://").partition(SEP)
+    return bucket, prefix.strip(SEP)
+
+
+# ---- parser ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Key:
+    """A parsed key: its kind and the parts it was built from ("" where a kind has no such part)."""
+
+    kind: Kind
+    dataset: str
+    asset: str = ""
+    partition: str = ""
+    name: str = ""
+
+
+def parse(key: str) -> Key | None:
+    """The kind and parts of a key built by this module; None for anything else (temp files, strays)."""
+    parts = key.strip(SEP).split(SEP)
+    if len(parts) < 3:
+        return None
+    dataset, folder, rest = parts[0], parts[1], parts[2:]
+    if key.strip(SEP) == mix():
+        return Key("mix", MIX_DATASET, MIX_ASSET, name=MIX_FILE)
+    if dataset == DRAFTER_DIR:
+        return Key("drafter", DRAFTER_DIR, folder, partition=SEP.join(rest[:-1]), name=rest[-1])
+    if folder == EXPORT_DIR and len(rest) == 1:
+        return Key("export", dataset, name=rest[0])
+    if folder == quality_folder(dataset) and len(rest) == 1:
+        if rest[0] == QUALITY_INDEX:
+            return Key("quality_index", dataset, name=rest[0])
+        stem, dot, ext = rest[0].rpartition(".")
+        kinds: dict[str, Kind] = {"json": "quality_record", "html": "quality_page"}
+        return Key(kinds[ext], dataset, partition=stem, name=rest[0]) if dot and ext in kinds else None
+    if folder == prompts_asset(dataset) and rest[0] == INDEX_DIR and len(rest) == 2:
+        return Key("index", dataset, folder, name=rest[1])
+    if folder == generation_asset(dataset) and rest[0] == LOG_DIR and len(rest) == 3 and _PART.fullmatch(rest[2]):
+        return Key("log_part", dataset, folder, partition=rest[1], name=rest[2])
+    if folder == generation_asset(dataset) and rest[0] == USAGE_DIR and len(rest) == 2 and rest[1].endswith(".json"):
+        return Key("usage", dataset, folder, partition=rest[1].removesuffix(".json"), name=rest[1])
+    if len(rest) == 1 and rest[0].endswith(SHARD_SUFFIX) and not rest[0].startswith("."):
+        return Key("shard", dataset, folder, partition=rest[0].removesuffix(SHARD_SUFFIX))
+    return None

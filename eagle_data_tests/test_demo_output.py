@@ -1,0 +1,91 @@
+"""`eagle-data demo` prints a short progress and summary (under 40 lines); Dagster's full log goes to a file."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from eagle_data.cli import MAX_NOTES, RunView, run_quietly, summary
+
+RUN = "df816632-a426-4a7e-ad44-35d5ebff0108"
+HEADER_LINES = 4  # what `demo` prints before the run starts
+BUDGET = 40
+
+
+def line(level: str, rest: str) -> str:
+    """A line in the shape Dagster's CLI prints (copied from a real `make demo` run)."""
+    return f"2026-11-30 08:02:56 +0000 - dagster - {level} - __ASSET_JOB - {RUN} - {rest}"
+
+
+def busy_run() -> list[str]:
+    """A long run's log: four steps, hundreds of progress lines, heartbeats, six checks with one failure."""
+    lines = []
+    for step in ("b7_sharegpt_prompts", "b7_sharegpt", "b7_sharegpt_validated", "b7_sharegpt_quality_checks"):
+        lines += [line("DEBUG", f"25768 - {step} - STEP_WORKER_STARTING - Launching subprocess for \"{step}\"."),
+                  line("DEBUG", f"25768 - {step} - STEP_START - Started execution of step \"{step}\".")]  # fmt: skip
+        lines += [line("INFO", f"{step} - {step}: heartbeat: 4 in flight, oldest 30 s, {i}/900 done")
+                  for i in range(300)]  # fmt: skip
+        lines += [line("INFO", f"{step} - b7_sharegpt {i:05d}: 10 ok, 0 truncated, 0 failed") for i in range(90)]
+        lines.append(line("DEBUG", f"25768 - {step} - STEP_SUCCESS - Finished execution of step \"{step}\" in 1.2s."))
+    for name in ("empty_response", "token_structure", "truncation_rate", "failed_rate", "reasoning_present"):
+        lines.append(line("DEBUG", f"32391 - b7_sharegpt_quality_checks - ASSET_CHECK_EVALUATION - Asset check "
+                                   f"'{name}' on 'b7_sharegpt_validated' passed. Description: 'all 4 shards pass'"))
+    lines.append(line("DEBUG", "32391 - b7_sharegpt_quality_checks - ASSET_CHECK_EVALUATION - Asset check "
+                               "'length_shift' on 'b7_sharegpt_validated' failed. Description: 'shard 00001: +80%'"))
+    return [*lines, line("DEBUG", "25370 - RUN_SUCCESS - Finished execution of run for \"__ASSET_JOB\".")]
+
+
+def test_a_long_run_stays_within_the_line_budget(tmp_path: Path):
+    view = RunView()
+    notes = [n for i, raw in enumerate(busy_run()) if (n := view.note(raw, now=i * 0.01))]
+    assert len(notes) == MAX_NOTES + 1 and notes[-1] == "  ... (the rest is in the log)"
+    assert notes[:3] == ["  b7_sharegpt_prompts: started", "  b7_sharegpt_prompts: b7_sharegpt_prompts: heartbeat: "
+                         "4 in flight, oldest 30 s, 0/900 done", "  b7_sharegpt_prompts: b7_sharegpt 00000: 10 ok, "
+                         "0 truncated, 0 failed"]  # fmt: skip
+    assert sum("heartbeat" in n for n in notes) == 1  # one per minute at most
+    closing = summary(view, 0, 738, tmp_path / "demo.log", ["output: …", "quality report: …", "browse it all: …"])
+    assert closing[1] == "[eagle-data] checks: 5 passed; FAILED: length_shift"
+    assert closing[-1] == f"[eagle-data] full Dagster log: {tmp_path / 'demo.log'}"
+    assert HEADER_LINES + len(notes) + len(closing) < BUDGET
+
+
+def test_a_step_failure_and_a_failed_check_are_shown_even_after_the_budget_is_spent():
+    view = RunView()
+    view.notes = MAX_NOTES + 1
+    assert view.note(line("DEBUG", "1 - b7_sharegpt - STEP_FAILURE - Execution of step failed."), 0.0) is None
+    assert view.failed_steps == ["b7_sharegpt"]  # still in the summary
+
+
+@pytest.fixture
+def demo_env(tmp_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("EAGLE_DATA_", "DAGSTER_"))}
+    (tmp_path / "home").mkdir()
+    env.update(EAGLE_DATA_PROFILE="demo", EAGLE_DATA_ROOT=str(tmp_path / "out"), DAGSTER_HOME=str(tmp_path / "home"))
+    return env
+
+
+def test_a_real_run_goes_whole_to_the_log_and_prints_a_few_notes(demo_env: dict[str, str], tmp_path: Path):
+    """The same Dagster CLI path as `eagle-data demo`, on the prompts stage only (generation takes minutes)."""
+    cmd = [sys.executable, "-m", "dagster", "asset", "materialize", "-m", "eagle_data.definitions",
+           "--select", "b7_sharegpt_prompts", "--partition-range", "00000...00003"]  # fmt: skip
+    printed: list[str] = []
+    code, view = run_quietly(cmd, demo_env, tmp_path / "logs" / "demo.log", printed.append)
+    log = (tmp_path / "logs" / "demo.log").read_text()
+    assert code == 0, log[-3000:]
+    assert "STEP_START" in log and "RUN_SUCCESS" in log and log.count("\n") > 3 * len(printed)
+    assert printed[0] == "  b7_sharegpt_prompts: started"
+    assert any("wrote 36 prompts" in p for p in printed) and printed[-1].startswith("  b7_sharegpt_prompts: done in ")
+    assert not view.failed_steps and len(printed) <= MAX_NOTES
+
+
+def test_a_run_that_fails_before_any_step_shows_its_cause(demo_env: dict[str, str], tmp_path: Path):
+    cmd = [sys.executable, "-m", "dagster", "asset", "materialize", "-m", "eagle_data.definitions",
+           "--select", "no_such_asset", "--partition", "00000"]  # fmt: skip
+    code, view = run_quietly(cmd, demo_env, tmp_path / "demo.log", lambda text: None)
+    closing = summary(view, code, 3, tmp_path / "demo.log", [])
+    assert code != 0 and closing[0].startswith("[eagle-data] FAILED (exit ")
+    assert any("no_such_asset" in c for c in closing[1:-1]), closing
+    assert len(closing) <= 7

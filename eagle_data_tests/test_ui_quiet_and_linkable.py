@@ -1,0 +1,81 @@
+"""What users see: no Dagster warning walls, owners and stage order in the Catalog, links that open."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import boto3
+import dagster as dg
+import pytest
+
+from eagle_data import layout
+from eagle_data.catalog import Adapter, CatalogError, DatasetSpec, catalog
+from eagle_data.defs.assets import STAGES, engine_kind
+from eagle_data.storage import ShardStore
+
+
+def python(code: str) -> subprocess.CompletedProcess:
+    """`code` in a fresh interpreter that shows every warning every time (`-W always`)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("EAGLE_DATA_", "DAGSTER_"))}
+    env["EAGLE_DATA_PROFILE"] = "demo"
+    return subprocess.run([sys.executable, "-W", "always", "-c", code], env=env, capture_output=True, text=True,
+                          timeout=180)  # fmt: skip
+
+
+def test_importing_the_definitions_prints_no_warning():
+    out = python("import eagle_data.definitions")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stderr == "", f"{out.stderr.count('Warning')} warning(s):\n{out.stderr[:2000]}"
+
+
+def test_only_the_known_dagster_warnings_are_filtered():
+    out = python("import warnings, dagster, eagle_data.defs\n"
+                 "for category in (dagster.BetaWarning, dagster.PreviewWarning):\n"
+                 "    warnings.warn('a new feature', category)")  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "BetaWarning: a new feature" in out.stderr and "PreviewWarning: a new feature" in out.stderr
+
+
+def test_every_asset_has_catalog_owners_and_a_stage_tag_in_flow_order():
+    from eagle_data.definitions import defs
+
+    graph, specs = defs.resolve_asset_graph(), catalog()
+    order = list(STAGES.values())
+    for name, spec in specs.items():
+        nodes = [graph.get(dg.AssetKey(k)) for k in (f"{name}_prompts", f"{name}_estimate", name, f"{name}_validated")]
+        assert [n.tags["stage"] for n in nodes] == order[:4]
+        assert all(n.tags["dataset"] == name and n.owners == list(spec.owners) and n.description.startswith("Stage ")
+                   for n in nodes)  # fmt: skip
+        assert nodes[2].tags["engine"] == engine_kind()
+    mix = graph.get(dg.AssetKey("training_mix"))
+    assert mix.tags["stage"] == order[-1] and mix.owners == ["team:eagle-data"]
+
+
+def test_an_owner_that_dagster_would_refuse_is_a_catalog_error():
+    with pytest.raises(ValueError, match="must each be an email or 'team:<name>'"):
+        DatasetSpec(name="b9_x", adapter=Adapter(prompt_field="q"), owners=("alice",))
+    assert DatasetSpec(name="b9_x", adapter=Adapter(prompt_field="q"), owners=("a@b.org", "team:ml")).owners
+    assert issubclass(CatalogError, ValueError)
+
+
+@pytest.fixture(params=["local", "s3"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> ShardStore:
+    if request.param == "local":
+        return ShardStore(str(tmp_path / "out"))
+    endpoint = request.getfixturevalue("s3_endpoint")
+    bucket = request.getfixturevalue("s3_bucket")
+    return ShardStore(f"s3://{bucket}/runs/a", s3_client_factory=lambda: boto3.client("s3", endpoint_url=endpoint))
+
+
+def test_the_quality_report_link_opens_in_a_browser(store: ShardStore):
+    """file:// for a folder, a presigned GET URL for S3: either way the page itself comes back."""
+    key = layout.quality_index("b7_sharegpt")
+    store.write_bytes(key, b"<html>report</html>")
+    link = store.link(key)
+    assert link.startswith("file:///" if not store.is_s3 else "http://127.0.0.1:")
+    with urllib.request.urlopen(link, timeout=10) as page:
+        assert page.read() == b"<html>report</html>"
