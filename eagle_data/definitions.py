@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import dagster as dg
 
-from eagle_data.catalog import catalog
+from eagle_data.catalog import DatasetSpec, catalog
 from eagle_data.defs.assets import build_dataset_assets
 from eagle_data.defs.catalog_order import catalog_order_sensor
 from eagle_data.defs.checks import build_checks
@@ -15,17 +17,21 @@ from eagle_data.defs.resources import StorageResource, engine_from_env
 from eagle_data.defs.schedules import build_schedules
 from eagle_data.defs.sensors import build_sensors
 
-specs = list(catalog().values())
 
-defs = dg.Definitions(
-    assets=[
-        *(asset for spec in specs for asset in build_dataset_assets(spec)),
-        build_exports(specs),
-        *build_drafter_assets(specs),
-    ],
-    asset_checks=build_checks(specs),
-    sensors=[*build_sensors(specs), catalog_order_sensor(specs), dead_run_reaper()],
-    schedules=build_schedules(specs),
-    resources={"storage": StorageResource(), "engine": engine_from_env()},
-    executor=pool_watch_executor,
-)
+def build_definitions(specs: Sequence[DatasetSpec]) -> dg.Definitions:
+    """Everything Dagster loads, built from catalog entries (the benchmarks build it from their own)."""
+    return dg.Definitions(
+        assets=[
+            *(asset for spec in specs for asset in build_dataset_assets(spec)),
+            build_exports(specs),
+            *build_drafter_assets(specs),
+        ],
+        asset_checks=build_checks(specs),
+        sensors=[*build_sensors(specs), catalog_order_sensor(specs), dead_run_reaper()],
+        schedules=build_schedules(specs),
+        resources={"storage": StorageResource(), "engine": engine_from_env()},
+        executor=pool_watch_executor,
+    )
+
+
+defs = build_definitions(list(catalog().values()))

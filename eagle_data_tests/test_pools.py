@@ -100,3 +100,35 @@ def test_sigkilled_cli_run_does_not_block_the_next_one(tmp_path: Path):
         generation = instance.fetch_materializations(dg.AssetKey("b7_sharegpt"), limit=1).records[0]
         figures = {k: v.value for k, v in generation.asset_materialization.metadata.items()}
         assert figures["reused"] >= 1 and figures["ok"] + figures["truncated"] == figures["total"] == 36
+
+
+def test_a_waiting_step_names_the_holder_and_a_dead_holder_is_released(tmp_path: Path):
+    from eagle_data.defs.pools import WORKER_TAG, holders_line, release_dead_holders
+    from eagle_data.procs import worker_id
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # a pid that no longer exists
+    home = tmp_path / "home"
+    home.mkdir()
+    shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        storage = instance.event_log_storage
+        holder = instance.add_run(dg.DagsterRun(job_name="gen", run_id="holder", status=dg.DagsterRunStatus.STARTED,
+                                                tags={WORKER_TAG: worker_id()}))  # fmt: skip
+        instance.add_run(dg.DagsterRun(job_name="gen", run_id="waiter", status=dg.DagsterRunStatus.STARTED))
+        storage.initialize_concurrency_limit_to_default("openai")
+        assert storage.claim_concurrency_slot("openai", holder.run_id, "b7_sharegpt").is_claimed
+        assert not storage.claim_concurrency_slot("openai", "waiter", "b3_magicoder").is_claimed
+
+        line = holders_line(instance, "openai", "waiter")
+        assert line == (f"b3_magicoder waits for pool openai (limit 1): held by run holder (step b7_sharegpt, "
+                        f"{worker_id()})")  # fmt: skip
+        warnings: list[str] = []
+        assert release_dead_holders(instance, ["openai"], warnings.append, exclude_run="waiter") == []  # alive
+
+        instance.add_run_tags("holder", {WORKER_TAG: worker_id(gone.pid)})
+        assert release_dead_holders(instance, ["openai"], warnings.append, exclude_run="waiter") == ["holder"]
+        assert warnings == [f"pool openai: run holder is gone (process {worker_id(gone.pid)} no longer exists); "
+                            "released its slot and marked the run failed"]  # fmt: skip
+        assert instance.get_run_by_id("holder").status == dg.DagsterRunStatus.FAILURE
+        assert storage.claim_concurrency_slot("openai", "waiter", "b3_magicoder").is_claimed
