@@ -88,6 +88,7 @@ class DatasetSpec(_Frozen):
     shard_size: int = Field(500, gt=0)
     max_prompts: int = Field(100_000, gt=0)
     max_prompt_chars: int = Field(32_000, gt=0)
+    max_skipped_share: float = Field(0.5, ge=0, le=1)  # more source rows skipped fails the prompts step
     regenerate: Literal["all", "first"] = "all"
     max_turns: int = Field(8, gt=0)
     token_budget: int = Field(0, ge=0)

@@ -10,7 +10,7 @@ from eagle_data.catalog import DatasetSpec, catalog
 from eagle_data.defs.assets import build_dataset_assets
 from eagle_data.defs.catalog_order import catalog_order_sensor
 from eagle_data.defs.checks import build_checks
-from eagle_data.defs.drafter import build_drafter_assets
+from eagle_data.defs.drafter import build_decontamination_checks, build_drafter_assets
 from eagle_data.defs.exports import build_exports
 from eagle_data.defs.pools import dead_run_reaper, pool_watch_executor
 from eagle_data.defs.resources import StorageResource, engine_from_env
@@ -26,7 +26,7 @@ def build_definitions(specs: Sequence[DatasetSpec]) -> dg.Definitions:
             build_exports(specs),
             *build_drafter_assets(specs),
         ],
-        asset_checks=build_checks(specs),
+        asset_checks=[*build_checks(specs), *build_decontamination_checks(specs)],
         sensors=[*build_sensors(specs), catalog_order_sensor(specs), dead_run_reaper()],
         schedules=build_schedules(specs),
         resources={"storage": StorageResource(), "engine": engine_from_env()},

@@ -6,8 +6,12 @@ Keys are relative paths under the root (a folder or `s3://bucket/prefix`):
 | --- | --- |
 | shard | `{ds}/{asset}/{partition}.parquet` (`asset`: `{ds}_prompts`, `{ds}`, `{ds}_validated`) |
 | log_part | `{ds}/{ds}/_log/{partition}/part-{ns}-{pid}-{seq}.parquet` (generation's durable result log) |
+| turn_log | `{ds}/{ds}/_log/{partition}/turns-{run}.jsonl` (folder: appended) or `turns-{run}.{seq}.jsonl` (S3 parts) |
+| turn_carry | `{ds}/{ds}/_log/{partition}/carry-{run}.jsonl` (turns of conversations a shard left unfinished) |
+| lease | `{ds}/{ds}/_lease/{partition}/{generation:08d}.json` (the one run generating the shard) |
 | usage | `{ds}/{ds}/_usage/{partition}.json` (tokens and dollars of a finished generation shard) |
-| index | `{ds}/{ds}_prompts/_index/{name}` (the saved prompt index) |
+| index | `{ds}/{ds}_prompts/_index/summary.json` (the saved prompt index: counts, source identity) |
+| index_block | `{ds}/{ds}_prompts/_index/{digest}/{block}.parquet` (its rows, one block per shard) |
 | quality | `{ds}/{ds}_quality/{partition}.json` / `{partition}.html` / `index.html` (quality report) |
 | export | `{ds}/export/{name}` (`conversations.jsonl`, `train.parquet`) |
 | mix | `training_mix/training_mix/mix.parquet` |
@@ -24,7 +28,19 @@ from dataclasses import dataclass
 from typing import Literal
 
 Kind = Literal[
-    "shard", "log_part", "usage", "index", "quality_record", "quality_page", "quality_index", "export", "mix",
+    "shard",
+    "log_part",
+    "turn_log",
+    "turn_carry",
+    "lease",
+    "usage",
+    "index",
+    "index_block",
+    "quality_record",
+    "quality_page",
+    "quality_index",
+    "export",
+    "mix",
     "drafter",
 ]
 
@@ -32,6 +48,7 @@ SEP = "/"
 SHARD_SUFFIX = ".parquet"
 LOG_DIR = "_log"
 USAGE_DIR = "_usage"
+LEASE_DIR = "_lease"
 INDEX_DIR = "_index"
 EXPORT_DIR = "export"
 QUALITY_INDEX = "index.html"
@@ -43,6 +60,10 @@ DRAFTER_DIR = "drafter"
 DRAFT_VOCAB_ASSET = "draft_vocab"
 TOKEN_FREQ_FILE = "token_freq.pt"
 _PART = re.compile(r"part-(\d+)-(\d+)-(\d+)\.parquet")
+_TURNS = re.compile(r"turns-([\w-]+)(\.\d+)?\.jsonl")
+_CARRY = re.compile(r"carry-([\w-]+)\.jsonl")
+_LEASE = re.compile(r"\d{8}\.json")
+_RUN = re.compile(r"[\w-]+")
 
 
 # ---- asset names (they are folder names too) ------------------------------------------------------
@@ -91,6 +112,39 @@ def log_part(dataset: str, partition: str, stamp_ns: int, pid: int, seq: int) ->
     return join(log_prefix(dataset, partition), f"part-{stamp_ns:020d}-{pid}-{seq:06d}.parquet")
 
 
+def turn_log(dataset: str, partition: str, run: str, seq: int | None = None) -> str:
+    """One run's turn log of a shard: one appended file, or (`seq`) one part object per flush."""
+    _check_run(run)
+    name = f"turns-{run}.jsonl" if seq is None else f"turns-{run}.{seq:06d}.jsonl"
+    return join(log_prefix(dataset, partition), name)
+
+
+def turn_carry(dataset: str, partition: str, run: str) -> str:
+    _check_run(run)
+    return join(log_prefix(dataset, partition), f"carry-{run}.jsonl")
+
+
+def lease_prefix(dataset: str, partition: str) -> str:
+    return join(dataset, generation_asset(dataset), LEASE_DIR, partition)
+
+
+def lease(dataset: str, partition: str, generation: int) -> str:
+    return join(lease_prefix(dataset, partition), f"{generation:08d}.json")
+
+
+def lease_generation(key: str) -> int:
+    """The generation a lease key names."""
+    parsed = parse(key)
+    if parsed is None or parsed.kind != "lease":
+        raise ValueError(f"not a lease key: {key!r}")
+    return int(parsed.name.removesuffix(".json"))
+
+
+def _check_run(run: str) -> None:
+    if not _RUN.fullmatch(run):
+        raise ValueError(f"run id {run!r} must be letters, digits, '_' or '-' (it names files)")
+
+
 def usage(dataset: str, partition: str) -> str:
     return join(dataset, generation_asset(dataset), USAGE_DIR, partition + ".json")
 
@@ -101,6 +155,11 @@ def index_prefix(dataset: str) -> str:
 
 def index_file(dataset: str, name: str) -> str:
     return join(index_prefix(dataset), name)
+
+
+def index_block(dataset: str, digest: str, block: int) -> str:
+    """Block `block` of the index built from the source content and settings hashed in `digest`."""
+    return join(index_prefix(dataset), digest, f"{block:05d}{SHARD_SUFFIX}")
 
 
 def quality_prefix(dataset: str) -> str:
@@ -179,8 +238,16 @@ def parse(key: str) -> Key | None:
         return Key(kinds[ext], dataset, partition=stem, name=rest[0]) if dot and ext in kinds else None
     if folder == prompts_asset(dataset) and rest[0] == INDEX_DIR and len(rest) == 2:
         return Key("index", dataset, folder, name=rest[1])
-    if folder == generation_asset(dataset) and rest[0] == LOG_DIR and len(rest) == 3 and _PART.fullmatch(rest[2]):
-        return Key("log_part", dataset, folder, partition=rest[1], name=rest[2])
+    if folder == prompts_asset(dataset) and rest[0] == INDEX_DIR and len(rest) == 3 and rest[2].endswith(SHARD_SUFFIX):
+        return Key("index_block", dataset, folder, partition=rest[2].removesuffix(SHARD_SUFFIX), name=rest[1])
+    if folder == generation_asset(dataset) and rest[0] == LOG_DIR and len(rest) == 3:
+        log_kinds: tuple[tuple[Kind, re.Pattern[str]], ...] = (
+            ("log_part", _PART), ("turn_log", _TURNS), ("turn_carry", _CARRY)
+        )  # fmt: skip
+        kind = next((k for k, pattern in log_kinds if pattern.fullmatch(rest[2])), None)
+        return Key(kind, dataset, folder, partition=rest[1], name=rest[2]) if kind else None
+    if folder == generation_asset(dataset) and rest[0] == LEASE_DIR and len(rest) == 3 and _LEASE.fullmatch(rest[2]):
+        return Key("lease", dataset, folder, partition=rest[1], name=rest[2])
     if folder == generation_asset(dataset) and rest[0] == USAGE_DIR and len(rest) == 2 and rest[1].endswith(".json"):
         return Key("usage", dataset, folder, partition=rest[1].removesuffix(".json"), name=rest[1])
     if len(rest) == 1 and rest[0].endswith(SHARD_SUFFIX) and not rest[0].startswith("."):

@@ -6,14 +6,17 @@ Each stage reads the previous stage's shards from the store and writes its own, 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import polars as pl
 
 from eagle_data import exports, layout, quality, report, sources
 from eagle_data.catalog import DatasetSpec, shard_index
-from eagle_data.engines.truncation import truncation_report
+from eagle_data.drafter.decontam import contamination
+from eagle_data.drafter.evalsets import benchmark_index
+from eagle_data.drafter.settings import load_drafter_settings
+from eagle_data.engines.truncation import ReplyLengths, truncation_report
 from eagle_data.runner import Estimate, RunnerSettings, estimate_generation, run_generation
 from eagle_data.runner.resultlog import ResultLog
 from eagle_data.storage import ShardStore
@@ -32,13 +35,24 @@ def validated_asset(spec: DatasetSpec) -> str:
 
 
 def write_prompts(
-    spec: DatasetSpec, store: ShardStore, partitions: list[str], source_path: str | None = None
+    spec: DatasetSpec,
+    store: ShardStore,
+    partitions: list[str],
+    source_path: str | None = None,
+    warn: Log = print,
 ) -> dict[str, dict[str, Any]]:
     """Normalize the source once (the saved prompt index) and write the requested shards; returns each
-    partition's figures (its prompt count, and the index's counts of rows read and skipped by reason)."""
+    partition's figures (its prompt count, and the index's counts of rows read and skipped by reason).
+
+    When the source changed since the index was built, the index is rebuilt and `warn` names the prompt
+    shards written from the old one that this call does not rewrite: they must be re-materialized."""
     index = sources.load_index(spec, store, source_path)
+    if index.rebuilt:
+        stale = sorted(set(shards_written(store, spec.name, prompts_asset(spec))) - set(partitions))
+        redo = f"; re-materialize the {len(stale)} {prompts_asset(spec)} partitions cut from the old one"
+        warn(f"{spec.name}: {index.rebuilt}; rebuilt it" + (f"{redo} ({stale[0]}...{stale[-1]})" if stale else ""))
     dataset_figures = {
-        "prompts_in_source": index.frame.height,
+        "prompts_in_source": index.prompts,
         "rows_read": index.rows_read,
         "skipped": sum(index.skipped.values()),
         **{f"skipped_{reason}": n for reason, n in index.skipped.items()},
@@ -52,6 +66,25 @@ def write_prompts(
     return per_partition
 
 
+class PromptShards(Mapping[str, pl.DataFrame]):
+    """A dataset's prompt shards, each read from the store only when looked up: the runner looks a shard
+    up when it reaches it, so a range over 1,800 partitions never holds them all."""
+
+    def __init__(self, spec: DatasetSpec, store: ShardStore, partitions: list[str]) -> None:
+        self.spec, self.store, self.partitions = spec, store, partitions
+
+    def __getitem__(self, key: str) -> pl.DataFrame:
+        if key not in self.partitions:
+            raise KeyError(key)
+        return self.store.read_shard(self.spec.name, prompts_asset(self.spec), key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.partitions)
+
+    def __len__(self) -> int:
+        return len(self.partitions)
+
+
 def generate(
     spec: DatasetSpec,
     store: ShardStore,
@@ -59,23 +92,23 @@ def generate(
     engine: Engine,
     log: Log = print,
     settings: RunnerSettings | None = None,
+    run_id: str = "",
 ) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     """Regenerate every reply of the requested shards; returns the run's figures (counts summed) and
-    each partition's own.
+    each partition's own. `run_id` names the run in shard leases.
 
     Also warns when more replies hit max_tokens than the catalog allows, with the max_tokens that would
     have covered 95% of them, and adds the engine's own figures (e.g. per SGLang server) when it has any.
     """
-    shards = {key: store.read_shard(spec.name, prompts_asset(spec), key) for key in partitions}
-    reports = run_generation(engine, spec, shards, store, settings=settings, log=log)
+    lengths = ReplyLengths()
+    reports = run_generation(
+        engine, spec, PromptShards(spec, store, partitions), store, settings=settings, log=log, lengths=lengths,
+        run_id=run_id,
+    )  # fmt: skip
     per_partition = {key: report.figures for key, report in reports.items()}
     figures = merge_figures(list(per_partition.values()))
-    answered = [reply for report in reports.values() for reply in report.answered]
     cut = truncation_report(
-        [tokens for tokens, _ in answered],
-        [reason for _, reason in answered],
-        max_new_tokens=spec.generation.max_tokens,
-        threshold=spec.checks.max_truncated_share,
+        lengths, max_new_tokens=spec.generation.max_tokens, threshold=spec.checks.max_truncated_share
     )
     figures.update(truncation_p95_tokens=cut.p95_tokens, suggested_max_tokens=cut.suggested_max_tokens)
     if cut.warning:
@@ -96,13 +129,14 @@ def estimate(
     usd_per_completion_token: float,
     log: Log = print,
     settings: RunnerSettings | None = None,
+    run_id: str = "",
 ) -> Estimate:
     """Generate the first few prompts of shard 0, then project the rest. The sample's rows stay in the
     result log (no partial shard file), and the full run reuses them instead of paying again."""
     first = spec.partition_keys[0]
     index = sources.load_index(spec, store)  # every prompt of the dataset, in one frame
     sample = index.shard(spec, first).head(sample_prompts)
-    run_generation(engine, spec, {first: sample}, store, settings=settings, log=log, write_shards=False)
+    run_generation(engine, spec, {first: sample}, store, settings=settings, log=log, write_shards=False, run_id=run_id)
     rows = ResultLog(store, spec.name, first).load().filter(pl.col("prompt_id").is_in(sample["prompt_id"].implode()))
     tokenizer = load_target(spec.target).text_encoder
     return estimate_generation(
@@ -116,11 +150,13 @@ def estimate(
 
 
 def validated_rows(spec: DatasetSpec, generations: pl.DataFrame, partition: str) -> pl.DataFrame:
-    """Token ids, loss masks and per-row verdicts for one generation shard."""
+    """Token ids, loss masks and per-row verdicts for one generation shard; rows overlapping a benchmark
+    (`contamination`: its name) get the verdict `contaminated`."""
     rows = build_training_rows(
         load_target(spec.target), generations, thinking=spec.generation.thinking, mask_empty_think=spec.mask_empty_think
     )
-    rows = rows.with_columns(pl.lit(shard_index(partition), pl.Int32).alias("shard"))
+    index, _ = benchmark_index(load_drafter_settings().decontamination)
+    rows = rows.with_columns(pl.lit(shard_index(partition), pl.Int32).alias("shard"), contamination(rows, index))
     return quality.row_verdicts(rows, spec.checks, thinking=spec.generation.thinking)
 
 

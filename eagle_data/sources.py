@@ -1,19 +1,24 @@
-"""Read a prompt source (the hub, a local parquet/JSONL file, or the bundled sample) and normalize it.
+"""Read a prompt source (the hub, a local or S3 parquet/JSONL file, or the bundled sample), normalize it.
 
 Every row becomes a conversation `[{role, content}]` with roles system/user/assistant, a stable
 `prompt_id` (hash of dataset + normalized messages), or a counted skip reason. The normalized,
 de-duplicated, capped list is the *prompt index*: shard `i` is rows `[i*shard_size, (i+1)*shard_size)`.
-The index is saved once next to the shards, so a shard's prompts never change between runs even if the
-upstream dataset does — resume depends on that.
+
+The index is built streaming (the source read in batches, rows normalized one batch at a time, written
+one block of `shard_size` rows at a time), so memory stays flat whatever the source's size, and a
+one-shard run reads only its own block. It is saved next to the shards and keyed by the source's
+content (a local file's size, mtime and SHA-256; an S3 object's ETag; a hub dataset's revision): the
+same content always gives the same shards (resume depends on that), and a changed source rebuilds it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import tempfile
 from collections import Counter
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -59,19 +64,12 @@ class BadRow(ValueError):
         self.reason = reason
 
 
-@dataclass(frozen=True)
-class PromptIndex:
-    """All normalized prompts of a dataset in source order, and what was skipped on the way."""
 
-    frame: pl.DataFrame  # PROMPTS_SCHEMA without `shard`
-    skipped: dict[str, int]
-    rows_read: int
-    source: str
-
-    def shard(self, spec: DatasetSpec, partition: str) -> pl.DataFrame:
-        index = shard_index(partition)
-        part = self.frame.slice(index * spec.shard_size, spec.shard_size)
-        return part.with_columns(pl.lit(index, pl.Int32).alias("shard")).select(list(PROMPTS_SCHEMA))
+INDEX_SCHEMA = {k: v for k, v in PROMPTS_SCHEMA.items() if k != "shard"}
+SUMMARY_VERSION = 2
+BATCH_ROWS = 2048  # source rows per batch read from a parquet file
+FIELD_SAMPLE_ROWS = 1000  # rows whose field names are kept to explain a wrong schema
+HASH_CHUNK = 1 << 20
 
 
 def prompt_id(dataset: str, messages: list[Message]) -> str:
@@ -116,6 +114,8 @@ def normalize(row: dict[str, Any], adapter: Adapter, max_prompt_chars: int) -> l
     return messages
 
 
+
+# ---- where the rows come from --------------------------------------------------------------------
 def source_location(spec: DatasetSpec, override: str | None = None) -> str:
     """Where the rows come from: an explicit path, the bundled sample, a catalog path, or the hub."""
     if override:
@@ -129,31 +129,117 @@ def source_location(spec: DatasetSpec, override: str | None = None) -> str:
     return f"hf://datasets/{spec.hub_id}@~parquet/{spec.config or 'default'}/{spec.split}/*.parquet"
 
 
-def read_rows(spec: DatasetSpec, location: str) -> Iterator[dict[str, Any]]:
-    """Yield raw source rows as dicts. JSONL is read line by line so one malformed line is a counted skip."""
-    if location.startswith("hf://"):
+@dataclass(frozen=True)
+class Source:
+    """One source location and how to read it: its content identity, and its rows as a stream."""
+
+    spec: DatasetSpec
+    location: str
+    s3_client: Callable[[], Any] | None = None  # for s3:// sources: a client with the store's settings
+
+    def identity(self) -> dict[str, Any] | None:
+        """What identifies the content: a local file's size, mtime and SHA-256 (the hash only when asked
+        by `same_content`), an S3 object's ETag, a hub dataset's revision; None when it cannot be told."""
+        if self.location.startswith("hf://"):
+            revision = _hub_revision(self.spec.hub_id or "")
+            return {"revision": revision} if revision else None
+        if self.location.startswith("s3://"):
+            head = self._s3_head()
+            return {"etag": head["ETag"], "size": head["ContentLength"]}
+        path = self._local_path()
+        stat = path.stat()
+        return {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": _sha256(path)}
+
+    def same_content(self, saved: dict[str, Any] | None) -> bool:
+        """Whether the source still holds the content `saved` was taken from. A local file whose size and
+        mtime are unchanged is not re-hashed; a hub revision that cannot be looked up counts as unchanged."""
+        if self.location.startswith(("hf://", "s3://")):
+            now = self.identity()
+            return now is None or now == saved
+        if saved is None:
+            return False
+        stat = self._local_path().stat()
+        if (stat.st_size, stat.st_mtime_ns) == (saved.get("size"), saved.get("mtime_ns")):
+            return True
+        return stat.st_size == saved.get("size") and _sha256(self._local_path()) == saved.get("sha256")
+
+    def rows(self) -> Iterator[dict[str, Any]]:
+        """Raw source rows as dicts, streamed. A JSONL line that is not JSON, not an object or not UTF-8
+        is a counted skip (`malformed_row`, `bad_encoding`), never a reason to reject the file."""
+        if self.location.startswith("hf://"):
+            yield from self._parquet_rows(self.location, self.location)
+        elif self.location.startswith("s3://"):
+            with tempfile.TemporaryDirectory(prefix="eagle-source-") as tmp:
+                local = Path(tmp, Path(self.location).name)
+                bucket, key = layout.s3_root(self.location)
+                self._client().download_file(bucket, key, str(local))
+                yield from self._file_rows(local)
+        else:
+            yield from self._file_rows(self._local_path())
+
+    # ---- readers ---------------------------------------------------------------------------------
+    def _file_rows(self, path: Path) -> Iterator[dict[str, Any]]:
+        if path.suffix == ".parquet":
+            yield from self._parquet_rows(str(path), self.location)
+        elif path.suffix in (".jsonl", ".json"):
+            yield from _jsonl_rows(path)
+        else:
+            raise SourceError(f"dataset {self.spec.name!r}: {self.location} is neither .parquet nor .jsonl")
+
+    def _parquet_rows(self, path: str, shown: str) -> Iterator[dict[str, Any]]:
         try:
-            frame = pl.read_parquet(location)
-        except Exception as exc:
+            for batch in pl.scan_parquet(path).collect_batches(chunk_size=BATCH_ROWS):
+                yield from batch.iter_rows(named=True)
+        except (pl.exceptions.PolarsError, OSError) as exc:
+            if shown.startswith("hf://"):
+                raise SourceError(
+                    f"dataset {self.spec.name!r}: cannot read {shown} ({type(exc).__name__}); check the network "
+                    "and hub id, or pass a local file (source_path) — e.g. EAGLE_DATA_PROFILE=demo uses the "
+                    "bundled sample"
+                ) from None
+            size = Path(path).stat().st_size if Path(path).is_file() else 0
             raise SourceError(
-                f"dataset {spec.name!r}: cannot read {location} ({type(exc).__name__}); check the network and "
-                f"hub id, or pass a local file (source_path) — e.g. EAGLE_DATA_PROFILE=demo uses the bundled sample"
+                f"dataset {self.spec.name!r}: {shown} ({size} bytes) is not a complete parquet file "
+                f"({_first_line(exc)}); re-download or re-export it"
             ) from None
-        yield from frame.iter_rows(named=True)
-        return
-    path = Path(location).expanduser()
-    if not path.is_file():
-        raise SourceError(
-            f"dataset {spec.name!r}: source file {path} not found; fix the path (catalog `source` or the "
-            "prompts asset's source_path config) or download the dataset there"
-        )
-    if path.suffix == ".parquet":
-        yield from pl.read_parquet(path).iter_rows(named=True)
-        return
-    if path.suffix not in (".jsonl", ".json"):
-        raise SourceError(f"dataset {spec.name!r}: {path} is neither .parquet nor .jsonl")
-    with path.open(encoding="utf-8") as fh:
-        for line in fh:
+
+    def _local_path(self) -> Path:
+        path = Path(self.location).expanduser()
+        if not path.is_file():
+            raise SourceError(
+                f"dataset {self.spec.name!r}: source file {path} not found; fix the path (catalog `source` or the "
+                "prompts asset's source_path config) or download the dataset there"
+            )
+        return path
+
+    def _client(self) -> Any:
+        if self.s3_client is not None:
+            return self.s3_client()
+        import boto3
+
+        return boto3.client("s3")
+
+    def _s3_head(self) -> dict[str, Any]:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        bucket, key = layout.s3_root(self.location)
+        try:
+            return self._client().head_object(Bucket=bucket, Key=key)
+        except (ClientError, BotoCoreError) as exc:
+            raise SourceError(
+                f"dataset {self.spec.name!r}: cannot read source object {self.location} ({_first_line(exc)}); "
+                "fix the location or the S3 credentials and endpoint"
+            ) from None
+
+
+def _jsonl_rows(path: Path) -> Iterator[dict[str, Any]]:
+    with path.open("rb") as fh:
+        for raw in fh:
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                yield {"__bad_encoding__": True}
+                continue
             if not line.strip():
                 continue
             try:
@@ -163,17 +249,148 @@ def read_rows(spec: DatasetSpec, location: str) -> Iterator[dict[str, Any]]:
             yield row if isinstance(row, dict) else {"__malformed__": True}
 
 
-def build_index(spec: DatasetSpec, location: str) -> PromptIndex:
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        while chunk := fh.read(HASH_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _hub_revision(hub_id: str) -> str | None:
+    """The commit of the hub dataset's parquet conversion, or None offline (then the saved index stands)."""
+    try:
+        from huggingface_hub import HfApi
+
+        refs = HfApi().list_repo_refs(hub_id, repo_type="dataset")
+        return next((ref.target_commit for ref in refs.converts if ref.name == "parquet"), None)
+    except Exception:  # offline, unknown id, rate limit: the content cannot be told, which is not an error here
+        return None
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+
+
+# ---- the prompt index ----------------------------------------------------------------------------
+@dataclass
+class IndexSummary:
+    """What `_index/summary.json` holds: the index's figures, where its blocks are, what it was built from."""
+
+    skipped: dict[str, int]
+    rows_read: int
+    source: str
+    prompts: int = 0
+    blocks: list[int] = field(default_factory=list)  # rows per block, in order
+    digest: str = ""  # the blocks' folder: a hash of the settings and the source identity
+    fingerprint: dict[str, Any] = field(default_factory=dict)  # the settings the index depends on
+    content: dict[str, Any] | None = None  # the source identity it was built from
+    fields: list[str] = field(default_factory=list)  # field names seen in the source's first rows
+    turn_keys: list[str] = field(default_factory=list)  # keys seen inside their turns (messages adapters)
+    version: int = SUMMARY_VERSION
+
+    @classmethod
+    def read(cls, raw: bytes) -> IndexSummary:
+        """A saved summary; one written before the streaming index has no blocks and no content identity,
+        so it never matches a source and is rebuilt (same prompts when the source is unchanged)."""
+        data = json.loads(raw)
+        if data.get("version") != SUMMARY_VERSION:
+            data = {"skipped": data["skipped"], "rows_read": data["rows_read"], "source": data["source"],
+                    "fingerprint": data.get("fingerprint", {}), "version": data.get("version", 1)}  # fmt: skip
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+
+
+@dataclass(frozen=True)
+class PromptIndex:
+    """The saved prompt index of one dataset: figures in memory, rows read block by block on demand."""
+
+    store: ShardStore
+    dataset: str
+    summary: IndexSummary
+    rebuilt: str = ""  # why this call rebuilt a saved index ("" when it was reused or built the first time)
+
+    @property
+    def skipped(self) -> dict[str, int]:
+        return self.summary.skipped
+
+    @property
+    def rows_read(self) -> int:
+        return self.summary.rows_read
+
+    @property
+    def source(self) -> str:
+        return self.summary.source
+
+    @property
+    def prompts(self) -> int:
+        return self.summary.prompts
+
+    @property
+    def frame(self) -> pl.DataFrame:
+        """Every prompt of the dataset in one frame (without `shard`): for whole-dataset readers only."""
+        return self._rows(0, self.prompts)
+
+    def shard(self, spec: DatasetSpec, partition: str) -> pl.DataFrame:
+        """Shard `partition`: rows `[i*shard_size, (i+1)*shard_size)`, read from the blocks that hold them."""
+        index = shard_index(partition)
+        part = self._rows(index * spec.shard_size, spec.shard_size)
+        return part.with_columns(pl.lit(index, pl.Int32).alias("shard")).select(list(PROMPTS_SCHEMA))
+
+    def _rows(self, offset: int, length: int) -> pl.DataFrame:
+        frames, start = [], 0
+        for block, rows in enumerate(self.summary.blocks):
+            if start < offset + length and offset < start + rows:
+                frame = self.store.read_frame(layout.index_block(self.dataset, self.summary.digest, block))
+                low, high = max(offset - start, 0), min(offset + length - start, rows)
+                frames.append(frame.slice(low, high - low))
+            start += rows
+        return pl.concat(frames) if frames else pl.DataFrame(schema=INDEX_SCHEMA)
+
+
+def _fingerprint(spec: DatasetSpec, location: str) -> dict[str, Any]:
+    """What the index's contents depend on besides the source content; a saved index built under other
+    settings is refused (shards cut from it would hold other prompts than the settings say)."""
+    return {
+        "source": location,
+        "adapter": spec.adapter.model_dump(),
+        "max_prompts": spec.max_prompts,
+        "max_prompt_chars": spec.max_prompt_chars,
+    }
+
+
+def _digest(payload: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def build_index(spec: DatasetSpec, store: ShardStore, source: Source) -> IndexSummary:
+    """Stream the source into blocks of `shard_size` prompts under a new digest; returns the summary
+    (not yet saved: the caller saves it once the index is judged usable)."""
+    content = source.identity()
+    fingerprint = _fingerprint(spec, source.location)
+    summary = IndexSummary(
+        skipped={}, rows_read=0, source=source.location, fingerprint=fingerprint, content=content,
+        digest=_digest({"fingerprint": fingerprint, "content": content}),
+    )  # fmt: skip
     skipped: Counter[str] = Counter()
+    fields: set[str] = set()
+    turn_keys: set[str] = set()
     seen: set[str] = set()
-    records: list[dict[str, Any]] = []
-    rows_read = 0
-    for row_number, row in enumerate(read_rows(spec, location)):
-        if len(records) >= spec.max_prompts:
+    block: list[dict[str, Any]] = []
+
+    def flush() -> None:
+        frame = pl.DataFrame(block, schema=INDEX_SCHEMA)
+        store.write_frame(layout.index_block(spec.name, summary.digest, len(summary.blocks)), frame)
+        summary.blocks.append(frame.height)
+        block.clear()
+
+    for row_number, row in enumerate(source.rows()):
+        if summary.prompts >= spec.max_prompts:
             break
-        rows_read += 1
-        if row.get("__malformed__"):
-            skipped["malformed_row"] += 1
+        summary.rows_read += 1
+        if row_number < FIELD_SAMPLE_ROWS:
+            _note_fields(row, spec.adapter, fields, turn_keys)
+        if row.get("__malformed__") or row.get("__bad_encoding__"):
+            skipped["bad_encoding" if row.get("__bad_encoding__") else "malformed_row"] += 1
             continue
         try:
             messages = normalize(row, spec.adapter, spec.max_prompt_chars)
@@ -186,7 +403,7 @@ def build_index(spec: DatasetSpec, location: str) -> PromptIndex:
             continue
         seen.add(pid)
         source_id = row.get(spec.adapter.id_field) if spec.adapter.id_field else None
-        records.append(
+        block.append(
             {
                 "prompt_id": pid,
                 "dataset": spec.name,
@@ -195,51 +412,95 @@ def build_index(spec: DatasetSpec, location: str) -> PromptIndex:
                 "source_row": row_number,
             }
         )
-    schema = {k: v for k, v in PROMPTS_SCHEMA.items() if k != "shard"}
-    frame = pl.DataFrame(records, schema=schema)
-    return PromptIndex(frame=frame, skipped=dict(sorted(skipped.items())), rows_read=rows_read, source=location)
+        summary.prompts += 1
+        if len(block) >= spec.shard_size:
+            flush()
+    if block:
+        flush()
+    summary.skipped = dict(sorted(skipped.items()))
+    summary.fields, summary.turn_keys = sorted(fields), sorted(turn_keys)
+    return summary
 
 
-def _index_keys(spec: DatasetSpec) -> tuple[str, str]:
-    return layout.index_file(spec.name, "prompts.parquet"), layout.index_file(spec.name, "summary.json")
+def _note_fields(row: dict[str, Any], adapter: Adapter, fields: set[str], turn_keys: set[str]) -> None:
+    fields.update(k for k in row if not k.startswith("__"))
+    turns = row.get(adapter.messages_field or "")
+    if isinstance(turns, list):
+        turn_keys.update(k for t in turns[:4] if isinstance(t, dict) for k in t)
 
 
-def _fingerprint(spec: DatasetSpec, location: str) -> dict[str, Any]:
-    """What the index's contents depend on; a saved index is reused only while all of it is unchanged."""
-    return {
-        "source": location,
-        "adapter": spec.adapter.model_dump(),
-        "max_prompts": spec.max_prompts,
-        "max_prompt_chars": spec.max_prompt_chars,
-    }
+def _expected(adapter: Adapter) -> str:
+    if adapter.messages_field is not None:
+        want = f"{adapter.messages_field!r} (a list of turns with {adapter.role_key!r}/{adapter.content_key!r})"
+    else:
+        want = repr(adapter.prompt_field) + (f" and {adapter.response_field!r}" if adapter.response_field else "")
+    return want + (f", optional {adapter.system_field!r}" if adapter.system_field else "")
+
+
+def check_yield(spec: DatasetSpec, summary: IndexSummary) -> None:
+    """Refuse an index that yields no prompt, or that skipped more than `max_skipped_share` of the rows:
+    a wrong schema or a broken file must fail the prompts step, not feed an empty or thin dataset."""
+    if summary.rows_read == 0:
+        raise SourceError(
+            f"dataset {spec.name!r}: source {summary.source} has no rows; pass a file with rows in the "
+            "source's schema"
+        )
+    skipped = sum(summary.skipped.values())
+    if summary.prompts and skipped <= spec.max_skipped_share * summary.rows_read:
+        return
+    reasons = ", ".join(f"{reason} {n}" for reason, n in sorted(summary.skipped.items(), key=lambda kv: -kv[1]))
+    found = ", ".join(summary.fields) or "none"
+    turns = f"; its turns have keys {', '.join(summary.turn_keys)}" if summary.turn_keys else ""
+    raise SourceError(
+        f"dataset {spec.name!r}: {summary.prompts} prompts from {summary.rows_read} rows of {summary.source} "
+        f"({skipped} skipped: {reasons}; max_skipped_share {spec.max_skipped_share:g}). The adapter expects "
+        f"{_expected(spec.adapter)}; the rows have fields {found}{turns}. Fix the catalog adapter or the file"
+    )
 
 
 def load_index(spec: DatasetSpec, store: ShardStore, source_path: str | None = None) -> PromptIndex:
-    """The saved prompt index, or build and save it from the source on first use.
+    """The saved prompt index, or build and save it from the source when there is none, or when the
+    source's content changed since it was built.
 
-    A saved index built under other settings (another source, adapter, cap) is refused, not reused:
-    shards cut from it would silently hold other prompts than the settings say.
+    A saved index built under other settings (another source location, adapter, cap) is refused, not
+    reused or replaced: shards already cut from it would silently hold other prompts than the settings say.
+    An index that fails `check_yield` is never saved.
     """
-    frame_key, summary_key = _index_keys(spec)
-    location = source_location(spec, source_path)
-    fingerprint = _fingerprint(spec, location)
-    if store.exists(frame_key) and store.exists(summary_key):
-        summary = json.loads(store.read_bytes(summary_key))
-        changed = sorted(k for k, v in fingerprint.items() if summary.get("fingerprint", {}).get(k) != v)
+    source = Source(spec, source_location(spec, source_path), store.s3_client if store.is_s3 else None)
+    summary_key = layout.index_file(spec.name, "summary.json")
+    fingerprint = _fingerprint(spec, source.location)
+    saved = IndexSummary.read(store.read_bytes(summary_key)) if store.exists(summary_key) else None
+    rebuilt = ""
+    if saved is not None:
+        changed = sorted(k for k, v in fingerprint.items() if saved.fingerprint.get(k) != v)
         if changed:
             raise SourceError(
                 f"dataset {spec.name!r}: its saved prompt index under {store.root} was built with other "
-                f"{', '.join(changed)}; use another EAGLE_DATA_ROOT, or delete {store.uri(frame_key)} to rebuild "
-                "it (shards written from the old index no longer match)"
+                f"{', '.join(changed)}; use another EAGLE_DATA_ROOT, or delete "
+                f"{store.uri(layout.index_prefix(spec.name))} to rebuild it (shards written from the old index no "
+                "longer match)"
             )
-        return PromptIndex(store.read_frame(frame_key), summary["skipped"], summary["rows_read"], summary["source"])
-    index = build_index(spec, location)
-    store.write_frame(frame_key, index.frame)
-    summary = {
-        "skipped": index.skipped,
-        "rows_read": index.rows_read,
-        "source": index.source,
-        "fingerprint": fingerprint,
-    }
-    store.write_bytes(summary_key, json.dumps(summary).encode())
-    return index
+        if saved.version == SUMMARY_VERSION and source.same_content(saved.content):
+            check_yield(spec, saved)
+            return PromptIndex(store, spec.name, saved)
+        if saved.content is not None:
+            rebuilt = f"source {source.location} changed since its prompt index was built ({_change(saved, source)})"
+    summary = build_index(spec, store, source)
+    check_yield(spec, summary)
+    store.write_bytes(summary_key, json.dumps(asdict(summary)).encode())
+    _drop_other_blocks(store, spec.name, summary.digest)
+    return PromptIndex(store, spec.name, summary, rebuilt)
+
+
+def _change(saved: IndexSummary, source: Source) -> str:
+    before, now = saved.content or {}, source.identity() or {}
+    return ", ".join(f"{k} {before.get(k)} -> {v}" for k, v in now.items() if before.get(k) != v)
+
+
+def _drop_other_blocks(store: ShardStore, dataset: str, digest: str) -> None:
+    """Delete blocks of earlier builds (and a pre-streaming single-file index) once the new summary is saved."""
+    for key in store.list(layout.index_prefix(dataset)):
+        where = layout.parse(key)
+        stale_block = where is not None and where.kind == "index_block" and where.name != digest
+        if stale_block or (where is not None and where.name == "prompts.parquet"):
+            store.delete(key)

@@ -9,6 +9,7 @@ single-run partition ranges, and dagster-polars breaks on polars 2.
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import shutil
@@ -28,6 +29,26 @@ LINK_EXPIRES_S = 7 * 24 * 3600
 
 class StorageError(RuntimeError):
     """A storage problem the user must fix; the message names the location and the fix."""
+
+
+# what to say when the output root refuses a write, by errno (others quote the system's own words)
+WRITE_FAILURES = {
+    errno.EACCES: "is not writable (permission denied)",
+    errno.EPERM: "is not writable (operation not permitted)",
+    errno.EROFS: "is on a read-only file system",
+    errno.ENOSPC: "is full (no space left on device)",
+    errno.EDQUOT: "is over its disk quota",
+    errno.ENOTDIR: "is not a folder (a file is in the way)",
+}
+
+
+def write_failure(root: str, key: str, exc: OSError) -> StorageError:
+    """One line for a write the output root refused: which root, why, and what to do."""
+    why = WRITE_FAILURES.get(exc.errno or 0, f"refused the write ({exc.strerror or exc})")
+    return StorageError(
+        f"cannot write {key} under the output root {root}: it {why}; free space or make it writable, or point "
+        f"{ROOT_ENV} at another folder"
+    )
 
 
 def default_root() -> str:
@@ -98,24 +119,78 @@ class ShardStore:
         if self.is_s3:
             self._client().put_object(Bucket=self.bucket, Key=self._s3_key(key), Body=data)
         else:
-            path = Path(self.root, key)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
             try:
-                with os.fdopen(fd, "wb") as fh:
-                    fh.write(data)
-                    fh.flush()
-                    os.fsync(fh.fileno())
-                os.replace(tmp, path)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
+                _write_atomically(Path(self.root, key), data)
+            except OSError as exc:
+                raise write_failure(self.root, key, exc) from None
         return self.uri(key)
+
+    @property
+    def can_append(self) -> bool:
+        """Folders append in place; S3 has no append, so appenders write small part objects instead."""
+        return not self.is_s3
+
+    def append_bytes(self, key: str, data: bytes) -> str:
+        """Append to a file in a folder root and fsync it: durable when this returns (folders only)."""
+        if self.is_s3:
+            raise StorageError(f"{self.root}: S3 objects cannot be appended to; write a new part object")
+        path = Path(self.root, key)
+        try:
+            created = not path.exists()
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with path.open("ab") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            if created:  # the new name must survive a crash too
+                _fsync_dir(path.parent)
+        except OSError as exc:
+            raise write_failure(self.root, key, exc) from None
+        return self.uri(key)
+
+    def create_exclusive(self, key: str, data: bytes) -> bool:
+        """Write `data` at `key` only if nothing is there; False when something already is.
+
+        Atomic against other processes and hosts. Folder: a complete temp file is hard-linked to the
+        name, and link(2) fails when the name exists, as O_CREAT|O_EXCL does, without a reader ever
+        seeing a half-written file. S3: a PUT with `If-None-Match: *` (412 when the key exists; a 409
+        conflicting concurrent write also means someone else got there first).
+        """
+        if self.is_s3:
+            from botocore.exceptions import ClientError
+
+            try:
+                self._client().put_object(Bucket=self.bucket, Key=self._s3_key(key), Body=data, IfNoneMatch="*")
+            except ClientError as exc:
+                if exc.response.get("Error", {}).get("Code") in ("PreconditionFailed", "ConditionalRequestConflict"):
+                    return False
+                raise
+            return True
+        path = Path(self.root, key)
+        try:
+            tmp = _write_temp(path, data)
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                return False
+            finally:
+                tmp.unlink(missing_ok=True)
+            _fsync_dir(path.parent)
+        except OSError as exc:
+            raise write_failure(self.root, key, exc) from None
+        return True
 
     def read_bytes(self, key: str) -> bytes:
         if self.is_s3:
             return self._client().get_object(Bucket=self.bucket, Key=self._s3_key(key))["Body"].read()
         return Path(self.root, key).read_bytes()
+
+    def missing(self, exc: BaseException) -> bool:
+        """Whether `exc` (from `read_bytes`) means the key does not exist."""
+        if isinstance(exc, FileNotFoundError):
+            return True
+        code = getattr(exc, "response", {}).get("Error", {}).get("Code")
+        return code in ("404", "NoSuchKey", "NotFound")
 
     def exists(self, key: str) -> bool:
         if self.is_s3:
@@ -159,17 +234,20 @@ class ShardStore:
             Path(self.root, key).unlink(missing_ok=True)
 
     # ---- S3 plumbing -----------------------------------------------------------------------------
+    def s3_client(self) -> Any:
+        """An S3 client with this store's settings (endpoint, credentials), e.g. to read a source on S3."""
+        if self._s3_factory is not None:
+            return self._s3_factory()
+        import boto3
+
+        return boto3.client("s3")
+
     def _s3_key(self, key: str) -> str:
         return layout.under(self.prefix, key)
 
     def _client(self) -> Any:
         if self._s3 is None:
-            if self._s3_factory is not None:
-                client = self._s3_factory()
-            else:
-                import boto3
-
-                client = boto3.client("s3")
+            client = self.s3_client()
             self._check_bucket(client)
             self._s3 = client
         return self._s3
@@ -192,3 +270,36 @@ class ShardStore:
             raise StorageError(
                 f"cannot reach the S3 endpoint {endpoint}: start it or fix AWS_ENDPOINT_URL"
             ) from None
+
+
+def _write_temp(path: Path, data: bytes) -> Path:
+    """A complete, fsync'd temp file beside `path`, to be renamed or linked into place."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return Path(tmp)
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    """Write a temp file beside `path`, fsync it and rename it into place: readers see all or nothing."""
+    tmp = _write_temp(path, data)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

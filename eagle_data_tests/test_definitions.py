@@ -52,17 +52,18 @@ def test_definitions_hold_four_assets_per_dataset_in_six_groups_plus_the_exports
     for key in graph.get_all_asset_keys():
         groups.setdefault(graph.get(key).group_name, set()).add(key.to_user_string())
     assert groups.pop("exports") == {"training_mix"}
-    assert groups.pop("drafter") == {"draft_vocab"}
+    assert groups.pop("drafter") == {"draft_vocab", "hidden_state_plan"}
     assert groups == {d: {f"{d}_prompts", f"{d}_estimate", d, f"{d}_validated"} for d in DATASETS}
     assert defs.get_sensor_def("catalog_order").default_status == dg.DefaultSensorStatus.STOPPED
 
 
-def test_cli_lists_24_dataset_assets_the_mix_and_the_draft_vocab(demo_env: dict[str, str]):
+def test_cli_lists_24_dataset_assets_the_mix_and_the_drafter_inputs(demo_env: dict[str, str]):
     out = dagster_cli(demo_env, "asset", "list")
     assert out.returncode == 0, out.stderr[-2000:]
     listed = [line.strip() for line in out.stdout.splitlines() if line.strip()]
-    assert len([a for a in listed if a not in ("training_mix", "draft_vocab")]) == 24
-    assert {"training_mix", "draft_vocab"} <= set(listed)
+    drafter = {"draft_vocab", "hidden_state_plan"}
+    assert len([a for a in listed if a not in {"training_mix", *drafter}]) == 24
+    assert {"training_mix", *drafter} <= set(listed)
 
 
 def test_cli_materializes_one_shard_with_the_design_columns(demo_env: dict[str, str], tmp_path: Path):

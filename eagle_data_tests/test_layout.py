@@ -24,6 +24,7 @@ BUILT = [
     ),
     (layout.usage(DS, "00002"), Key("usage", DS, DS, partition="00002", name="00002.json")),
     (layout.index_file(DS, "summary.json"), Key("index", DS, f"{DS}_prompts", name="summary.json")),
+    (layout.index_block(DS, "ab12", 3), Key("index_block", DS, f"{DS}_prompts", partition="00003", name="ab12")),
     (layout.quality_record(DS, "00004"), Key("quality_record", DS, partition="00004", name="00004.json")),
     (layout.quality_page(DS, "00004"), Key("quality_page", DS, partition="00004", name="00004.html")),
     (layout.quality_index(DS), Key("quality_index", DS, name="index.html")),

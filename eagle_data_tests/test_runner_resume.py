@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 import pytest
@@ -31,12 +33,15 @@ def server() -> Iterator[FakeOpenAI]:
     srv.stop()
 
 
-def generate(url: str, root: str, max_tokens: int = 4096, shards: dict[str, pl.DataFrame] | None = None) -> dict:
+def generate(
+    url: str, root: str, max_tokens: int = 4096, shards: dict[str, pl.DataFrame] | None = None, **settings: Any
+) -> dict:
     """One run against the fake at `url` (also the child process's entry point)."""
     engine = make_engine("openai", base_url=url, model="m", max_tokens=max_tokens)
     shards = shards if shards is not None else prompt_shards(KILL_SHARDS, KILL_PER_SHARD, turns=2)
-    settings = RunnerSettings(max_in_flight=200, initial_in_flight=200, flush_every_s=0.2, progress_bar=False)
-    return run_generation(engine, spec_for_tests(), shards, ShardStore(root), settings=settings, log=lambda _: None)
+    chosen = RunnerSettings(**{"max_in_flight": 200, "initial_in_flight": 200, "flush_every_s": 0.2,
+                               "progress_bar": False, **settings})  # fmt: skip
+    return run_generation(engine, spec_for_tests(), shards, ShardStore(root), settings=chosen, log=lambda _: None)
 
 
 def durable_ids(store: ShardStore) -> set[str]:
@@ -77,6 +82,65 @@ def test_sigkill_mid_run_then_rerun_matches_an_uninterrupted_run_and_resends_not
     twice = [k for k, n in server.requests.items() if k.split("#")[0] in before and n != 2]
     assert not twice, f"{len(twice)} turns of prompts durable before the kill were sent again: {twice[:3]}"
     assert not store.list(f"{DS}/{DS}/_log"), "finished shards supersede their checkpoint parts"
+
+
+def test_sigkill_at_random_points_under_load_repays_at_most_one_second_of_answers(tmp_path: Path) -> None:
+    """Three SIGKILLs at random moments 1-2.5 s into a run with the default flush interval; then a run to
+    the end. Every answer the server gave twice was paid twice: at most one second's worth per kill."""
+    server = FakeOpenAI(Faults(latency_s=0.1))  # 50 in flight: at most 500 answers/s, so every kill is mid-run
+    url, root = server.start(), str(tmp_path / "killed")
+    shards, per_shard = 4, 600
+    flush = RunnerSettings().flush_every_s
+    code = (f"from eagle_data_tests.test_runner_resume import generate; from eagle_data_tests.servers.openai_fake "
+            f"import prompt_shards; generate({url!r}, {root!r}, shards=prompt_shards({shards}, {per_shard}, turns=2), "
+            f"flush_every_s={flush}, max_in_flight=50, initial_in_flight=50)")  # fmt: skip
+    rng, allowance = random.Random(), 0.0
+    try:
+        for _ in range(3):
+            before = sum(server.answered.values())
+            child = subprocess.Popen([sys.executable, "-c", code], cwd=REPO)
+            while sum(server.answered.values()) == before and child.poll() is None:  # answers are landing
+                time.sleep(0.005)
+            first = time.monotonic()
+            time.sleep(rng.uniform(1.0, 2.5))
+            os.kill(child.pid, signal.SIGKILL)
+            rate = (sum(server.answered.values()) - before) / (time.monotonic() - first)
+            child.wait()
+            allowance += rate * 1.0  # one second of answers at the rate the run was going
+        generate(url, root, shards=prompt_shards(shards, per_shard, turns=2))
+    finally:
+        server.stop()
+
+    store = ShardStore(root)
+    out = pl.concat([store.read_shard(DS, DS, f"{s:05d}") for s in range(shards)])
+    assert out.height == shards * per_shard and set(out["status"]) == {"ok"}  # none lost
+    assert set(out["messages"].list.len()) == {4}
+    assert len(server.answered) == shards * per_shard * 2
+    repaid = sum(n - 1 for n in server.answered.values())
+    print(f"repaid {repaid} answers after 3 kills; one second each allows {allowance:.0f}")
+    assert repaid <= allowance, f"{repaid} answers paid twice, more than 1 s worth ({allowance:.0f}) over 3 kills"
+
+
+def test_a_failed_second_turn_is_retried_without_paying_for_the_first_again(server: FakeOpenAI, tmp_path: Path) -> None:
+    url, root = f"http://127.0.0.1:{server.port}/v1", str(tmp_path)
+    shards = prompt_shards(1, 20, turns=2)
+    server.faults = Faults(fail_turn=2)
+    first = generate(url, root, shards=shards, max_attempts=1)["00000"].figures
+    assert first["failed"] == 20 and set(server.requests.values()) == {1}
+
+    server.faults = Faults()
+    again = generate(url, root, shards=shards)["00000"].figures
+
+    assert again["ok"] == 20
+    assert all(server.requests[f"s0-p{i}#1"] == 1 for i in range(20)), "turn 1 was paid for again"
+    assert all(server.requests[f"s0-p{i}#2"] == 2 for i in range(20))
+    out = ShardStore(root).read_shard(DS, DS, "00000")
+    clean_root = str(tmp_path / "clean")
+    generate(url, clean_root, shards=shards)
+    clean = ShardStore(clean_root).read_shard(DS, DS, "00000")
+    cols = ["prompt_id", "status", "content", "messages", "completion_tokens"]
+    assert out.select(cols).equals(clean.select(cols))
+    assert not ShardStore(root).list(f"{DS}/{DS}/_log"), "the carried turns are dropped once their rows finish"
 
 
 def test_raising_max_tokens_regenerates_only_truncated_rows(server: FakeOpenAI, tmp_path: Path) -> None:

@@ -16,7 +16,8 @@ from eagle_data.catalog import load_catalog
 from eagle_data.defs.assets import build_dataset_assets
 from eagle_data.defs.resources import EngineResource, StorageResource
 from eagle_data.engines.launcher import LaunchConfig, Launcher
-from eagle_data.sources import build_index, source_location
+from eagle_data.sources import load_index
+from eagle_data.storage import ShardStore
 from eagle_data_tests.servers.sglang_fake import free_port_block
 from eagle_data_tests.test_sglang import FAKE, MODEL, REPO
 
@@ -37,7 +38,7 @@ def kill_when(folder: Path, answered: int, pgid: int, stop: threading.Event) -> 
 
 def test_b7_sharegpt_materializes_through_the_sglang_resource_with_one_server_killed(tmp_path: Path) -> None:
     spec = load_catalog(profile="demo")["b7_sharegpt"]
-    index = build_index(spec, source_location(spec))
+    index = load_index(spec, ShardStore(str(tmp_path / "index")))
     logs = tmp_path / "answers"
     logs.mkdir()
     config = LaunchConfig(

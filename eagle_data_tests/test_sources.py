@@ -1,29 +1,35 @@
 import json
+import os
 from pathlib import Path
 
+import boto3
 import polars as pl
 import pytest
 
-from eagle_data.catalog import load_catalog
+from eagle_data.catalog import DatasetSpec, load_catalog
 from eagle_data.sources import (
     PROMPTS_SCHEMA,
     BadRow,
+    PromptIndex,
     SourceError,
-    build_index,
     load_index,
     normalize,
     prompt_id,
-    source_location,
 )
 from eagle_data.storage import ShardStore
 
 SPECS = load_catalog(profile="demo")
 
 
+def index_of(spec: DatasetSpec, root: Path, source: Path | None = None) -> PromptIndex:
+    """Build (or load) `spec`'s prompt index under a fresh output root, from `source` when given."""
+    return load_index(spec, ShardStore(str(root)), str(source) if source else None)
+
+
 @pytest.mark.parametrize("name", list(SPECS))
-def test_every_adapter_reads_its_sample(name: str):
+def test_every_adapter_reads_its_sample(name: str, tmp_path: Path):
     spec = SPECS[name]
-    index = build_index(spec, source_location(spec))
+    index = index_of(spec, tmp_path)
     assert index.frame.height == 36
     assert sum(index.skipped.values()) == index.rows_read - 36 >= 4
     roles = {m["role"] for msgs in index.frame["messages"].to_list() for m in msgs}
@@ -84,7 +90,7 @@ def test_duplicates_and_malformed_lines_are_counted_not_fatal(tmp_path: Path):
     path = tmp_path / "src.jsonl"
     good = {"id": "a", "conversations": [{"from": "human", "value": "hi"}]}
     path.write_text("\n".join([json.dumps(good), json.dumps(good), "{not json", "[1, 2]", ""]) + "\n")
-    index = build_index(SPECS["b7_sharegpt"], str(path))
+    index = index_of(SPECS["b7_sharegpt"].model_copy(update={"max_skipped_share": 1.0}), tmp_path / "out", path)
     assert index.frame.height == 1
     assert index.skipped == {"duplicate": 1, "malformed_row": 2}
 
@@ -92,13 +98,13 @@ def test_duplicates_and_malformed_lines_are_counted_not_fatal(tmp_path: Path):
 def test_local_parquet_source(tmp_path: Path):
     path = tmp_path / "src.parquet"
     pl.DataFrame({"instruction": ["a", "b", "a"], "response": ["1", "2", "1"]}).write_parquet(path)
-    index = build_index(SPECS["b3_magicoder"], str(path))
+    index = index_of(SPECS["b3_magicoder"], tmp_path / "out", path)
     assert index.frame.height == 2 and index.skipped == {"duplicate": 1}
 
 
 def test_missing_source_file_is_a_one_line_error(tmp_path: Path):
     with pytest.raises(SourceError) as err:
-        build_index(SPECS["b7_sharegpt"], str(tmp_path / "nope.jsonl"))
+        index_of(SPECS["b7_sharegpt"], tmp_path / "out", tmp_path / "nope.jsonl")
     assert "b7_sharegpt" in str(err.value) and "nope.jsonl" in str(err.value) and "\n" not in str(err.value)
 
 
@@ -111,14 +117,30 @@ def test_shards_slice_the_index_in_order(tmp_path: Path):
     assert dict(shards[1].schema) == PROMPTS_SCHEMA and set(shards[1]["shard"]) == {1}
 
 
-def test_saved_index_keeps_shards_stable_even_when_the_source_changes(tmp_path: Path):
+def test_saved_index_is_reused_while_the_source_content_is_unchanged(tmp_path: Path):
+    """Same bytes (even re-written, with a new mtime) -> the saved index, not a rebuild."""
+    source = tmp_path / "src.jsonl"
+    source.write_text(SPECS["b7_sharegpt"].sample_path.read_text())
+    spec, store = SPECS["b7_sharegpt"].model_copy(update={"source": str(source)}), ShardStore(str(tmp_path / "out"))
+    first = load_index(spec, store)
+    source.write_text(source.read_text())
+    os.utime(source, ns=(1, 1))
+    again = load_index(spec, store)
+    assert again.summary.digest == first.summary.digest and not again.rebuilt
+    assert again.frame.equals(first.frame) and again.skipped == first.skipped and first.frame.height == 36
+
+
+def test_a_changed_source_file_rebuilds_the_index(tmp_path: Path):
     source = tmp_path / "src.jsonl"
     source.write_text(SPECS["b7_sharegpt"].sample_path.read_text())
     spec, store = SPECS["b7_sharegpt"].model_copy(update={"source": str(source)}), ShardStore(str(tmp_path / "out"))
     first = load_index(spec, store)
     source.write_text('{"id": "new", "conversations": [{"from": "human", "value": "a new first prompt"}]}\n')
     again = load_index(spec, store)
-    assert again.frame.equals(first.frame) and again.skipped == first.skipped and first.frame.height == 36
+    assert again.frame["messages"].to_list() == [[{"role": "user", "content": "a new first prompt"}]]
+    assert first.prompts == 36 and "changed since its prompt index was built" in again.rebuilt
+    blocks = [k for k in store.list("b7_sharegpt") if "/_index/" in k and k.endswith(".parquet")]
+    assert blocks and all(again.summary.digest in k for k in blocks)  # the old build's blocks are gone
 
 
 @pytest.mark.parametrize(
@@ -132,3 +154,16 @@ def test_saved_index_built_under_other_settings_is_refused(tmp_path: Path, chang
     with pytest.raises(SourceError, match=rf"other {named}; use another EAGLE_DATA_ROOT, or delete") as err:
         load_index(spec.model_copy(update=change), store)
     assert "\n" not in str(err.value)
+
+
+def test_an_s3_source_is_keyed_by_its_etag(tmp_path: Path, s3_endpoint: str, s3_bucket: str):
+    client = boto3.client("s3", endpoint_url=s3_endpoint)
+    store = ShardStore(f"s3://{s3_bucket}/out", s3_client_factory=lambda: client)
+    spec = SPECS["b7_sharegpt"].model_copy(update={"source": f"s3://{s3_bucket}/in/src.jsonl"})
+    client.put_object(Bucket=s3_bucket, Key="in/src.jsonl", Body=SPECS["b7_sharegpt"].sample_path.read_bytes())
+    first = load_index(spec, store)
+    assert first.prompts == 36 and load_index(spec, store).summary.digest == first.summary.digest
+    changed = b'{"conversations": [{"from": "human", "value": "q"}]}'
+    client.put_object(Bucket=s3_bucket, Key="in/src.jsonl", Body=changed)
+    again = load_index(spec, store)
+    assert again.prompts == 1 and "etag" in again.rebuilt

@@ -1,3 +1,4 @@
+import errno
 from pathlib import Path
 
 import boto3
@@ -53,10 +54,10 @@ def test_local_write_is_atomic_when_it_fails_midway(tmp_path: Path, monkeypatch:
     store.write_shard("ds", "ds", "00000", FRAME)
 
     def disk_full(fd: int) -> None:
-        raise OSError("disk full")
+        raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr("eagle_data.storage.os.fsync", disk_full)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(StorageError, match=f"under the output root {tmp_path}: it is full"):
         store.write_shard("ds", "ds", "00000", FRAME.head(1))
     assert store.read_shard("ds", "ds", "00000").equals(FRAME)
     assert [p.name for p in (tmp_path / "ds" / "ds").iterdir()] == ["00000.parquet"]

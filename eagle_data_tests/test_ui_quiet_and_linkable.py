@@ -52,7 +52,10 @@ def test_every_asset_has_catalog_owners_and_a_stage_tag_in_flow_order():
                    for n in nodes)  # fmt: skip
         assert nodes[2].tags["engine"] == engine_kind()
     mix = graph.get(dg.AssetKey("training_mix"))
-    assert mix.tags["stage"] == order[-1] and mix.owners == ["team:eagle-data"]
+    assert mix.tags["stage"] == STAGES["export"] and mix.owners == ["team:eagle-data"]
+    for name in ("draft_vocab", "hidden_state_plan"):
+        node = graph.get(dg.AssetKey(name))
+        assert node.tags["stage"] == STAGES["drafter"] and node.owners == ["team:eagle-data"]
 
 
 def test_an_owner_that_dagster_would_refuse_is_a_catalog_error():

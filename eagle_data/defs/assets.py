@@ -57,6 +57,7 @@ STAGES = {
     "generation": "3-generation",
     "validated": "4-validated",
     "export": "5-export",
+    "drafter": "6-drafter",
 }
 
 
@@ -112,7 +113,9 @@ def build_dataset_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
         context: dg.AssetExecutionContext, config: PromptsConfig, storage: StorageResource
     ) -> dg.MaterializeResult:
         store = storage.store()
-        per_partition = pipeline.write_prompts(spec, store, context.partition_keys, config.source_path)
+        per_partition = pipeline.write_prompts(
+            spec, store, context.partition_keys, config.source_path, warn=context.log.warning
+        )
         figures = pipeline.merge_figures(list(per_partition.values()))
         context.log.info(f"{ds}: wrote {figures['prompts']} prompts, skipped {figures['skipped']} rows")
         path = store.uri(store.shard_key(ds, pipeline.prompts_asset(spec), "{partition}"))
@@ -146,6 +149,7 @@ def build_dataset_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
             usd_per_completion_token=config.usd_per_million_completion_tokens / 1e6,
             log=context.log.info,
             settings=engine.runner_settings(),
+            run_id=context.run_id,
         )
         context.log.info(f"pre-flight estimate: {result.line()}")
         over = result.over_budget()
@@ -185,6 +189,7 @@ def build_dataset_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
             backend,
             log=context.log.info,
             settings=engine.runner_settings(),
+            run_id=context.run_id,
         )
         return dg.MaterializeResult(metadata=figures)
 

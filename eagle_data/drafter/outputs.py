@@ -2,17 +2,25 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import io
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
+
+import polars as pl
 
 from eagle_data import layout
 from eagle_data.catalog import DatasetSpec
-from eagle_data.drafter import vocab
+from eagle_data.drafter import decontam, hidden_states, vocab
 from eagle_data.drafter.mixfile import content_hash, local_mix, mix_target
-from eagle_data.storage import ShardStore
+from eagle_data.drafter.settings import HiddenStateRecipe
+from eagle_data.quality import KEPT
+from eagle_data.storage import ShardStore, StorageError
 from eagle_data.targets import load_target
 
 Log = Callable[[str], None]
+
 
 def write_draft_vocab(
     specs: list[DatasetSpec], store: ShardStore, sizes: tuple[int, ...], log: Log = print
@@ -49,3 +57,74 @@ def write_draft_vocab(
         figures[f"mapping_{size}_path"] = store.uri(key)
         log(f"draft vocabulary {size}: covers {draft.coverage:.2%} of supervised tokens -> {store.uri(key)}")
     return figures
+
+
+PLAN_ASSET = "hidden_state_plan"
+
+
+def write_hidden_state_plan(store: ShardStore, recipe: HiddenStateRecipe) -> tuple[hidden_states.Plan, str]:
+    """Size the hidden-state capture of the mix for a recipe; writes the plan as JSON and returns it with
+    its markdown table."""
+    with local_mix(store, layout.mix()) as path:
+        sized = hidden_states.plan(hidden_states.mix_token_counts(path), recipe)
+    record = {"recipe": recipe.model_dump(), **sized.figures(), "per_dataset_bytes": sized.per_dataset_bytes}
+    store.write_bytes(layout.drafter_file(PLAN_ASSET, "plan.json"), json.dumps(record, indent=1).encode())
+    return sized, sized.markdown(recipe)
+
+
+SHOWN_IDS = 50  # prompt ids quoted in metadata (the full list would grow with the range)
+
+
+@dataclass
+class DecontamReport:
+    """What the decontamination check found over a range of validated shards.
+
+    `leaked` counts overlapping rows still kept for training (verdict pass or truncated): the check
+    fails on any, since validation sets overlapping rows aside with the verdict `contaminated`.
+    """
+
+    rows: int = 0
+    matched: int = 0
+    leaked: int = 0
+    per_benchmark: dict[str, int] = field(default_factory=dict)
+    per_match: dict[str, int] = field(default_factory=dict)
+    matched_ids: list[str] = field(default_factory=list)
+    leaked_ids: list[str] = field(default_factory=list)
+
+    def add(self, shard: pl.DataFrame, found: pl.DataFrame) -> None:
+        hits = found.join(shard.with_row_index("row").cast({"row": pl.Int64}), on="row")
+        rows = hits.unique("row")
+        leaked = rows.filter(pl.col("verdict").is_in(list(KEPT)))
+        self.rows += shard.height
+        self.matched += rows.height
+        self.leaked += leaked.height
+        for name, n in hits.unique(["row", "benchmark"]).group_by("benchmark").len().iter_rows():
+            self.per_benchmark[name] = self.per_benchmark.get(name, 0) + n
+        for kind, n in hits.unique(["row", "match"]).group_by("match").len().iter_rows():
+            self.per_match[kind] = self.per_match.get(kind, 0) + n
+        self.matched_ids.extend(rows["prompt_id"].head(SHOWN_IDS - len(self.matched_ids)).to_list())
+        self.leaked_ids.extend(leaked["prompt_id"].head(SHOWN_IDS - len(self.leaked_ids)).to_list())
+
+    @property
+    def passed(self) -> bool:
+        return self.leaked == 0
+
+
+def read_for_decontam(store: ShardStore, dataset: str, asset: str, partition: str) -> pl.DataFrame:
+    """A validated shard's ids, conversations and verdicts only (not its token lists)."""
+    key = layout.shard(dataset, asset, partition)
+    if not store.exists(key):
+        raise StorageError(f"{store.uri(key)} does not exist: materialize {asset} partition {partition} first")
+    return pl.read_parquet(io.BytesIO(store.read_bytes(key)), columns=["prompt_id", "messages", "verdict"])
+
+
+def decontamination_report(
+    dataset: str, store: ShardStore, partitions: Sequence[str], index: decontam.BenchmarkIndex
+) -> DecontamReport:
+    """Scan each validated shard of the range against the benchmark index, one shard in memory at a time."""
+    report = DecontamReport()
+    asset = layout.validated_asset(dataset)
+    for key in partitions:
+        shard = read_for_decontam(store, dataset, asset, key)
+        report.add(shard, decontam.scan(shard, index))
+    return report

@@ -3,13 +3,16 @@
 Truncated replies only tell us their length is at least max_new_tokens, so when more than 5% are cut
 the 95th percentile lies above the cap and is estimated: a log-normal fitted to the median and the
 largest quantile not cut (reply lengths are roughly log-normal). Below 5% it is read off the data.
+Lengths are kept as a histogram (`ReplyLengths`): a million replies take as much memory as a thousand,
+bounded by the number of distinct lengths (at most max_tokens), with the same figures as a sorted list.
 """
 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from statistics import NormalDist
 
 COVER = 0.95
@@ -27,19 +30,50 @@ class TruncationReport:
     warning: str  # empty when the rate is within the threshold
 
 
-def truncation_report(
-    completion_tokens: Sequence[int], finish_reasons: Sequence[str], *, max_new_tokens: int, threshold: float
-) -> TruncationReport:
+@dataclass
+class ReplyLengths:
+    """Answered replies as a histogram of lengths (tokens -> replies) plus how many were cut."""
+
+    counts: Counter[int] = field(default_factory=Counter)
+    truncated: int = 0
+
+    @classmethod
+    def of(cls, completion_tokens: Sequence[int], finish_reasons: Sequence[str]) -> ReplyLengths:
+        if len(completion_tokens) != len(finish_reasons):
+            raise ValueError("completion_tokens and finish_reasons differ in length")
+        lengths = cls()
+        for tokens, reason in zip(completion_tokens, finish_reasons, strict=True):
+            lengths.add(tokens, reason)
+        return lengths
+
+    def add(self, completion_tokens: int, finish_reason: str) -> None:
+        self.counts[max(int(completion_tokens), 1)] += 1
+        self.truncated += finish_reason == "length"
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def quantile(self, q: float) -> int:
+        """Nearest-rank quantile, as over the sorted list of every length."""
+        total = self.total
+        if not total:
+            return 0
+        rank = min(total - 1, max(0, math.ceil(q * total) - 1))
+        seen = 0
+        for length in sorted(self.counts):
+            seen += self.counts[length]
+            if seen > rank:
+                return length
+        raise AssertionError("unreachable: rank < total")
+
+
+def truncation_report(lengths: ReplyLengths, *, max_new_tokens: int, threshold: float) -> TruncationReport:
     """Share of replies cut at max_new_tokens (finish_reason "length") and a max_new_tokens covering 95%."""
-    if len(completion_tokens) != len(finish_reasons):
-        raise ValueError("completion_tokens and finish_reasons differ in length")
-    total = len(completion_tokens)
-    cut = [r == "length" for r in finish_reasons]
-    truncated = sum(cut)
+    total, truncated = lengths.total, lengths.truncated
     rate = truncated / total if total else 0.0
-    lengths = sorted(max(int(n), 1) for n in completion_tokens)
     estimated = rate > 1 - COVER
-    p95 = _p95_censored(lengths, rate, max_new_tokens) if estimated else _quantile(lengths, COVER)
+    p95 = _p95_censored(lengths, rate, max_new_tokens) if estimated else lengths.quantile(COVER)
     suggested = max(ROUND_TO, math.ceil(p95 / ROUND_TO) * ROUND_TO)
     warning = ""
     if rate > threshold:
@@ -52,19 +86,12 @@ def truncation_report(
     return TruncationReport(total, truncated, rate, p95, estimated, suggested, warning)
 
 
-def _quantile(sorted_values: list[int], q: float) -> int:
-    """Nearest-rank quantile."""
-    if not sorted_values:
-        return 0
-    return sorted_values[min(len(sorted_values) - 1, max(0, math.ceil(q * len(sorted_values)) - 1))]
-
-
-def _p95_censored(lengths: list[int], rate: float, cap: int) -> int:
+def _p95_censored(lengths: ReplyLengths, rate: float, cap: int) -> int:
     """Log-normal 95th percentile from the median and the highest uncut quantile (1 - rate)."""
     if rate >= 0.5:
         return 2 * cap  # the median itself is cut: no fit, only "at least twice as long"
     q_hi = 1 - rate
-    median = _quantile(lengths, 0.5)
-    x_hi = max(_quantile(lengths, q_hi - 1 / len(lengths)), median + 1)
+    median = lengths.quantile(0.5)
+    x_hi = max(lengths.quantile(q_hi - 1 / lengths.total), median + 1)
     sigma = (math.log(x_hi) - math.log(median)) / NormalDist().inv_cdf(q_hi)
     return max(cap + 1, round(math.exp(math.log(median) + sigma * NormalDist().inv_cdf(COVER))))

@@ -11,6 +11,9 @@ re-tokenizes the conversations export would turn the string into a control token
 `ids_match` False (the engine's own ids differ from re-tokenizing its text) is no reason: the
 targets room then keeps the model's own ids, which is right for a draft model; it is counted instead.
 
+A row whose prompt or reply overlaps a benchmark item (`contamination`, set by the validation stage,
+see eagle_data/drafter/decontam.py) is `contaminated`: set aside, so no benchmark reaches a drafter.
+
 Truncated rows are kept for training but flagged with the verdict "truncated": their tokens are still
 the target model's own output, which is what a draft model learns from, and dropping them would bias
 the data towards short replies (one real run had 18% of replies at the 4,096-token limit). They stay
@@ -25,6 +28,8 @@ from eagle_data.catalog import Checks
 
 PASS = "pass"
 TRUNCATED = "truncated"
+CONTAMINATED = "contaminated"
+CONTAMINATION = "contamination"  # the benchmark a row overlaps (eagle_data.drafter.decontam), else null
 KEPT = frozenset({PASS, TRUNCATED})  # verdicts whose rows go to training
 STRUCTURE_REASONS = (
     "render_error",
@@ -90,6 +95,7 @@ def _rules(checks: Checks, thinking: bool) -> list[tuple[str, pl.Expr]]:
         ("roundtrip_mismatch", _false("roundtrip_ok")),
         ("prefix_mismatch", _false("prefix_ok")),
         ("special_token_in_text", pl.col("special_in_text").fill_null(0) > 0),
+        (CONTAMINATED, pl.col(CONTAMINATION).is_not_null()),  # a benchmark's item in a prompt or reply
         (TRUNCATED, is_truncated()),
         ("missing_eot", _false("eot_ok")),
         ("empty_completion", _blank("content")),
@@ -101,6 +107,8 @@ def _rules(checks: Checks, thinking: bool) -> list[tuple[str, pl.Expr]]:
 def row_verdicts(frame: pl.DataFrame, checks: Checks, thinking: bool) -> pl.DataFrame:
     """`frame` with a `verdict` column: "pass" or the first reason from `_rules`."""
     require_columns(frame)
+    if CONTAMINATION not in frame.columns:  # a frame from before decontamination: nothing found
+        frame = frame.with_columns(pl.lit(None, pl.String).alias(CONTAMINATION))
     verdict: pl.Expr = pl.lit(PASS)
     for reason, condition in reversed(_rules(checks, thinking)):
         verdict = pl.when(condition).then(pl.lit(reason)).otherwise(verdict)

@@ -1,17 +1,27 @@
-"""The durable result log: what makes resume exact.
+"""The durable result log: what makes resume exact and keeps a SIGKILL from paying twice.
 
-Finished rows are appended to checkpoint parts `{ds}/{ds}/_log/{partition}/part-*.parquet` at least
-every `flush_every_s`; a finished shard is written whole to `{ds}/{ds}/{partition}.parquet` and its
-parts are then deleted. A row counts as done only once it is in a part or the shard file, so a run
-killed with SIGKILL loses at most the last unflushed seconds, and re-sends only those prompts.
+Every answered turn (one engine reply) is a *turn record*: prompt_id, turn index, the resume-key
+hashes, the reply and its usage. Turn records become durable in batches at most `flush_every_s` apart
+(0.5 s by default), so every answer is durable within a second of landing:
+  - folder: one append-only file per shard per run, `{ds}/{ds}/_log/{partition}/turns-{run}.jsonl`,
+    each batch appended and fsync'd;
+  - S3 (no append): one small part object per batch, `turns-{run}-{seq}.jsonl`, per open shard.
+A SIGKILL loses only the batch not yet written: at most `flush_every_s` of answers are paid again.
+A multi-turn conversation is durable turn by turn, so a failed turn 2 never pays for turn 1 again.
 
-Resume key: prompt_id + `config_hash` (engine config, sampling, max tokens, reasoning, routing,
-regenerate/max_turns). A stored row is reused when
-  - its `config_hash` equals the current one and it is ok or truncated (final under that config), or
-  - it is ok, its `base_hash` (the same config without max tokens) matches, and it was generated with
-    `max_tokens` <= the current cap: a reply that stopped on its own under a lower cap is exactly
-    what the higher cap would allow, so raising max_tokens re-generates only the truncated rows.
-Failed and skipped_budget rows are never reused: the next run retries them.
+A finished shard is written whole to `{ds}/{ds}/{partition}.parquet` (a sample run, `write_shards`
+False, writes its rows to `part-*.parquet` instead), then the logs are compacted: the turns of
+conversations that did not finish (failed, stopped) move to one `carry-*.jsonl`, the rest are dropped.
+
+Resume, keyed by content (prompt_id + config hash + turn index), never by position:
+  - rows (shard file and parts) are reused when
+      - their `config_hash` equals the current one and they are ok or truncated (final), or
+      - they are ok, their `base_hash` (the config without max tokens) matches, and they were
+        generated with `max_tokens` <= the current cap: a reply that stopped on its own under a lower
+        cap is exactly what a higher cap allows, so raising max_tokens re-generates only truncated rows;
+  - a prompt without a reusable row replays its stored turns in order by the same rules (a turn that
+    hit the old cap is not replayed under a raised one) and continues from the first missing turn.
+Failed and skipped_budget rows are never reused: the next run retries them, from their stored turns.
 """
 
 from __future__ import annotations
@@ -20,6 +30,7 @@ import hashlib
 import json
 import os
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,8 +40,11 @@ from eagle_data import layout
 from eagle_data.catalog import DatasetSpec
 from eagle_data.runner.rows import GENERATION_SCHEMA, Row, to_frame
 from eagle_data.storage import ShardStore
+from eagle_data.types import Completion
 
 MAX_TOKENS_KEYS = ("max_tokens", "max_new_tokens", "max_completion_tokens")
+Turn = dict[str, Any]  # one turn record: TURN_KEYS, then the Completion's fields
+TURN_KEYS = ("prompt_id", "turn", "config_hash", "base_hash", "max_tokens", "attempts", "latency_s", "finished_at")
 
 
 @dataclass(frozen=True)
@@ -76,36 +90,117 @@ def reusable(frame: pl.DataFrame, key: ResumeKey) -> pl.DataFrame:
     )
 
 
-class ResultLog:
-    """Checkpoint parts and the final shard of one partition."""
+def replayable(turns: Iterable[Turn], key: ResumeKey) -> dict[str, list[Turn]]:
+    """Per prompt_id, the stored turns the current config may replay: turn 0, 1, ... without a gap,
+    the latest record of each turn."""
+    best: dict[tuple[str, int], Turn] = {}
+    for turn in turns:
+        same = turn["config_hash"] == key.config_hash
+        raised = (
+            turn["base_hash"] == key.base_hash
+            and turn["finish_reason"] != "length"
+            and turn["max_tokens"] <= key.max_tokens
+        )
+        at = (turn["prompt_id"], turn["turn"])
+        if (same or raised) and (at not in best or turn["finished_at"] >= best[at]["finished_at"]):
+            best[at] = turn
+    chains: dict[str, list[Turn]] = {}
+    for prompt_id, index in sorted(best):
+        chain = chains.setdefault(prompt_id, [])
+        if index == len(chain):
+            chain.append(best[prompt_id, index])
+    return chains
 
-    def __init__(self, store: ShardStore, dataset: str, partition: str) -> None:
+
+def turn_record(prompt_id: str, index: int, key: ResumeKey, done: Completion, attempts: int, latency_s: float) -> Turn:
+    record = {
+        "prompt_id": prompt_id,
+        "turn": index,
+        "config_hash": key.config_hash,
+        "base_hash": key.base_hash,
+        "max_tokens": key.max_tokens,
+        "attempts": attempts,
+        "latency_s": latency_s,
+        "finished_at": time.time(),
+    }
+    record.update(vars(done))
+    return record
+
+
+def completion_of(turn: Turn) -> Completion:
+    return Completion(**{k: v for k, v in turn.items() if k not in TURN_KEYS})
+
+
+def _encode(turns: list[Turn]) -> bytes:
+    return "".join(json.dumps(t, separators=(",", ":")) + "\n" for t in turns).encode()
+
+
+def _kind(key: str) -> str:
+    parsed = layout.parse(key)
+    return parsed.kind if parsed else ""
+
+
+def _decode(data: bytes) -> list[Turn]:
+    """Turn records of one log; a last line cut short by a kill mid-write is dropped."""
+    lines = data.split(b"\n")
+    return [json.loads(line) for line in lines[:-1] if line]
+
+
+class ResultLog:
+    """The turn logs, checkpoint parts and final shard of one partition, written by one run."""
+
+    def __init__(self, store: ShardStore, dataset: str, partition: str, run: str = "") -> None:
         self.store, self.dataset, self.partition = store, dataset, partition
         self.prefix = layout.log_prefix(dataset, partition)
+        self.run = run or f"{time.time_ns():020d}-{os.getpid()}"
         self._seq = 0
 
     def load(self) -> pl.DataFrame:
         """Every stored row of this partition: the last final shard plus all checkpoint parts."""
-        frames = [self.store.read_frame(k) for k in self.store.list(self.prefix)]
+        frames = [self.store.read_frame(k) for k in self.store.list(self.prefix) if _kind(k) == "log_part"]
         if self.store.shard_exists(self.dataset, self.dataset, self.partition):
             frames.append(self.store.read_shard(self.dataset, self.dataset, self.partition))
         frames = [f.select([c for c in GENERATION_SCHEMA if c in f.columns]) for f in frames]
         return pl.concat(frames, how="diagonal_relaxed") if frames else to_frame([])
 
-    def write_part(self, rows: list[Row]) -> str:
-        """Make `rows` durable (blocking: call it off the event loop)."""
-        self._seq += 1
-        key = layout.log_part(self.dataset, self.partition, time.time_ns(), os.getpid(), self._seq)
-        return self.store.write_frame(key, to_frame(rows))
+    def load_turns(self) -> list[Turn]:
+        """Every stored turn record of this partition (turn logs of every run, carried turns)."""
+        keys = [k for k in self.store.list(self.prefix) if _kind(k) in ("turn_log", "turn_carry")]
+        return [turn for key in keys for turn in _decode(self.store.read_bytes(key))]
 
-    def finalize(self, frame: pl.DataFrame) -> str:
-        """Write the whole shard and its usage sidecar, then drop the parts it supersedes (blocking)."""
-        parts = self.store.list(self.prefix)
-        uri = self.store.write_shard(self.dataset, self.dataset, self.partition, frame)
-        usage = {"tokens": _tokens(frame), "cost_usd": float(frame["cost_usd"].sum())}
-        self.store.write_bytes(layout.usage(self.dataset, self.partition), json.dumps(usage).encode())
-        for key in parts:
-            self.store.delete(key)
+    def append_turns(self, turns: list[Turn]) -> None:
+        """Make `turns` durable: appended and fsync'd, or one part object on S3 (blocking)."""
+        if self.store.can_append:
+            self.store.append_bytes(layout.turn_log(self.dataset, self.partition, self.run), _encode(turns))
+        else:
+            self._seq += 1
+            self.store.write_bytes(layout.turn_log(self.dataset, self.partition, self.run, self._seq), _encode(turns))
+
+    def finalize(self, rows: list[Row], carry: list[Turn], *, whole: bool) -> str:
+        """Write the rows, then compact the logs they supersede (blocking).
+
+        `whole`: the rows are the whole shard, written with its usage sidecar; checkpoint parts go too.
+        Otherwise (a sample) they become one more part. Turns of unfinished conversations (`carry`) are
+        kept in one carry file, so their next run replays them.
+        """
+        superseded = [k for k in self.store.list(self.prefix) if whole or _kind(k) in ("turn_log", "turn_carry")]
+        written: set[str] = set()
+        frame = to_frame(rows)
+        if whole:
+            uri = self.store.write_shard(self.dataset, self.dataset, self.partition, frame)
+            usage = {"tokens": _tokens(frame), "cost_usd": float(frame["cost_usd"].sum())}
+            self.store.write_bytes(layout.usage(self.dataset, self.partition), json.dumps(usage).encode())
+        elif rows:
+            written.add(part := layout.log_part(self.dataset, self.partition, time.time_ns(), os.getpid(), 1))
+            uri = self.store.write_frame(part, frame)
+        else:
+            uri = ""
+        if carry:
+            written.add(carried := layout.turn_carry(self.dataset, self.partition, self.run))
+            self.store.write_bytes(carried, _encode(carry))
+        for key in superseded:
+            if key not in written:
+                self.store.delete(key)
         return uri
 
 
@@ -113,16 +208,18 @@ def _tokens(frame: pl.DataFrame) -> int:
     return int(frame["prompt_tokens"].sum() + frame["completion_tokens"].sum())
 
 
-def stored_usage(store: ShardStore, dataset: str, skip_partitions: set[str]) -> tuple[int, float]:
-    """Tokens and dollars stored for `dataset` outside `skip_partitions`: budgets are per dataset.
+def stored_usage(store: ShardStore, dataset: str) -> tuple[int, float]:
+    """Tokens and dollars stored for `dataset`, every partition: budgets are per dataset, and a range
+    run counts its own partitions' stored spend up front instead of holding every shard open.
 
     Finished shards count through their small usage sidecar (no shard download per call on S3);
-    checkpoint parts of unfinished shards are read.
+    checkpoint parts and turn logs of unfinished shards are read. Carried turns are already counted in
+    the failed rows that hold them.
     """
     tokens, usd = 0, 0.0
     for key in store.list(layout.asset_prefix(dataset, layout.generation_asset(dataset))):
         where = layout.parse(key)
-        if where is None or where.partition in skip_partitions:
+        if where is None:
             continue
         if where.kind == "usage":
             usage = json.loads(store.read_bytes(key))
@@ -130,4 +227,8 @@ def stored_usage(store: ShardStore, dataset: str, skip_partitions: set[str]) -> 
         elif where.kind == "log_part":
             frame = store.read_frame(key)
             tokens, usd = tokens + _tokens(frame), usd + float(frame["cost_usd"].sum())
+        elif where.kind == "turn_log":
+            turns = _decode(store.read_bytes(key))
+            tokens += sum(t["prompt_tokens"] + t["completion_tokens"] for t in turns)
+            usd += sum(t["cost_usd"] for t in turns)
     return tokens, usd

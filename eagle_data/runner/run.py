@@ -1,8 +1,11 @@
 """`run_generation`: one event loop, one adaptive in-flight limit, every shard of a call.
 
-Prompts flow through a single producer that takes a slot from the shared limiter before starting a
-prompt; each prompt walks its user turns, retrying per the retry policy; finished rows go to the
-shard's result log (durable every few seconds) and a finished shard is written whole.
+A single producer walks the partitions in order. For each it takes the shard's lease (one writer per
+shard; a shard another live run holds is deferred and waited for at the end), reads the prompts only
+then (a range over 1,800 partitions holds just the shards in flight), and replays what the result log
+already holds. Each remaining prompt takes a slot from the shared limiter and walks its user turns,
+retrying per the retry policy; every answered turn goes to the shard's turn log, durable within
+`flush_every_s`; a finished shard is written whole, its lease released and its rows dropped from memory.
 """
 
 from __future__ import annotations
@@ -13,52 +16,112 @@ import gc
 import itertools
 import random
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import polars as pl
 
 from eagle_data.catalog import DatasetSpec
+from eagle_data.engines.truncation import ReplyLengths
 from eagle_data.runner.budget import Budget
 from eagle_data.runner.concurrency import AdaptiveLimiter
+from eagle_data.runner.lease import Holder, LeaseLost, Leases
 from eagle_data.runner.progress import ProgressBar, Tally
-from eagle_data.runner.resultlog import ResultLog, resume_key, reusable, stored_usage
+from eagle_data.runner.resultlog import (
+    ResultLog,
+    Turn,
+    completion_of,
+    replayable,
+    resume_key,
+    reusable,
+    stored_usage,
+    turn_record,
+)
 from eagle_data.runner.retry import retry_delay, should_retry
-from eagle_data.runner.rows import Row, assistant_message, build_row, plan_turns, to_frame
+from eagle_data.runner.rows import Row, assistant_message, build_row, plan_turns
 from eagle_data.runner.settings import RunnerSettings
 from eagle_data.storage import ShardStore
 from eagle_data.types import Completion, Engine, EngineError, Message, RetryableError, Status
 
 GC_GEN0_THRESHOLD = 50_000  # see _fewer_gc_passes
+LEASE_POLL_S = 1.0  # how often a deferred shard's lease is tried again
 
 # Fatal kinds that every later request would hit too: stop sending instead of failing each prompt.
 ABORT_KINDS = ("http_401", "http_403", "http_402_budget", "auth_missing")
 
 
+class LeaseHeld(RuntimeError):
+    """Shards another live run kept generating for longer than this run would wait."""
+
+
 @dataclass
 class ShardReport:
-    """What one partition ended with; `figures` is plain JSON-able data for Dagster metadata.
-    `answered` holds (completion_tokens, finish_reason) of every ok or truncated row, so callers can
-    judge truncation without reading the shard back."""
+    """What one partition ended with; `figures` is plain JSON-able data for Dagster metadata."""
 
     partition: str
     uri: str
     figures: dict[str, Any]
-    answered: list[tuple[int, str]]
+
+
+@dataclass
+class _Conversation:
+    """One prompt's walk through its user turns: stored turns replayed first, then this run's."""
+
+    prompt_id: str
+    segments: list[list[Message]]
+    turns: list[Turn] = field(default_factory=list)  # the records of every reply so far
+    messages: list[Message] = field(default_factory=list)
+    replies: list[Completion] = field(default_factory=list)
+    attempts: int = 0
+    latency_s: float = 0.0
+
+    def add(self, done: Completion, turn: Turn) -> None:
+        self.messages.extend(self.segments[len(self.replies)])
+        self.replies.append(done)
+        self.messages.append(assistant_message(done))
+        self.turns.append(turn)
+        self.attempts += turn["attempts"]
+        self.latency_s += turn["latency_s"]
+
+    def replay(self, stored: list[Turn]) -> None:
+        for turn in stored[: len(self.segments)]:
+            if self.ended:
+                break
+            self.add(completion_of(turn), turn)
+
+    @property
+    def ended(self) -> bool:
+        """Every turn answered, or the last one hit max_tokens (the conversation stops there)."""
+        return bool(self.replies) and (len(self.replies) == len(self.segments) or self.replies[-1].truncated)
+
+    def row(self, status: Status, error: str, finished_at: float | None = None) -> Row:
+        status = "truncated" if status == "ok" and self.replies and self.replies[-1].truncated else status
+        return build_row(
+            self.prompt_id,
+            status,
+            self.messages,
+            self.replies,
+            attempts=self.attempts,
+            latency_s=self.latency_s,
+            error=error,
+            finished_at=time.time() if finished_at is None else finished_at,
+        )
 
 
 class _Shard:
-    def __init__(self, partition: str, prompts: pl.DataFrame, log: ResultLog, reused: dict[str, Row]) -> None:
-        self.partition, self.log = partition, log
-        self.order: list[str] = prompts["prompt_id"].to_list()
-        self.rows: dict[str, Row] = reused
-        self.todo = [
-            p for p in prompts.select("prompt_id", "messages").iter_rows(named=True) if p["prompt_id"] not in reused
-        ]
-        self.open = len(self.todo)
-        self.pending: list[Row] = []
-        self.tally = Tally(total=len(self.order))
+    """One partition while it is open; its rows are dropped once it is written."""
+
+    def __init__(self, partition: str, log: ResultLog, order: list[str], rows: dict[str, Row]) -> None:
+        self.partition, self.log, self.order = partition, log, order
+        self.rows = rows
+        self.reused = set(rows)
+        self.todo: list[_Conversation] = []
+        self.open = 0
+        self.pending: list[Turn] = []  # answered turns not yet durable
+        self.carry: list[Turn] = []  # turns of conversations that ended unfinished: kept for the next run
+        self.tally = Tally(total=len(order))
         self.lock = asyncio.Lock()
         self.finalizing = False
 
@@ -68,13 +131,14 @@ class _Run:
         self,
         engine: Engine,
         spec: DatasetSpec,
-        shards: dict[str, pl.DataFrame],
+        shards: Mapping[str, pl.DataFrame],
         store: ShardStore,
         settings: RunnerSettings,
         log: Callable[[str], None],
         write_shards: bool,
+        lengths: ReplyLengths,
+        run_id: str,
     ) -> None:
-        self.write_shards = write_shards
         self.engine, self.spec, self.frames, self.store, self.settings, self.say = (
             engine,
             spec,
@@ -83,16 +147,25 @@ class _Run:
             settings,
             log,
         )
+        self.write_shards, self.lengths = write_shards, lengths
+        self.run_id = run_id or uuid.uuid4().hex
         self.key = resume_key(engine.config(), spec)
+        self.leases = Leases(store, spec.name, self.run_id, settings.lease_ttl_s)
         self.limiter = AdaptiveLimiter(settings.initial_in_flight, settings.min_in_flight, settings.max_in_flight)
         self.rng = random.Random()
-        self.total = Tally(total=sum(f.height for f in shards.values()))
+        # Exact once a shard is read; until then a lazily read shard counts as a full one.
+        known = {p: f.height for p, f in shards.items()} if isinstance(shards, dict) else {}
+        self.expected = {p: known.get(p, spec.shard_size) for p in shards}
+        self.total = Tally(total=sum(self.expected.values()))
         self.budget = Budget(spec.name, spec.token_budget, spec.cost_budget_usd)
         self.bar = ProgressBar(settings.progress_bar)
         self.stop_reason = ""
         self.stop_status: Status = "skipped_budget"
+        self.lease_lost = ""
+        self.checked = False
         self.finished_new = 0
         self.seen_kinds: set[str] = set()
+        self.open_shards: dict[str, _Shard] = {}
         self.tasks: set[asyncio.Task[None]] = set()
         self.finalizers: list[asyncio.Task[None]] = []
         self.reports: dict[str, ShardReport] = {}
@@ -102,68 +175,128 @@ class _Run:
 
     # ---- the call ---------------------------------------------------------------------------------
     async def main(self) -> dict[str, ShardReport]:
-        tokens, usd = await asyncio.to_thread(stored_usage, self.store, self.spec.name, set(self.frames))
+        tokens, usd = await asyncio.to_thread(stored_usage, self.store, self.spec.name)
         self.budget.spend(tokens, usd)
-        shards = [await asyncio.to_thread(self._open, p, f) for p, f in self.frames.items()]
         self.say(
-            f"{self.spec.name}: {self.total.total} prompts in {len(shards)} shards, "
-            f"{self.total.reused} reused (config {self.key.config_hash}), engine {self.engine.name} "
-            f"model {self.engine.model}"
+            f"{self.spec.name}: {len(self.frames)} shards, about {self.total.total} prompts "
+            f"(config {self.key.config_hash}), engine {self.engine.name} model {self.engine.model}"
         )
-        if any(shard.todo for shard in shards):
-            try:
-                self.say(await self.engine.check())
-            except BaseException:
-                await self.engine.aclose()
-                raise
-        flusher = asyncio.create_task(self._flush_loop(shards))
-        heartbeat = asyncio.create_task(self._heartbeat_loop())
+        loops = [asyncio.create_task(loop()) for loop in (self._flush_loop, self._heartbeat_loop, self._lease_loop)]
         try:
-            await self._produce(shards)
+            held = await self._produce()
             while self.tasks:
                 await asyncio.gather(*self.tasks)
             await asyncio.gather(*self.finalizers)
         finally:
-            flusher.cancel()
-            heartbeat.cancel()
+            for task in loops:
+                task.cancel()
             self.bar.close()
-            for shard in shards:  # interrupted (Ctrl-C, Dagster termination): keep what landed
-                if shard.pending:
-                    shard.log.write_part(shard.pending)
+            self._abandon()  # blocking on purpose: it must run even when the loop is being cancelled
             await self.engine.aclose()
         self.total.ended = time.monotonic()
         self.say(self._progress_line())
         if self.stop_reason:
             self.say(self.stop_reason)
+        if self.lease_lost:
+            raise LeaseLost(self.lease_lost)
+        if held:
+            now = time.time()
+            raise LeaseHeld(
+                f"{self.spec.name}: {len(held)} shard(s) still held by another run after waiting "
+                f"lease_wait_s={self.settings.lease_wait_s:g} s: "
+                + "; ".join(f"{p} by {h.describe(now)}" for p, h in sorted(held.items()))
+                + "; every other shard is written: re-run once that run ends"
+            )
         return {p: self.reports[p] for p in self.frames}
 
-    def _open(self, partition: str, prompts: pl.DataFrame) -> _Shard:
-        log = ResultLog(self.store, self.spec.name, partition)
-        stored = reusable(log.load(), self.key).filter(pl.col("prompt_id").is_in(prompts["prompt_id"].implode()))
-        shard = _Shard(partition, prompts, log, {r["prompt_id"]: r for r in stored.iter_rows(named=True)})
+    def _abandon(self) -> None:
+        """Interrupted (Ctrl-C, Dagster termination) or done: keep what landed, free the leases."""
+        for shard in self.open_shards.values():
+            if shard.pending and self.leases.holds(shard.partition):
+                shard.log.append_turns(shard.pending)
+                shard.pending = []
+        for partition in list(self.leases.held):
+            self.leases.release(partition)
+
+    async def _produce(self) -> dict[str, Holder]:
+        """Every shard in order; those under another live run's lease at the end, waiting up to
+        lease_wait_s for them. Returns the shards still held by others."""
+        deferred: dict[str, Holder] = {}
+        for partition in self.frames:
+            if (holder := await asyncio.to_thread(self.leases.take, partition)) is not None:
+                self.say(f"{self.spec.name} {partition}: held by {holder.describe(time.time())}; coming back to it")
+                deferred[partition] = holder
+                continue
+            await self._produce_shard(partition)
+        deadline, said = time.monotonic() + self.settings.lease_wait_s, time.monotonic()
+        while deferred and time.monotonic() < deadline:
+            await asyncio.sleep(LEASE_POLL_S)
+            for partition in list(deferred):
+                if (holder := await asyncio.to_thread(self.leases.take, partition)) is None:
+                    del deferred[partition]
+                    await self._produce_shard(partition)
+                else:
+                    deferred[partition] = holder
+            if deferred and time.monotonic() - said >= self.settings.heartbeat_every_s:
+                said, now = time.monotonic(), time.time()
+                first, holder = next(iter(deferred.items()))
+                self.say(
+                    f"{self.spec.name}: waiting for {len(deferred)} shard(s) held by other runs, "
+                    f"e.g. {first} by {holder.describe(now)}"
+                )
+        return deferred
+
+    async def _produce_shard(self, partition: str) -> None:
+        shard, height = await asyncio.to_thread(self._open, partition)
+        self.open_shards[partition] = shard
+        self.total.total += height - self.expected[partition]
         for row in shard.rows.values():
             for tally in (shard.tally, self.total):
                 tally.add(row, reused=True)
-            self.budget.spend(row["prompt_tokens"] + row["completion_tokens"], row["cost_usd"])
-        return shard
-
-    async def _produce(self, shards: list[_Shard]) -> None:
+        if shard.todo and not self.checked and not self.stop_reason:
+            self.checked = True
+            self.say(await self.engine.check())
         loop = asyncio.get_running_loop()
-        for shard in shards:
-            for prompt in shard.todo:
-                if not self.stop_reason:
-                    await self.limiter.acquire()
-                    if not self.stop_reason and (reason := self.budget.exhausted()):
-                        self._stop(reason, "skipped_budget")
-                    if self.stop_reason:
-                        self.limiter.release()
+        for conversation in shard.todo:
+            if not self.stop_reason:
+                await self.limiter.acquire()
+                if not self.stop_reason and (reason := self.budget.exhausted()):
+                    self._stop(reason, "skipped_budget")
                 if self.stop_reason:
-                    self._finish(shard, self._stopped_row(prompt["prompt_id"]))
-                    continue
-                task = loop.create_task(self._prompt(shard, prompt))
-                self.tasks.add(task)
-                task.add_done_callback(self.tasks.discard)
-            self._maybe_finalize(shard)
+                    self.limiter.release()
+            if self.stop_reason:
+                self._finish(shard, self._stopped_row(conversation.prompt_id), conversation)
+                continue
+            task = loop.create_task(self._prompt(shard, conversation))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+        shard.todo = []
+        self._maybe_finalize(shard)
+
+    def _open(self, partition: str) -> tuple[_Shard, int]:
+        """Read the shard's prompts and what its result log holds (blocking; the lease is ours);
+        returns the shard and its number of prompts."""
+        prompts = self.frames[partition]
+        log = ResultLog(self.store, self.spec.name, partition, self.run_id)
+        ids = prompts["prompt_id"]
+        stored = reusable(log.load(), self.key).filter(pl.col("prompt_id").is_in(ids.implode()))
+        shard = _Shard(partition, log, ids.to_list(), {r["prompt_id"]: r for r in stored.iter_rows(named=True)})
+        turns = replayable(log.load_turns(), self.key)
+        for prompt in prompts.select("prompt_id", "messages").iter_rows(named=True):
+            if prompt["prompt_id"] in shard.rows:
+                continue
+            conversation = _Conversation(
+                prompt["prompt_id"], plan_turns(prompt["messages"], self.spec.regenerate, self.spec.max_turns)
+            )
+            conversation.replay(turns.get(conversation.prompt_id, []))
+            if conversation.ended:  # every turn was stored: the row is rebuilt, nothing is sent
+                row = conversation.row("ok", "", finished_at=conversation.turns[-1]["finished_at"])
+                shard.rows[conversation.prompt_id] = self._stamp(row)
+                shard.reused.add(conversation.prompt_id)
+            else:
+                shard.todo.append(conversation)
+        shard.open = len(shard.todo)
+        return shard, prompts.height
 
     def _stop(self, reason: str, status: Status) -> None:
         self.stop_reason, self.stop_status = reason, status
@@ -185,49 +318,36 @@ class _Run:
         )
 
     # ---- one prompt -------------------------------------------------------------------------------
-    async def _prompt(self, shard: _Shard, prompt: dict[str, Any]) -> None:
+    async def _prompt(self, shard: _Shard, conversation: _Conversation) -> None:
         try:
-            row = await self._generate(shard, prompt["prompt_id"], prompt["messages"])
+            row = await self._generate(shard, conversation)
         finally:
             self.limiter.release()
-        self._finish(shard, row)
+        self._finish(shard, row, conversation)
 
-    async def _generate(self, shard: _Shard, prompt_id: str, messages: list[Message]) -> Row:
-        started = time.monotonic()
-        segments = plan_turns(messages, self.spec.regenerate, self.spec.max_turns)
-        conversation: list[Message] = []
-        replies: list[Completion] = []
-        status: Status = "failed" if not segments else "ok"
-        error = "" if segments else "bad_prompt: no user turn to answer"
-        attempts = 0
-        for segment in segments:
+    async def _generate(self, shard: _Shard, conversation: _Conversation) -> Row:
+        if not conversation.segments:
+            return conversation.row("failed", "bad_prompt: no user turn to answer")
+        while not conversation.ended:
             # A budget stop lets a conversation already under way finish its turns: its paid replies
             # would be lost otherwise (a skipped row is regenerated whole). Other stops end it here.
-            if replies and self.stop_reason and self.stop_status != "skipped_budget":
-                status, error = self.stop_status, self.stop_reason
-                break
-            conversation.extend(segment)
-            done, tries, error = await self._complete(shard, conversation, prompt_id)
-            attempts += tries
+            if conversation.replies and self.stop_reason and self.stop_status != "skipped_budget":
+                return conversation.row(self.stop_status, self.stop_reason)
+            index = len(conversation.replies)
+            started = time.monotonic()
+            asked = conversation.messages + conversation.segments[index]
+            done, tries, error = await self._complete(shard, asked, conversation.prompt_id)
             if done is None:
-                status = "failed"
-                break
-            replies.append(done)
-            conversation.append(assistant_message(done))
+                conversation.messages = asked
+                conversation.attempts += tries
+                return conversation.row("failed", error)
+            turn = turn_record(conversation.prompt_id, index, self.key, done, tries, time.monotonic() - started)
+            conversation.add(done, turn)
+            shard.pending.append(turn)
+            if len(shard.pending) >= self.settings.flush_every_rows:
+                self.flush_now.set()
             self.budget.spend(done.prompt_tokens + done.completion_tokens, done.cost_usd)
-            if done.truncated:
-                status = "truncated"
-                break
-        return build_row(
-            prompt_id,
-            status,
-            conversation,
-            replies,
-            attempts=attempts,
-            latency_s=time.monotonic() - started,
-            error=error,
-            finished_at=time.time(),
-        )
+        return conversation.row("ok", "")
 
     async def _complete(
         self, shard: _Shard, conversation: list[Message], prompt_id: str
@@ -285,7 +405,7 @@ class _Run:
             self.say(f"{self.spec.name}: first {kind} error: {message}")
 
     # ---- results ----------------------------------------------------------------------------------
-    def _finish(self, shard: _Shard, row: Row) -> None:
+    def _stamp(self, row: Row) -> Row:
         row.update(
             dataset=self.spec.name,
             config_hash=self.key.config_hash,
@@ -294,14 +414,16 @@ class _Run:
             engine=self.engine.name,
             model=self.engine.model,
         )
-        shard.rows[row["prompt_id"]] = row
+        return row
+
+    def _finish(self, shard: _Shard, row: Row, conversation: _Conversation) -> None:
+        shard.rows[row["prompt_id"]] = self._stamp(row)
+        if row["status"] not in ("ok", "truncated"):
+            shard.carry.extend(conversation.turns)  # paid turns of an unfinished conversation stay
         shard.open -= 1
         shard.tally.add(row)
         self.total.add(row)
         if row["status"] != "skipped_budget":
-            shard.pending.append(row)
-            if len(shard.pending) >= self.settings.flush_every_rows:
-                self.flush_now.set()
             self.finished_new += 1
             if self.finished_new % self.settings.progress_every == 0:
                 self.say(self._progress_line())
@@ -338,12 +460,21 @@ class _Run:
 
     async def _finalize(self, shard: _Shard) -> None:
         async with shard.lock:
-            if self.write_shards:
-                frame = to_frame([shard.rows[p] for p in shard.order])
-                uri = await asyncio.to_thread(shard.log.finalize, frame)
+            if not self.leases.holds(shard.partition):  # taken over: the other run writes this shard
+                uri = ""
+            elif self.write_shards:
+                rows = [shard.rows[p] for p in shard.order]
+                uri = await asyncio.to_thread(shard.log.finalize, rows, shard.carry, whole=True)
             else:  # a sample: rows stay in the result log, where the full run reuses them
-                uri = await asyncio.to_thread(shard.log.write_part, shard.pending) if shard.pending else ""
+                rows = [r for p, r in shard.rows.items() if p not in shard.reused and r["status"] != "skipped_budget"]
+                uri = await asyncio.to_thread(shard.log.finalize, rows, shard.carry, whole=False)
             shard.pending = []
+            await asyncio.to_thread(self.leases.release, shard.partition)
+        for row in shard.rows.values():
+            if row["status"] in ("ok", "truncated"):
+                self.lengths.add(row["completion_tokens"], row["finish_reason"])
+        del self.open_shards[shard.partition]
+        shard.rows, shard.carry = {}, []
         shard.tally.ended = time.monotonic()
         figures = shard.tally.figures(self.limiter.current)
         figures.update(
@@ -354,35 +485,41 @@ class _Run:
             dataset_tokens_used=self.budget.tokens,
             dataset_cost_used_usd=round(self.budget.usd, 6),
         )
-        answered = [
-            (row["completion_tokens"], row["finish_reason"])
-            for row in shard.rows.values()
-            if row["status"] in ("ok", "truncated")
-        ]
-        self.reports[shard.partition] = ShardReport(shard.partition, uri, figures, answered)
+        self.reports[shard.partition] = ShardReport(shard.partition, uri, figures)
         t = shard.tally
         self.say(
             f"{self.spec.name} {shard.partition}: {t.ok} ok, {t.truncated} truncated, {t.failed} failed, "
             f"{t.skipped_budget} skipped_budget ({t.reused} reused) -> {uri}"
         )
 
-    async def _flush_loop(self, shards: list[_Shard]) -> None:
+    async def _flush_loop(self) -> None:
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.flush_now.wait(), self.settings.flush_every_s)
             self.flush_now.clear()
-            for shard in shards:
+            for shard in list(self.open_shards.values()):
                 if shard.pending and not shard.finalizing:
                     async with shard.lock:
                         await self._flush(shard)
 
     async def _flush(self, shard: _Shard) -> None:
-        rows, shard.pending = shard.pending, []
+        turns, shard.pending = shard.pending, []
         try:
-            await asyncio.to_thread(shard.log.write_part, rows)
-        except Exception as exc:  # storage trouble must not kill the run: keep the rows, retry next tick
-            shard.pending = rows + shard.pending
+            await asyncio.to_thread(shard.log.append_turns, turns)
+        except Exception as exc:  # storage trouble must not kill the run: keep the turns, retry next tick
+            shard.pending = turns + shard.pending
             self.say(f"{self.spec.name} {shard.partition}: checkpoint failed, retrying: {exc!r}")
+
+    async def _lease_loop(self) -> None:
+        """Renew the held leases; a lost one stops the run (another run is generating that shard)."""
+        while True:
+            await asyncio.sleep(self.settings.lease_ttl_s / 3)
+            try:
+                await asyncio.to_thread(self.leases.renew)
+            except LeaseLost as exc:
+                self.lease_lost = str(exc)
+                if not self.stop_reason:
+                    self._stop(str(exc), "failed")
 
 
 @contextlib.contextmanager
@@ -406,21 +543,37 @@ def _fewer_gc_passes() -> Iterator[None]:
 def run_generation(
     engine: Engine,
     spec: DatasetSpec,
-    shards: dict[str, pl.DataFrame],
+    shards: Mapping[str, pl.DataFrame],
     store: ShardStore,
     *,
     settings: RunnerSettings | None = None,
     log: Callable[[str], None] = print,
     write_shards: bool = True,
+    lengths: ReplyLengths | None = None,
+    run_id: str = "",
 ) -> dict[str, ShardReport]:
     """Regenerate the assistant replies of every prompt in `shards` (partition key -> prompts frame).
 
-    Writes each finished shard to `store` as a generations frame, reuses rows a previous run made
-    durable under the same resume key, and returns one report per partition. With `write_shards`
-    False (a sample of a shard's prompts) the rows stay in the result log only, so no partial shard
-    file ever looks finished. Closes the engine's loop-bound resources (`engine.aclose()`) at the
-    end; engines reopen them lazily.
+    `shards` may read each frame only when it is looked up: the runner looks a shard up when it gets
+    to it and lets go of it once the shard is written. Writes each finished shard to `store` as a
+    generations frame, reuses rows and turns a previous run made durable under the same resume key,
+    and returns one report per partition; every answered row's reply length is added to `lengths`.
+    With `write_shards` False (a sample of a shard's prompts) the rows stay in the result log only,
+    so no partial shard file ever looks finished. `run_id` names this run in shard leases (a random
+    id when empty). Raises LeaseHeld / LeaseLost, after writing every other shard, when another run
+    kept or took a shard. Closes the engine's loop-bound resources (`engine.aclose()`) at the end;
+    engines reopen them lazily.
     """
     with _fewer_gc_passes():
-        run = _Run(engine, spec, shards, store, settings or RunnerSettings(), log, write_shards)
+        run = _Run(
+            engine,
+            spec,
+            shards,
+            store,
+            settings or RunnerSettings(),
+            log,
+            write_shards,
+            ReplyLengths() if lengths is None else lengths,
+            run_id,
+        )
         return asyncio.run(run.main())

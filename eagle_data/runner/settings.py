@@ -18,12 +18,17 @@ class RunnerSettings:
         max_throttle_waits: extra attempts allowed for throttling (429/503/402 in-flight budget),
             which do not use up `max_attempts`: "429 is always retried", but not forever.
         backoff_base_s / backoff_cap_s: jittered exponential backoff between attempts.
-        flush_every_s: the open shard's finished rows become durable at least this often.
-        flush_every_rows: ... or as soon as this many rows wait.
+        flush_every_s: answered turns become durable (appended and fsync'd, or a part object on S3)
+            at least this often: a SIGKILL repays at most this many seconds of answers.
+        flush_every_rows: ... or as soon as this many turns wait.
         progress_every: a progress log line every N finished prompts.
         progress_bar: draw a terminal bar on stderr when it is a TTY.
         heartbeat_every_s: while prompts are open, a sign-of-life line at least this often (in flight,
             the oldest request's age, done, errors so far), so a hung server is visible within seconds.
+        lease_ttl_s: a shard's lease expires this long after its last renewal (renewed every third of
+            it): how long a run that died on another host keeps others off its shards.
+        lease_wait_s: how long to wait, after every other shard, for shards another live run holds;
+            then the call fails naming them (their rows are that run's to write).
     """
 
     max_in_flight: int = 2000
@@ -33,17 +38,26 @@ class RunnerSettings:
     max_throttle_waits: int = 50
     backoff_base_s: float = 1.0
     backoff_cap_s: float = 60.0
-    flush_every_s: float = 5.0
+    flush_every_s: float = 0.5
     flush_every_rows: int = 5000
     progress_every: int = 500
     progress_bar: bool = True
     heartbeat_every_s: float = 30.0
+    lease_ttl_s: float = 60.0
+    lease_wait_s: float = 3600.0
 
     def __post_init__(self) -> None:
-        if not 1 <= self.min_in_flight <= self.initial_in_flight <= self.max_in_flight:
+        if self.min_in_flight < 1:
+            raise ValueError(f"runner settings: min_in_flight {self.min_in_flight} is below 1: set min_in_flight >= 1")
+        if self.initial_in_flight < self.min_in_flight:
             raise ValueError(
-                "runner settings: need 1 <= min_in_flight <= initial_in_flight <= max_in_flight, got "
-                f"{self.min_in_flight}, {self.initial_in_flight}, {self.max_in_flight}"
+                f"runner settings: initial_in_flight {self.initial_in_flight} is below min_in_flight "
+                f"{self.min_in_flight}: raise initial_in_flight or set min_in_flight <= {self.initial_in_flight}"
+            )
+        if self.max_in_flight < self.initial_in_flight:
+            raise ValueError(
+                f"runner settings: max_in_flight {self.max_in_flight} is below initial_in_flight "
+                f"{self.initial_in_flight}: raise max_in_flight or set initial_in_flight <= {self.max_in_flight}"
             )
         if self.max_attempts < 1 or self.max_throttle_waits < 0:
             raise ValueError("runner settings: max_attempts must be >= 1 and max_throttle_waits >= 0")
@@ -51,5 +65,5 @@ class RunnerSettings:
             raise ValueError("runner settings: need 0 <= backoff_base_s <= backoff_cap_s")
         if self.flush_every_s <= 0 or self.flush_every_rows < 1 or self.progress_every < 1:
             raise ValueError("runner settings: flush_every_s, flush_every_rows and progress_every must be > 0")
-        if self.heartbeat_every_s <= 0:
-            raise ValueError("runner settings: heartbeat_every_s must be > 0")
+        if self.heartbeat_every_s <= 0 or self.lease_ttl_s <= 0 or self.lease_wait_s < 0:
+            raise ValueError("runner settings: heartbeat_every_s and lease_ttl_s must be > 0, lease_wait_s >= 0")

@@ -49,6 +49,7 @@ class Faults:
     p_finish_error: float = 0.0  # HTTP 200 with finish_reason "error"
     force_status: int = 0  # answer every request with this status ...
     force_reason: str = ""  # ... and this metadata.reason
+    fail_turn: int = 0  # answer every request for this user turn (1-based) with HTTP 500
     reply_tokens: tuple[int, int] = (20, 60)  # natural reply length range, fixed per prompt
     cost_per_token: float = 1e-6
     key_limit: float = 100.0
@@ -132,6 +133,8 @@ class FakeOpenAI:
         self.auth_headers.add(request.headers.get("Authorization", ""))
         if f.force_status:
             return self._error(f.force_status, f"forced {f.force_status}", {"reason": f.force_reason})
+        if f.fail_turn and turn.endswith(f"#{f.fail_turn}"):
+            return self._error(500, f"turn {f.fail_turn} always fails", {})
         if nth <= f.rate_limit_first and (not f.rate_limit_cap or self.open > f.rate_limit_cap):
             self.outcomes["429"] += 1
             return self._error(429, "rate limited", {}, {"Retry-After": f.retry_after} if f.retry_after else {})

@@ -1,0 +1,231 @@
+"""Every stage at scale: peak memory, CPU and wall seconds per stage, at 10k and 200k prompts (1M with --million).
+
+A synthetic ShareGPT-schema JSONL source (1-2 user turns, ~1% bad rows), a local OpenAI-compatible server
+that answers at once (its own process), and the stages through the same pipeline functions the assets
+call, over every partition in one call (as a single-run backfill does):
+  prompts      pipeline.write_prompts (builds the prompt index, writes every prompts shard)
+  prompts_one  pipeline.write_prompts for one partition, with the index saved (a one-shard run)
+  generation   pipeline.generate with the engine and runner settings of the `engine` resource
+  validation   pipeline.validate (token ids, loss masks, verdicts, quality reports)
+  export       pipeline.export (SpecForge JSONL, tokenized parquet, the training mix)
+  raw_encode   the baseline: the target tokenizer's encode_batch on all cores, over the validated texts
+Each stage runs in its own process; its peak RSS, user+system CPU seconds and wall seconds come from
+os.wait4 on that process (ru_maxrss: the largest single process of its tree).
+
+    python benchmarks/bench_scale.py [--sizes 10000 200000] [--million] [--keep DIR]
+    pytest benchmarks/bench_scale.py -m benchmark
+Last lines: `RESULT memory_flatness <min over stages of peak RSS at the smallest size / at the largest>`
+(target >= 0.67) and `RESULT validate_vs_raw_parallel <validation rows/s / raw encode_batch rows/s>`
+(target >= 0.6, measured at the largest size).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+STAGES = ("prompts", "prompts_one", "generation", "validation", "export")
+RAW_SAMPLE_ROWS = 20_000  # rows the raw encode baseline times (a rate, so a sample is enough)
+VOCABULARY = (
+    "draft model target token verify accept reject speculative decoding batch cache layer head attention "
+    "prompt reply reason step answer question code python function return value list dict string number"
+)
+WORDS = VOCABULARY.split()
+
+
+# ---- the synthetic source and the server ----------------------------------------------------------
+def write_source(path: Path, prompts: int, seed: int = 0) -> Path:
+    """ShareGPT-schema JSONL: `{"id", "conversations": [{"from", "value"}, ...]}`, written streaming."""
+    rng = random.Random(seed)
+    with path.open("w") as fh:
+        for i in range(prompts):
+            if i % 100 == 99:  # ~1% bad rows: counted skips, like a real dump
+                fh.write(json.dumps({"id": f"bad{i}", "conversations": [{"from": "gpt", "value": "orphan"}]}) + "\n")
+                continue
+            turns = [{"from": "human", "value": f"#{i} " + " ".join(rng.choices(WORDS, k=rng.randint(10, 120)))}]
+            turns.append({"from": "gpt", "value": " ".join(rng.choices(WORDS, k=rng.randint(20, 200)))})
+            if rng.random() < 0.25:
+                turns.append({"from": "human", "value": "and then " + " ".join(rng.choices(WORDS, k=20))})
+                turns.append({"from": "gpt", "value": " ".join(rng.choices(WORDS, k=rng.randint(20, 100)))})
+            fh.write(json.dumps({"id": f"sg{i}", "conversations": turns}) + "\n")
+    return path
+
+
+def start_server() -> tuple[subprocess.Popen[str], str]:
+    faults = json.dumps({"reply_tokens": [40, 160]})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "eagle_data_tests.servers.openai_fake", "--faults", faults],
+        stdout=subprocess.PIPE, text=True, cwd=REPO, env=_env(),
+    )  # fmt: skip
+    assert proc.stdout is not None
+    port = int(proc.stdout.readline().split()[1])
+    return proc, f"http://127.0.0.1:{port}/v1"
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EAGLE_DATA_")}
+    return {**env, "PYTHONPATH": str(REPO), "OPENAI_API_KEY": "bench", **extra}
+
+
+# ---- one stage, in its own process ----------------------------------------------------------------
+def spec_for(source: str, prompts: int) -> Any:
+    from eagle_data.catalog import load_catalog
+
+    base = load_catalog(profile="")["b7_sharegpt"]
+    return base.model_copy(
+        update={"source": source, "max_prompts": prompts, "target": "qwen3-test", "token_budget": 0,
+                "cost_budget_usd": 0.0, "regenerate": "all"}
+    )  # fmt: skip
+
+
+def run_stage(stage: str, root: str, source: str, prompts: int, url: str) -> dict[str, Any]:
+    """Run one stage in this process; returns its figures (rows handled)."""
+    from eagle_data import pipeline
+    from eagle_data.storage import ShardStore
+
+    spec, store = spec_for(source, prompts), ShardStore(root)
+    keys = spec.partition_keys
+    if stage == "prompts":
+        figures = pipeline.write_prompts(spec, store, keys)
+        return {"rows": sum(f["prompts"] for f in figures.values())}
+    if stage == "prompts_one":
+        return {"rows": pipeline.write_prompts(spec, store, keys[:1])[keys[0]]["prompts"]}
+    if stage == "generation":
+        from eagle_data.defs.resources import EngineResource
+
+        engine = EngineResource(kind="openai", model="bench", base_url=url)
+        settings = engine.runner_settings()
+        figures, _ = pipeline.generate(spec, store, keys, engine.make(spec), log=lambda line: None, settings=settings)
+        return {"rows": figures.get("done", 0), "requests": figures.get("requests", 0)}
+    if stage == "validation":
+        pipeline.validate(spec, store, keys)
+        return {"rows": _rows_written(store, spec.name, pipeline.validated_asset(spec), keys)}
+    if stage == "export":
+        figures = pipeline.export([spec], store, seed=0)
+        return {"rows": figures.get("mix_rows", 0)}
+    if stage == "raw_encode":
+        return raw_encode(spec, store, keys)
+    raise SystemExit(f"unknown stage {stage}")
+
+
+def _rows_written(store: Any, dataset: str, asset: str, keys: list[str]) -> int:
+    """Rows in an asset's shards, from the parquet footers (nothing else is read)."""
+    import polars as pl
+
+    return sum(pl.scan_parquet(store.uri(store.shard_key(dataset, asset, key))).select(pl.len()).collect().item()
+               for key in keys)  # fmt: skip
+
+
+def raw_encode(spec: Any, store: Any, keys: list[str]) -> dict[str, Any]:
+    """The tokenizer alone on every core: encode_batch over the validated rows' texts (decoded from their
+    ids, untimed), on up to RAW_SAMPLE_ROWS rows; returns rows per second."""
+    from eagle_data import pipeline
+    from eagle_data.targets import load_target
+
+    target = load_target(spec.target)
+    ids: list[list[int]] = []
+    for key in keys:
+        ids += store.read_shard(spec.name, pipeline.validated_asset(spec), key)["input_ids"].to_list()
+        if len(ids) >= RAW_SAMPLE_ROWS:
+            break
+    texts = target.text_encoder.decode_batch(ids[:RAW_SAMPLE_ROWS], skip_special_tokens=False)
+    started = time.perf_counter()
+    target.tokenizer.encode_batch(texts, add_special_tokens=False)
+    seconds = time.perf_counter() - started
+    return {"rows": len(texts), "rows_per_s": len(texts) / seconds}
+
+
+def measure(stage: str, root: Path, source: Path, prompts: int, url: str) -> dict[str, Any]:
+    """Run `stage` in a child process; its figures plus peak RSS (GB), CPU s and wall s."""
+    cmd = [sys.executable, __file__, "--stage", stage, "--root", str(root), "--source", str(source),
+           "--prompts", str(prompts), "--url", url]  # fmt: skip
+    parallel = "true" if stage == "raw_encode" else os.environ.get("TOKENIZERS_PARALLELISM", "true")
+    started = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=REPO, env=_env(TOKENIZERS_PARALLELISM=parallel))
+    assert proc.stdout is not None
+    out = proc.stdout.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - started
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode:
+        raise SystemExit(f"stage {stage} at {prompts} prompts failed (exit {proc.returncode})")
+    figures = json.loads(out.strip().splitlines()[-1])
+    return {**figures, "rss_gb": usage.ru_maxrss / 1024**2, "cpu_s": usage.ru_utime + usage.ru_stime, "wall_s": wall}
+
+
+# ---- the whole benchmark ---------------------------------------------------------------------------
+def bench(sizes: list[int], keep: Path | None) -> dict[int, dict[str, dict[str, Any]]]:
+    results: dict[int, dict[str, dict[str, Any]]] = {}
+    server, url = start_server()
+    try:
+        for size in sizes:
+            work = Path(tempfile.mkdtemp(prefix=f"bench-scale-{size}-", dir=keep))
+            source = write_source(work / "sharegpt.jsonl", size)
+            results[size] = {}
+            for stage in (*STAGES, "raw_encode"):
+                results[size][stage] = measure(stage, work / "out", source, size, url)
+                print(f"{size:>9} {stage:<12} {json.dumps(results[size][stage])}", flush=True)
+            if keep is None:
+                shutil.rmtree(work, ignore_errors=True)
+    finally:
+        server.terminate()
+        server.wait(10)
+    return results
+
+
+def report(results: dict[int, dict[str, dict[str, Any]]]) -> tuple[float, float]:
+    sizes = sorted(results)
+    print("\n| stage | prompts | CPU s | wall s | peak RSS GB | rows |\n|---|---:|---:|---:|---:|---:|")
+    for stage in (*STAGES, "raw_encode"):
+        for n in sizes:
+            c = results[n][stage]
+            print(f"| {stage} | {n:,} | {c['cpu_s']:.1f} | {c['wall_s']:.1f} | {c['rss_gb']:.2f} | {c['rows']:,} |")
+    small, large = sizes[0], sizes[-1]
+    flatness = min(results[small][s]["rss_gb"] / results[large][s]["rss_gb"] for s in STAGES)
+    validation = results[large]["validation"]
+    validate_rate = validation["rows"] / validation["wall_s"]
+    raw_rate = results[large]["raw_encode"]["rows_per_s"]
+    print(f"validation {validate_rate:.0f} rows/s; raw encode_batch on {os.cpu_count()} cores {raw_rate:.0f} rows/s")
+    return flatness, validate_rate / raw_rate
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", type=int, nargs="+", default=[10_000, 200_000])
+    ap.add_argument("--million", action="store_true", help="add a 1,000,000-prompt run")
+    ap.add_argument("--keep", type=Path, help="keep each size's source and output under this folder")
+    ap.add_argument("--stage", choices=(*STAGES, "raw_encode"), help=argparse.SUPPRESS)
+    ap.add_argument("--root", help=argparse.SUPPRESS)
+    ap.add_argument("--source", help=argparse.SUPPRESS)
+    ap.add_argument("--prompts", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--url", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.stage:
+        print(json.dumps(run_stage(args.stage, args.root, args.source, args.prompts, args.url)))
+        return 0
+    sizes = sorted(set(args.sizes + ([1_000_000] if args.million else [])))
+    flatness, validate_ratio = report(bench(sizes, args.keep))
+    print(f"RESULT memory_flatness {flatness:.3f}")
+    print(f"RESULT validate_vs_raw_parallel {validate_ratio:.3f}")
+    return 0
+
+
+@pytest.mark.benchmark
+def test_bench_scale() -> None:
+    assert main([]) == 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
