@@ -48,10 +48,12 @@ def release_dead_holders(
             why = _gone(run)
             if why is None:
                 continue
-            if run is not None and not run.is_finished:
+            failed = run is not None and not run.is_finished
+            if failed:
                 instance.report_run_failed(run, f"run worker {why}; its pool slots were released")
             instance.event_log_storage.free_concurrency_slots_for_run(run_id)
-            warn(f"pool {pool}: run {run_id} {why}; released its slot and marked the run failed")
+            marked = " and marked the run failed" if failed else ""
+            warn(f"pool {pool}: run {run_id} {why}; released its slot{marked}")
             released.append(run_id)
     return released
 
