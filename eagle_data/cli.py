@@ -60,7 +60,9 @@ class RunView:
                 if now - self.last_heartbeat < HEARTBEAT_EVERY_S:
                     return None
                 self.last_heartbeat = now
-            text = f"{user['step']}: {'' if m['level'] == 'INFO' else m['level'] + ': '}{user['message']}"
+            level = "" if m["level"] == "INFO" else f"{m['level']}: "
+            message = user["message"]  # most already start with the dataset's name: no second prefix then
+            text = f"{level}{message}" if message.startswith(user["step"]) else f"{user['step']}: {level}{message}"
         else:
             return None
         if text is None or self.notes > MAX_NOTES:
@@ -142,11 +144,13 @@ def demo(dataset: str = DEMO_DATASET) -> int:
           f"[eagle-data] {' '.join(cmd[2:])}\n[eagle-data] full Dagster log: {log_path}", flush=True)  # fmt: skip
     started = time.perf_counter()
     code, view = run_quietly(cmd, env, log_path, lambda text: print(text, flush=True))
-    store = ShardStore()
-    validated = pipeline.shards_written(store, dataset, pipeline.validated_asset(spec))
-    outputs = [f"output: {store.uri(dataset)}/ ({len(validated)} validated shards)",
-               f"quality report: {store.link(layout.quality_index(dataset))}",
-               "browse it all: dagster dev (README, Running real jobs)"]  # fmt: skip
+    outputs = []
+    if code == 0:
+        store = ShardStore()
+        validated = pipeline.shards_written(store, dataset, pipeline.validated_asset(spec))
+        outputs = [f"output: {store.uri(dataset)}/ ({len(validated)} validated shards)",
+                   f"quality report: {store.link(layout.quality_index(dataset))}",
+                   "browse it all: dagster dev (README, Running real jobs)"]  # fmt: skip
     print("\n".join(summary(view, code, time.perf_counter() - started, log_path, outputs)), flush=True)
     return code
 

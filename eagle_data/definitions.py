@@ -13,7 +13,7 @@ from eagle_data.defs.checks import build_checks
 from eagle_data.defs.drafter import build_decontamination_checks, build_drafter_assets
 from eagle_data.defs.exports import build_exports
 from eagle_data.defs.pools import dead_run_reaper, pool_watch_executor
-from eagle_data.defs.resources import StorageResource, engine_from_env
+from eagle_data.defs.resources import EngineResource, StorageResource
 from eagle_data.defs.schedules import build_schedules
 from eagle_data.defs.sensors import build_sensors
 
@@ -29,7 +29,7 @@ def build_definitions(specs: Sequence[DatasetSpec]) -> dg.Definitions:
         asset_checks=[*build_checks(specs), *build_decontamination_checks(specs)],
         sensors=[*build_sensors(specs), catalog_order_sensor(specs), dead_run_reaper()],
         schedules=build_schedules(specs),
-        resources={"storage": StorageResource(), "engine": engine_from_env()},
+        resources={"storage": StorageResource(), "engine": EngineResource()},
         executor=pool_watch_executor,
     )
 

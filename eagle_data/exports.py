@@ -13,6 +13,7 @@ import random
 
 import polars as pl
 
+from eagle_data import provenance
 from eagle_data.quality import split_rows
 
 TRAINING_COLUMNS = ("prompt_id", "dataset", "input_ids", "loss_mask")
@@ -38,11 +39,13 @@ def to_specforge_jsonl(validated: pl.DataFrame) -> bytes:
 
 
 def to_training_parquet(validated: pl.DataFrame) -> pl.DataFrame:
-    """Token ids and loss masks of the passing rows, ready to write as parquet."""
+    """Token ids and loss masks of the passing rows, with how each was made (eagle_data.provenance; null
+    where a shard predates a column), ready to write as parquet."""
     kept = passed(validated).with_columns(
         pl.col("input_ids").cast(pl.List(pl.Int32)), pl.col("loss_mask").cast(pl.List(pl.UInt8))
     )
-    return kept.select(TRAINING_COLUMNS)
+    made_by = [pl.col(c) if c in kept.columns else pl.lit(None, pl.String).alias(c) for c in provenance.COLUMNS]
+    return kept.select(*TRAINING_COLUMNS, *made_by)
 
 
 def mix(frames: dict[str, pl.DataFrame], weights: dict[str, float], seed: int) -> pl.DataFrame:

@@ -17,6 +17,7 @@ from eagle_data.drafter.decontam import contamination
 from eagle_data.drafter.evalsets import benchmark_index
 from eagle_data.drafter.settings import load_drafter_settings
 from eagle_data.engines.truncation import ReplyLengths, truncation_report
+from eagle_data.quality.verdicts import ENGINE_SIDE_REJECTIONS
 from eagle_data.runner import Estimate, RunnerSettings, estimate_generation, run_generation
 from eagle_data.runner.resultlog import ResultLog
 from eagle_data.storage import ShardStore
@@ -92,18 +93,23 @@ def generate(
     engine: Engine,
     log: Log = print,
     settings: RunnerSettings | None = None,
+    retry_rejected: bool = False,
     run_id: str = "",
 ) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     """Regenerate every reply of the requested shards; returns the run's figures (counts summed) and
-    each partition's own. `run_id` names the run in shard leases.
+    each partition's own. With `retry_rejected`, rows the last validation rejected for engine-side
+    reasons are requested again instead of reused. `run_id` names the run in shard leases.
 
     Also warns when more replies hit max_tokens than the catalog allows, with the max_tokens that would
     have covered 95% of them, and adds the engine's own figures (e.g. per SGLang server) when it has any.
     """
+    redo = {key: engine_side_rejections(spec, store, key) for key in partitions} if retry_rejected else {}
+    if redo:
+        log(f"{spec.name}: re-requesting {sum(map(len, redo.values()))} rows rejected for engine-side reasons")
     lengths = ReplyLengths()
     reports = run_generation(
         engine, spec, PromptShards(spec, store, partitions), store, settings=settings, log=log, lengths=lengths,
-        run_id=run_id,
+        run_id=run_id, redo=redo,
     )  # fmt: skip
     per_partition = {key: report.figures for key, report in reports.items()}
     figures = merge_figures(list(per_partition.values()))
@@ -114,9 +120,17 @@ def generate(
     if cut.warning:
         log(f"WARNING {spec.name}: {cut.warning}")
         figures["truncation_warning"] = cut.warning
-    if stats := getattr(engine, "stats", None):
-        figures["engine_stats"] = stats()
+    if stats := engine.stats():
+        figures["engine_stats"] = stats
     return figures, per_partition
+
+
+def engine_side_rejections(spec: DatasetSpec, store: ShardStore, partition: str) -> set[str]:
+    """prompt_ids of a partition's validated shard whose verdict is an engine-side rejection."""
+    if not store.shard_exists(spec.name, validated_asset(spec), partition):
+        return set()
+    verdicts = store.read_shard(spec.name, validated_asset(spec), partition).select("prompt_id", "verdict")
+    return set(verdicts.filter(pl.col("verdict").is_in(list(ENGINE_SIDE_REJECTIONS)))["prompt_id"])
 
 
 def estimate(
@@ -151,12 +165,19 @@ def estimate(
 
 def validated_rows(spec: DatasetSpec, generations: pl.DataFrame, partition: str) -> pl.DataFrame:
     """Token ids, loss masks and per-row verdicts for one generation shard; rows overlapping a benchmark
-    (`contamination`: its name) get the verdict `contaminated`."""
+    (`contamination`: its name) get the verdict `contaminated`; every row names the tokenizer and chat
+    template that made its ids (eagle_data.provenance)."""
+    target = load_target(spec.target)
     rows = build_training_rows(
-        load_target(spec.target), generations, thinking=spec.generation.thinking, mask_empty_think=spec.mask_empty_think
+        target, generations, thinking=spec.generation.thinking, mask_empty_think=spec.mask_empty_think
     )
     index, _ = benchmark_index(load_drafter_settings().decontamination)
-    rows = rows.with_columns(pl.lit(shard_index(partition), pl.Int32).alias("shard"), contamination(rows, index))
+    rows = rows.with_columns(
+        pl.lit(shard_index(partition), pl.Int32).alias("shard"),
+        contamination(rows, index),
+        tokenizer_hash=pl.lit(target.tokenizer_hash),
+        chat_template_hash=pl.lit(target.chat_template_hash),
+    )
     return quality.row_verdicts(rows, spec.checks, thinking=spec.generation.thinking)
 
 

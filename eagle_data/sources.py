@@ -152,16 +152,21 @@ class Source:
 
     def same_content(self, saved: dict[str, Any] | None) -> bool:
         """Whether the source still holds the content `saved` was taken from. A local file whose size and
-        mtime are unchanged is not re-hashed; a hub revision that cannot be looked up counts as unchanged."""
+        mtime are unchanged is not re-hashed. A source that cannot be looked at (a hub revision offline, a
+        local file since removed, e.g. on another machine sharing an S3 root) counts as unchanged: the saved
+        index stands, and nothing else needs the source."""
         if self.location.startswith(("hf://", "s3://")):
             now = self.identity()
             return now is None or now == saved
         if saved is None:
             return False
-        stat = self._local_path().stat()
+        path = Path(self.location).expanduser()
+        if not path.is_file():
+            return True
+        stat = path.stat()
         if (stat.st_size, stat.st_mtime_ns) == (saved.get("size"), saved.get("mtime_ns")):
             return True
-        return stat.st_size == saved.get("size") and _sha256(self._local_path()) == saved.get("sha256")
+        return stat.st_size == saved.get("size") and _sha256(path) == saved.get("sha256")
 
     def rows(self) -> Iterator[dict[str, Any]]:
         """Raw source rows as dicts, streamed. A JSONL line that is not JSON, not an object or not UTF-8

@@ -21,6 +21,7 @@ from typing import Any
 import polars as pl
 
 from eagle_data import layout
+from eagle_data.secrets import mask_url
 
 ROOT_ENV = "EAGLE_DATA_ROOT"
 DEFAULT_ROOT = "eagle-output"
@@ -255,7 +256,7 @@ class ShardStore:
     def _check_bucket(self, client: Any) -> None:
         from botocore.exceptions import ClientError, EndpointConnectionError
 
-        endpoint = client.meta.endpoint_url
+        endpoint = mask_url(client.meta.endpoint_url or "")
         try:
             client.head_bucket(Bucket=self.bucket)
         except ClientError as exc:

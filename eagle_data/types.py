@@ -35,11 +35,17 @@ class Completion:
     reasoning_tokens: int = 0
     cost_usd: float = 0.0
     provider: str = ""
+    served_model: str = ""  # the model id the server reports serving (OpenAI-style `model`), "" if none
     output_ids: list[int] | None = None  # the model's own tokens, when the engine returns them
 
     @property
     def truncated(self) -> bool:
         return self.finish_reason == "length"
+
+    @property
+    def empty(self) -> bool:
+        """No text at all (content and reasoning blank): a failed attempt, never a result."""
+        return not self.content.strip() and not self.reasoning.strip()
 
 
 class EngineError(Exception):
@@ -66,9 +72,13 @@ class FatalError(EngineError):
 
 
 class Engine(Protocol):
-    """A generation backend: send a conversation, get the next assistant turn back."""
+    """A generation backend: send a conversation, get the next assistant turn back.
 
-    name: str  # "local" | "openai" | "openrouter" | "sglang"
+    Engines subclass this protocol explicitly, so the optional hooks (`stats`, `stats_line`,
+    `describe`) have their no-op defaults.
+    """
+
+    name: str  # the engine kind's registry name
     model: str
 
     def config(self) -> dict[str, Any]:
@@ -86,3 +96,15 @@ class Engine(Protocol):
     async def complete(self, messages: list[Message], *, prompt_id: str) -> Completion: ...
 
     async def aclose(self) -> None: ...
+
+    def stats(self) -> dict[str, Any]:
+        """The engine's own figures for Dagster metadata (e.g. per SGLang server); {} when it has none."""
+        return {}
+
+    def stats_line(self) -> str:
+        """`stats()` as one progress-line fragment, with the same names; "" when it has none."""
+        return ""
+
+    def describe(self) -> str:
+        """What serves, in a few words, for logs and metadata (e.g. `local (demo model, random weights)`)."""
+        return f"{self.name} {self.model}"

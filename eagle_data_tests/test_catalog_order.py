@@ -14,10 +14,10 @@ import dagster as dg
 import pytest
 
 from eagle_data.catalog import DatasetSpec, catalog
-from eagle_data.defs.assets import WITHIN_BUDGET, build_dataset_assets, engine_pool
+from eagle_data.defs.assets import WITHIN_BUDGET, build_dataset_assets
 from eagle_data.defs.catalog_order import ORDER_TAG, catalog_order_sensor
 from eagle_data.defs.checks import build_checks
-from eagle_data.defs.resources import EngineResource, StorageResource
+from eagle_data.defs.resources import EngineResource, StorageResource, generation_pool
 from eagle_data.storage import ShardStore
 from eagle_data_tests.servers.openai_fake import FakeOpenAI, Faults
 
@@ -70,6 +70,7 @@ def test_datasets_run_one_after_the_other_in_catalog_order(
     server = FakeOpenAI(Faults())
     base_url = server.start()
     monkeypatch.setenv("EAGLE_TEST_KEY", "k")
+    monkeypatch.setenv("EAGLE_DATA_ENGINE", "openai")  # the code location's engine: its pool holds generation
     defs = dg.Definitions(
         assets=[asset for spec in demo_specs for asset in build_dataset_assets(spec)],
         asset_checks=build_checks(demo_specs),
@@ -110,8 +111,8 @@ def _walk(defs: dg.Definitions, instance: dg.DagsterInstance, server: FakeOpenAI
     [done] = results
     assert done.success
     assert all(store.shard_exists(first.name, first.name, key) for key in first.partition_keys)
-    assert engine_pool() in instance.event_log_storage.get_concurrency_keys()  # generation claimed its pool's slot
-    assert defs.get_assets_def(dg.AssetKey(first.name)).op.pool == engine_pool()
+    assert generation_pool() in instance.event_log_storage.get_concurrency_keys()  # generation claimed its pool's slot
+    assert defs.get_assets_def(dg.AssetKey(first.name)).op.pool == generation_pool()
 
     tick = _tick(defs, instance, tick.cursor)
     [request] = tick.run_requests

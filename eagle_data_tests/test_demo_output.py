@@ -42,9 +42,11 @@ def test_a_long_run_stays_within_the_line_budget(tmp_path: Path):
     view = RunView()
     notes = [n for i, raw in enumerate(busy_run()) if (n := view.note(raw, now=i * 0.01))]
     assert len(notes) == MAX_NOTES + 1 and notes[-1] == "  ... (the rest is in the log)"
-    assert notes[:3] == ["  b7_sharegpt_prompts: started", "  b7_sharegpt_prompts: b7_sharegpt_prompts: heartbeat: "
-                         "4 in flight, oldest 30 s, 0/900 done", "  b7_sharegpt_prompts: b7_sharegpt 00000: 10 ok, "
-                         "0 truncated, 0 failed"]  # fmt: skip
+    assert notes[:3] == [
+        "  b7_sharegpt_prompts: started",
+        "  b7_sharegpt_prompts: heartbeat: 4 in flight, oldest 30 s, 0/900 done",
+        "  b7_sharegpt_prompts: b7_sharegpt 00000: 10 ok, 0 truncated, 0 failed",
+    ]
     assert sum("heartbeat" in n for n in notes) == 1  # one per minute at most
     closing = summary(view, 0, 738, tmp_path / "demo.log", ["output: …", "quality report: …", "browse it all: …"])
     assert closing[1] == "[eagle-data] checks: 5 passed; FAILED: length_shift"

@@ -21,9 +21,9 @@ from dagster._core.storage.config import pg_config
 from dagster._core.storage.runs import SqliteRunStorage
 from dagster_postgres.utils import pg_url_from_config
 
-from eagle_data.catalog import load_catalog
-from eagle_data.defs.assets import POOL_ENV, build_dataset_assets
-from eagle_data.defs.resources import ENGINE_ENV
+from eagle_data.catalog import PROFILE_ENV, load_catalog
+from eagle_data.defs.assets import build_dataset_assets
+from eagle_data.defs.resources import ENGINE_ENV, NO_ENGINE_POOL, POOL_ENV
 
 REPO = Path(__file__).resolve().parent.parent
 COMPOSE_FILE = REPO / "docker" / "docker-compose.yaml"
@@ -121,12 +121,13 @@ def test_deployment_instance_reads_postgres_from_env_and_keeps_the_local_setting
 
 
 @pytest.mark.parametrize(("env", "pool"), [
-    ({}, "local"),
+    ({PROFILE_ENV: "demo"}, "local"),
+    ({}, NO_ENGINE_POOL),
     ({ENGINE_ENV: "openrouter"}, "openrouter"),
     ({ENGINE_ENV: "sglang", POOL_ENV: "sglang-fleet-a"}, "sglang-fleet-a"),
 ])
 def test_generation_steps_sit_in_their_engine_pool(env: dict[str, str], pool: str, monkeypatch: pytest.MonkeyPatch):
-    for name in (ENGINE_ENV, POOL_ENV):
+    for name in (ENGINE_ENV, POOL_ENV, PROFILE_ENV):
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)

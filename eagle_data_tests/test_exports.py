@@ -9,6 +9,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from eagle_data import provenance
 from eagle_data.exports import mix, to_specforge_jsonl, to_training_parquet
 from eagle_data.targets import build_training_rows, load_target
 from eagle_data.targets.rows import MESSAGE_DTYPE
@@ -59,7 +60,7 @@ def test_training_parquet_round_trips_ids_and_masks(validated: pl.DataFrame, tmp
     path = tmp_path / "train.parquet"
     to_training_parquet(validated).write_parquet(path)
     back = pl.read_parquet(path)
-    assert back.columns == ["prompt_id", "dataset", "input_ids", "loss_mask"]
+    assert back.columns == ["prompt_id", "dataset", "input_ids", "loss_mask", *provenance.COLUMNS]
     assert back.schema["input_ids"] == pl.List(pl.Int32) and back.schema["loss_mask"] == pl.List(pl.UInt8)
     ok = validated.filter(pl.col("verdict") == "pass")
     assert back.height == ok.height == 2

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,6 +14,7 @@ import pytest
 from eagle_data.engines import make_engine
 from eagle_data.engines.openai_compat import OpenAICompatEngine, check_credit, http_error, parse_response
 from eagle_data.runner import RunnerSettings, run_generation
+from eagle_data.secrets import mask_url, redact
 from eagle_data.storage import ShardStore
 from eagle_data.types import Completion, FatalError, RetryableError
 from eagle_data_tests.conftest import free_port
@@ -132,16 +135,17 @@ def test_unknown_provider_or_reasoning_keys_are_refused() -> None:
         OpenAICompatEngine(model="m", provider={"ignored": ["x"]})
     with pytest.raises(ValueError, match="reasoning"):
         OpenAICompatEngine(model="m", reasoning={"budget": 3})
-    with pytest.raises(ValueError, match="unknown engine kind 'vllm'"):
+    with pytest.raises(FatalError, match="unknown engine kind 'vllm': set EAGLE_DATA_ENGINE to one of"):
         make_engine("vllm", model="m")
 
 
 # ---- real HTTP -----------------------------------------------------------------------------------------
-def error_kind(base_url: str, timeout_s: float) -> str:
+def error_kind(base_url: str, timeout_s: float, connect_timeout_s: float = 10.0) -> str:
     """The `kind` of the RetryableError one request raises, or "ok"."""
 
     async def attempt() -> str:
-        engine = OpenAICompatEngine(model="m", base_url=base_url, timeout_s=timeout_s)
+        engine = OpenAICompatEngine(model="m", base_url=base_url, timeout_s=timeout_s,
+                                    connect_timeout_s=connect_timeout_s)  # fmt: skip
         try:
             await engine.complete([{"role": "user", "content": "q"}], prompt_id="p")
         except RetryableError as exc:
@@ -162,6 +166,38 @@ def test_timeouts_and_resets_come_back_as_retryable_kinds(server: FakeOpenAI) ->
 
 def test_a_closed_port_is_a_connect_error() -> None:
     assert error_kind(f"http://127.0.0.1:{free_port()}/v1", timeout_s=2) == "connect"
+
+
+def test_a_host_that_never_completes_the_handshake_fails_within_the_connect_timeout_not_the_read_timeout() -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)  # never accepts; once its queue is full, new handshakes go unanswered like a dead host
+        port = listener.getsockname()[1]
+        fillers = [socket.socket() for _ in range(3)]
+        for filler in fillers:
+            filler.setblocking(False)
+            filler.connect_ex(("127.0.0.1", port))
+        started = time.monotonic()
+        try:
+            kind = error_kind(f"http://127.0.0.1:{port}/v1", timeout_s=60, connect_timeout_s=0.5)
+        finally:
+            for filler in fillers:
+                filler.close()
+    assert kind == "connect_timeout" and time.monotonic() - started < 10
+
+
+@pytest.mark.parametrize("url", ["127.0.0.1:30000/v1", "ftp://host/v1", "http:///v1", "http://host:port/v1"])
+def test_a_malformed_base_url_is_a_one_line_config_error_before_any_request(url: str) -> None:
+    with pytest.raises(FatalError, match="is not an http\\(s\\) URL with a host: set EAGLE_DATA_BASE_URL") as err:
+        OpenAICompatEngine(model="m", base_url=url)
+    assert err.value.kind == "config" and "\n" not in str(err.value)
+
+
+def test_url_credentials_are_masked_and_an_echoed_key_is_redacted() -> None:
+    assert mask_url("http://user:pw@host:1/v1") == "http://***@host:1/v1" and mask_url("http://h/v1") == "http://h/v1"
+    assert redact("bad key sk-123456 (got Bearer sk-123456)", ["sk-123456", ""]) == "bad key *** (got Bearer ***)"
+    engine = OpenAICompatEngine(model="m", base_url="http://user:pw-secret@127.0.0.1:1/v1")
+    assert "pw-secret" not in engine.describe() + json.dumps(engine.config()) + repr(engine.__dict__.get("shown"))
 
 
 def test_missing_key_stops_the_run_before_sending(

@@ -21,7 +21,7 @@ from eagle_data.catalog import Adapter, DatasetSpec, catalog
 from eagle_data.defs.assets import build_dataset_assets, previous_figure
 from eagle_data.defs.checks import build_checks, check_keys
 from eagle_data.defs.exports import build_exports
-from eagle_data.defs.resources import StorageResource, engine_from_env
+from eagle_data.defs.resources import EngineResource, StorageResource
 from eagle_data.defs.schedules import build_schedules, consecutive_ranges
 from eagle_data.defs.sensors import UI_URL_ENV, build_sensors
 from eagle_data.storage import ShardStore
@@ -263,7 +263,7 @@ def test_through_the_real_validation_stage_the_regression_stops_the_training_mix
         assets=[*build_dataset_assets(spec), build_exports([spec])],
         asset_checks=build_checks([spec]),
         sensors=build_sensors([spec]),
-        resources={"storage": StorageResource(root=str(tmp_path)), "engine": engine_from_env()},
+        resources={"storage": StorageResource(root=str(tmp_path)), "engine": EngineResource()},
     )
     selection = {dg.AssetKey("b9_real_validated"), dg.AssetKey("training_mix")}
     with dg.instance_for_test() as instance, Receiver() as receiver:

@@ -15,6 +15,7 @@ from eagle_data.engines import make_engine
 from eagle_data.runner import RunnerSettings, run_generation
 from eagle_data.runner.progress import ProgressBar, Tally
 from eagle_data.storage import ShardStore
+from eagle_data.types import FatalError
 from eagle_data_tests.servers.openai_fake import FakeOpenAI, Faults, prompt_shards, spec_for_tests
 
 # The acceptance at full scale: a 429 burst over the first 2,000 requests, a client allowed 2,000
@@ -86,12 +87,19 @@ def test_exhausted_retries_end_failed_with_reason_and_the_next_run_retries_them(
     assert (second["ok"], second["reused"], second["requests"]) == (30, 0, 30)
 
 
-def test_auth_failure_stops_the_run_after_the_first_answer(server: FakeOpenAI, tmp_path: Path) -> None:
-    server.faults = Faults(force_status=401)
+@pytest.mark.parametrize(("status", "kind"), [(401, "http_401"), (403, "http_403"), (404, "http_404")])
+def test_a_fatal_answer_stops_sending_keeps_what_landed_and_fails_the_call_with_the_servers_line(
+    server: FakeOpenAI, tmp_path: Path, status: int, kind: str
+) -> None:
+    server.faults = Faults(force_status=status)
     lines: list[str] = []
-    figures = _run(server, tmp_path, prompt_shards(2, 500), RunnerSettings(**FAST_RETRY), lines)["00001"].figures
-    assert figures["failed"] == 500 and server.received <= RunnerSettings().initial_in_flight
-    assert any("http_401" in line and "stopped sending" in line for line in lines)
+    with pytest.raises(FatalError, match=f"^b7_sharegpt: {kind}: HTTP {status}: forced {status}$"):
+        _run(server, tmp_path, prompt_shards(2, 500), RunnerSettings(**FAST_RETRY), lines)
+    assert server.received <= RunnerSettings().initial_in_flight
+    assert any(kind in line and "stopped sending" in line for line in lines)
+    store = ShardStore(str(tmp_path))
+    rows = pl.concat([store.read_shard("b7_sharegpt", "b7_sharegpt", p) for p in ("00000", "00001")])
+    assert rows.height == 1000 and set(rows["status"]) == {"failed"}  # recorded, and re-requested next run
 
 
 def test_multi_turn_rows_hold_the_regenerated_conversation_and_progress_is_logged(

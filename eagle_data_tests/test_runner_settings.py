@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from eagle_data.defs.resources import EngineResource
 from eagle_data.runner import RunnerSettings
 
 
@@ -23,8 +22,3 @@ def test_contradicting_in_flight_limits_name_the_setting_to_change(settings: dic
         RunnerSettings(**settings)
     assert str(err.value) == f"runner settings: {message}"
 
-
-def test_a_run_config_max_in_flight_below_the_start_names_the_fix() -> None:
-    """The user's case: `max_in_flight: 8` on the engine resource of a paid API."""
-    with pytest.raises(ValueError, match=r"max_in_flight 8 is below initial_in_flight 32: raise max_in_flight"):
-        EngineResource(kind="openai", max_in_flight=8).runner_settings()

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import dagster as dg
 import polars as pl
+import pytest
 
 from eagle_data.catalog import load_catalog
 from eagle_data.defs.assets import build_dataset_assets
@@ -36,7 +37,10 @@ def kill_when(folder: Path, answered: int, pgid: int, stop: threading.Event) -> 
         stop.wait(0.01)
 
 
-def test_b7_sharegpt_materializes_through_the_sglang_resource_with_one_server_killed(tmp_path: Path) -> None:
+def test_b7_sharegpt_materializes_through_the_sglang_resource_with_one_server_killed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EAGLE_DATA_ENGINE", "sglang")  # the generation asset's pool is the environment's engine
     spec = load_catalog(profile="demo")["b7_sharegpt"]
     index = load_index(spec, ShardStore(str(tmp_path / "index")))
     logs = tmp_path / "answers"

@@ -130,6 +130,16 @@ def test_saved_index_is_reused_while_the_source_content_is_unchanged(tmp_path: P
     assert again.frame.equals(first.frame) and again.skipped == first.skipped and first.frame.height == 36
 
 
+def test_a_saved_index_stands_when_its_source_file_is_gone(tmp_path: Path):
+    """Another machine on the same root, or a download deleted after indexing: the shards still come."""
+    source = tmp_path / "src.jsonl"
+    source.write_text(SPECS["b7_sharegpt"].sample_path.read_text())
+    spec, store = SPECS["b7_sharegpt"].model_copy(update={"source": str(source)}), ShardStore(str(tmp_path / "out"))
+    first = load_index(spec, store).frame
+    source.unlink()
+    assert load_index(spec, store).shard(spec, "00001")["prompt_id"].to_list() == first["prompt_id"].to_list()[10:20]
+
+
 def test_a_changed_source_file_rebuilds_the_index(tmp_path: Path):
     source = tmp_path / "src.jsonl"
     source.write_text(SPECS["b7_sharegpt"].sample_path.read_text())
@@ -167,3 +177,26 @@ def test_an_s3_source_is_keyed_by_its_etag(tmp_path: Path, s3_endpoint: str, s3_
     client.put_object(Bucket=s3_bucket, Key="in/src.jsonl", Body=changed)
     again = load_index(spec, store)
     assert again.prompts == 1 and "etag" in again.rebuilt
+
+
+def test_a_one_shard_run_reads_only_its_own_block_of_the_index(tmp_path: Path):
+    """The index is saved in blocks of shard_size prompts: with every other block gone, shard 2 still reads."""
+    spec, store = SPECS["b7_sharegpt"], ShardStore(str(tmp_path))
+    whole = load_index(spec, store).frame
+    blocks = [k for k in store.list("b7_sharegpt") if "/_index/" in k and k.endswith(".parquet")]
+    assert len(blocks) == 4
+    for key in blocks:
+        if not key.endswith("00002.parquet"):
+            store.delete(key)
+    shard = load_index(spec, store).shard(spec, "00002")
+    assert shard["prompt_id"].to_list() == whole["prompt_id"].to_list()[20:30]
+
+
+def test_a_smaller_shard_size_cuts_the_same_prompts_across_blocks(tmp_path: Path):
+    """Blocks follow the shard size the index was built with; another shard size slices across them."""
+    store = ShardStore(str(tmp_path))
+    whole = load_index(SPECS["b7_sharegpt"], store).frame
+    spec = SPECS["b7_sharegpt"].model_copy(update={"shard_size": 7})
+    shards = [load_index(spec, store).shard(spec, key) for key in spec.partition_keys]
+    assert [s.height for s in shards] == [7, 7, 7, 7, 7, 1]
+    assert pl.concat(shards)["prompt_id"].to_list() == whole["prompt_id"].to_list()

@@ -4,19 +4,24 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import dagster as dg
 from dagster_aws.s3 import S3Resource
 from pydantic import Field
 
-from eagle_data.catalog import DatasetSpec
-from eagle_data.engines import engine_for, runner_settings_for
+from eagle_data.catalog import PROFILE_ENV, DatasetSpec
+from eagle_data.engines import EngineSettings, build_engine, demo_kind, kinds, lookup
 from eagle_data.runner import RunnerSettings
 from eagle_data.storage import ShardStore, default_root
-from eagle_data.types import Engine
+from eagle_data.types import Engine, FatalError
 
 ENGINE_ENV = "EAGLE_DATA_ENGINE"
+POOL_ENV = "EAGLE_DATA_POOL"
+DEMO_PROFILE = "demo"
+NO_ENGINE_POOL = "generation"  # the pool while no engine is chosen (a run then fails before any request)
+ENGINE_VARIABLES = {"kind": ENGINE_ENV, "model": "EAGLE_DATA_MODEL", "base_url": "EAGLE_DATA_BASE_URL"}
 
 
 class StorageResource(dg.ConfigurableResource):
@@ -33,41 +38,106 @@ class StorageResource(dg.ConfigurableResource):
 
 
 class EngineResource(dg.ConfigurableResource):
-    """The generation backend: the embedded local model, an OpenAI-compatible API, or an SGLang fleet."""
+    """The generation backend, kind-neutral: every field is optional and resolved at run time, field by
+    field: a value given in run config wins, else the environment's (`engine_environment`), else the
+    kind's default. The kind stays the environment's unless run config names one."""
 
-    kind: str = Field("local", description="local | openai | openrouter | sglang")
-    model: str = Field("", description="Served model name; for `local` a checkpoint folder (default: the demo).")
-    base_url: str = Field("", description="API base URL (openai/openrouter), or comma-separated SGLang servers.")
-    api_key_env: str = Field("", description="Name of the environment variable holding the API key (never the key).")
-    timeout_s: float = Field(0.0, description="Per-request timeout in seconds; 0: the engine's default.")
-    max_in_flight: int = Field(0, description="Ceiling of concurrent requests; 0: the engine's default.")
+    kind: str | None = Field(None, description="Engine kind (EAGLE_DATA_ENGINE): one of the registered kinds.")
+    model: str | None = Field(None, description="Served model name (EAGLE_DATA_MODEL); local: a checkpoint folder.")
+    base_url: str | None = Field(
+        None, description="API base URL, or comma-separated server URLs (EAGLE_DATA_BASE_URL)."
+    )
+    api_key_env: str | None = Field(
+        None, description="Name of the variable holding the API key (never the key); default the kind's; '' for none."
+    )
+    timeout_s: float | None = Field(None, description="Read timeout per request, seconds (EAGLE_DATA_TIMEOUT_S).")
+    connect_timeout_s: float | None = Field(
+        None, description="Connect timeout, seconds (EAGLE_DATA_CONNECT_TIMEOUT_S): a dead host fails fast."
+    )
+    max_in_flight: int | None = Field(None, description="Ceiling of concurrent requests (EAGLE_DATA_MAX_IN_FLIGHT).")
     provider: dict[str, Any] | None = Field(
-        None, description="OpenRouter provider routing, e.g. {ignore: [Fireworks], quantizations: [fp8, bf16]}."
+        None, description="OpenRouter provider routing (EAGLE_DATA_PROVIDER), e.g. {ignore: [Fireworks]}."
     )
     reasoning: dict[str, Any] | None = Field(
-        None, description="OpenRouter reasoning request, e.g. {effort: high} or {max_tokens: 8192}."
+        None, description="OpenRouter reasoning request (EAGLE_DATA_REASONING), e.g. {effort: high}."
     )
+
+    def settings(self) -> EngineSettings:
+        """The resolved settings; a one-line error when no engine was chosen."""
+        env = engine_environment()
+        given = {name: value for name, value in self.model_dump().items() if value is not None}
+        values = {**{k: v for k, v in env.settings.items() if v is not None}, **given}
+        if not values.get("kind"):
+            if not env.demo:
+                raise FatalError(
+                    f"no engine chosen: set {ENGINE_ENV} to one of {', '.join(kinds())} "
+                    f"(or {PROFILE_ENV}=demo for the local demo model)",
+                    kind="config",
+                )
+            values["kind"] = demo_kind().name
+        return EngineSettings(**values)
 
     def make(self, spec: DatasetSpec) -> Engine:
-        return engine_for(self.kind, spec, model=self.model, base_url=self.base_url, api_key_env=self.api_key_env,
-                          timeout_s=self.timeout_s, provider=self.provider, reasoning=self.reasoning)  # fmt: skip
+        return build_engine(self.settings(), spec)
 
     def runner_settings(self) -> RunnerSettings:
-        return runner_settings_for(self.kind, self.max_in_flight)
+        settings = self.settings()
+        return lookup(settings.kind).runner_settings(settings.max_in_flight)
 
 
-def engine_from_env() -> EngineResource:
-    """The engine the code location starts with: $EAGLE_DATA_ENGINE (default the embedded local model)."""
-    kind = os.environ.get(ENGINE_ENV, "local")
-    return EngineResource(
-        kind=kind,
-        model=os.environ.get("EAGLE_DATA_MODEL", ""),
-        base_url=os.environ.get("EAGLE_DATA_BASE_URL", ""),
-        api_key_env={"openrouter": "OPENROUTER_API_KEY", "openai": "OPENAI_API_KEY"}.get(kind, ""),
-        provider=_json_env("EAGLE_DATA_PROVIDER"),
-        reasoning=_json_env("EAGLE_DATA_REASONING"),
+@dataclass(frozen=True)
+class EngineEnvironment:
+    """What the environment says about the engine: settings (None where unset), the profile's demo
+    switch, and an explicit pool name."""
+
+    settings: dict[str, Any]
+    demo: bool
+    pool: str
+
+
+def engine_environment() -> EngineEnvironment:
+    """The one place the engine's environment variables are read (at run time, never at import)."""
+    env = os.environ
+    text = {name: env.get(var, "").strip() or None for name, var in ENGINE_VARIABLES.items()}
+    return EngineEnvironment(
+        settings={
+            **text,
+            "timeout_s": _number_env("EAGLE_DATA_TIMEOUT_S", float),
+            "connect_timeout_s": _number_env("EAGLE_DATA_CONNECT_TIMEOUT_S", float),
+            "max_in_flight": _number_env("EAGLE_DATA_MAX_IN_FLIGHT", int),
+            "provider": _json_env("EAGLE_DATA_PROVIDER"),
+            "reasoning": _json_env("EAGLE_DATA_REASONING"),
+        },
+        demo=env.get(PROFILE_ENV, "").strip() == DEMO_PROFILE,
+        pool=env.get(POOL_ENV, "").strip(),
     )
 
+
+def environment_kind() -> str | None:
+    """The environment's engine kind, or the demo kind on the demo profile; None when neither names one."""
+    env = engine_environment()
+    return env.settings["kind"] or (demo_kind().name if env.demo else None)
+
+
+def generation_pool(kind: str | None = None) -> str:
+    """The Dagster pool of generation steps: $EAGLE_DATA_POOL, else the pool of `kind` (default: the
+    environment's). Dagster fixes an asset's pool when the definitions load, so the asset reads this
+    once then and checks the run's resolved kind against it."""
+    kind = kind or environment_kind()
+    return engine_environment().pool or (lookup(kind).pool_name if kind else NO_ENGINE_POOL)
+
+
+def _number_env(name: str, kind: type[int] | type[float]) -> Any:
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return None
+    try:
+        value = kind(text)
+    except ValueError:
+        raise ValueError(f"{name}={text!r} is not a number: give e.g. {name}=120") from None
+    if value <= 0:
+        raise ValueError(f"{name} must be > 0, got {text}")
+    return value
 
 def _json_env(name: str) -> dict[str, Any] | None:
     text = os.environ.get(name, "").strip()

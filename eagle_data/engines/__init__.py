@@ -1,12 +1,17 @@
-"""Generation backends behind the `types.Engine` protocol, built by kind with `make_engine`.
+"""The engine registry: one `EngineKind` record per kind, declared in the kind's own module.
 
-Each kind maps to a small builder that imports its module lazily, so importing this package never
-pulls torch or sglang. Settings are the engine's keyword arguments.
+This package holds only the registry and its lookup. Each backend module registers its kinds with
+`register(EngineKind(...))` when it is imported; the built-in modules are imported on the first
+lookup, so importing this package never pulls torch or aiohttp. Everything else (the Dagster
+resource, the pool of the generation asset, runner defaults, error messages) reads the records, so
+adding a kind is one record in one module.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from eagle_data.types import Engine, FatalError
@@ -15,100 +20,137 @@ if TYPE_CHECKING:
     from eagle_data.catalog import DatasetSpec
     from eagle_data.runner import RunnerSettings
 
-
-def _openai(**settings: Any) -> Engine:
-    from eagle_data.engines.openai_compat import OpenAICompatEngine
-
-    if not settings.get("base_url"):  # never fall back to another provider's URL: the key would go there
-        raise FatalError("engine openai needs a base URL: set EAGLE_DATA_BASE_URL (e.g. http://host:30000/v1)",
-                         kind="config")  # fmt: skip
-    return OpenAICompatEngine(name="openai", **settings)
+BUILTIN_MODULES = ("eagle_data.engines.local", "eagle_data.engines.openai_compat", "eagle_data.engines.sglang")
+RAMP_START = 32  # where a ramping kind's in-flight limit starts: never a cold-start 429 storm
+RAMP_FLOOR = 4
 
 
-def _openrouter(**settings: Any) -> Engine:
-    from eagle_data.engines.openai_compat import OPENROUTER_KEY_ENV, OPENROUTER_URL, OpenAICompatEngine
+@dataclass(frozen=True)
+class EngineSettings:
+    """Kind-neutral engine settings, resolved at run time (run config over the environment, field by field).
 
-    settings.setdefault("base_url", OPENROUTER_URL)
-    settings.setdefault("api_key_env", OPENROUTER_KEY_ENV)
-    return OpenAICompatEngine(name="openrouter", **settings)
-
-
-def _local(*, model: str = "", device: str = "cpu", **settings: Any) -> Engine:
-    from eagle_data.catalog import Generation
-    from eagle_data.demo import ensure_demo_model
-    from eagle_data.engines.local import LocalEngine
-
-    sampling = {k: v for k, v in settings.items() if k in Generation.model_fields}
-    return LocalEngine(model or ensure_demo_model(), Generation(**sampling), device=device)
-
-
-def _sglang(*, codec: Any = None, **settings: Any) -> Engine:
-    """`codec`: the target's eagle_data.engines.sglang.Codec (needed by mode "generate")."""
-    from eagle_data.engines.sglang import SGLangEngine, SGLangSettings
-
-    return SGLangEngine(SGLangSettings(**settings), codec)
-
-
-ENGINE_KINDS: dict[str, Callable[..., Engine]] = {
-    "openai": _openai,
-    "openrouter": _openrouter,
-    "local": _local,
-    "sglang": _sglang,
-}
-
-
-def make_engine(kind: str, **settings: Any) -> Engine:
-    """An engine of `kind` ("openai", "openrouter", ...) built from its keyword settings."""
-    if kind not in ENGINE_KINDS:
-        raise ValueError(f"unknown engine kind {kind!r}; known: {', '.join(sorted(ENGINE_KINDS))}")
-    return ENGINE_KINDS[kind](**settings)
-
-
-def engine_for(
-    kind: str,
-    spec: DatasetSpec,
-    *,
-    model: str = "",
-    base_url: str = "",
-    api_key_env: str = "",
-    timeout_s: float = 0.0,
-    provider: dict[str, Any] | None = None,
-    reasoning: dict[str, Any] | None = None,
-) -> Engine:
-    """The engine of `kind` set up for one catalog dataset: its sampling settings and its target.
-
-    `timeout_s` 0 keeps the engine's own per-request default.
+    Attributes:
+        kind: the registry name of the engine kind.
+        model: served model name (for a local kind, a checkpoint folder; empty: its default).
+        base_url: API base URL, or comma-separated server URLs for a fleet kind.
+        api_key_env: name of the environment variable holding the API key; None: the kind's own
+            (`EngineKind.key_env`); "": send no key (a local server without auth).
+        timeout_s: read timeout, seconds without an answer before the attempt fails; None: the kind's default.
+        connect_timeout_s: seconds to open a connection, so a dead host fails fast; None: the kind's default.
+        max_in_flight: ceiling of concurrent requests; None: the kind's default.
+        provider: OpenRouter-style provider routing, for kinds that take it.
+        reasoning: OpenRouter-style reasoning request, for kinds that take it.
     """
-    g = spec.generation
-    if kind in ("openai", "openrouter", "sglang") and not model:
-        raise FatalError(f"engine {kind} needs a model: set EAGLE_DATA_MODEL (e.g. Qwen/Qwen3-8B)", kind="config")
-    if kind == "sglang" and not base_url.strip():
-        raise FatalError("engine sglang needs server URLs: set EAGLE_DATA_BASE_URL to comma-separated "
-                         "http://host:port URLs (or one sglang-router URL)", kind="config")  # fmt: skip
-    timeout = {"timeout_s": timeout_s} if timeout_s else {}
-    sampling = {"max_tokens": g.max_tokens, "temperature": g.temperature, "top_p": g.top_p, "thinking": g.thinking}
-    if kind == "local":
-        return make_engine("local", model=model, min_tokens=g.min_tokens, **sampling)
-    if kind == "sglang":
-        from eagle_data.engines.sglang import codec_for
-        from eagle_data.targets import load_target
 
-        urls = tuple(url.strip() for url in base_url.split(",") if url.strip())
-        timeout = {"request_timeout_s": timeout_s} if timeout_s else {}
-        return make_engine("sglang", urls=urls, model=model, codec=codec_for(load_target(spec.target)),
-                           min_tokens=g.min_tokens, **timeout, **sampling)  # fmt: skip
-    endpoint = {"model": model, "base_url": base_url, "api_key_env": api_key_env, "provider": provider,
-                "reasoning": reasoning}  # fmt: skip
-    return make_engine(kind, **timeout, **{k: v for k, v in endpoint.items() if v}, **sampling)
+    kind: str
+    model: str = ""
+    base_url: str = ""
+    api_key_env: str | None = None
+    timeout_s: float | None = None
+    connect_timeout_s: float | None = None
+    max_in_flight: int | None = None
+    provider: dict[str, Any] | None = None
+    reasoning: dict[str, Any] | None = None
+
+    def key_env(self) -> str:
+        """The variable the key is read from ("" for none)."""
+        return lookup(self.kind).key_env if self.api_key_env is None else self.api_key_env
+
+    def timeouts(self) -> dict[str, float]:
+        """The timeouts that were set, as engine keyword arguments (unset ones keep the engine's default)."""
+        given = {"timeout_s": self.timeout_s, "connect_timeout_s": self.connect_timeout_s}
+        return {name: value for name, value in given.items() if value is not None}
 
 
-def runner_settings_for(kind: str, max_in_flight: int = 0) -> RunnerSettings:
-    """In-flight limits per kind: a paid API ramps up from a low start; servers we own start at full width."""
-    from eagle_data.runner import RunnerSettings
+@dataclass(frozen=True)
+class EngineKind:
+    """Everything the project knows about one engine kind.
 
-    if kind == "local":  # one model in this process: a short queue keeps the log honest
-        return RunnerSettings(max_in_flight=4, initial_in_flight=4, min_in_flight=1)
-    if kind == "sglang":
-        width = max_in_flight or 512
-        return RunnerSettings(max_in_flight=width, initial_in_flight=width, min_in_flight=min(4, width))
-    return RunnerSettings(max_in_flight=max_in_flight or 2000)
+    Attributes:
+        name: the registry name (EAGLE_DATA_ENGINE's value, the `engine` column, the default pool).
+        build: the engine from resolved settings, set up for one catalog dataset (sampling, target).
+        make: the engine from its own keyword arguments (tests, benchmarks, scripts).
+        summary: a few words for listings and errors.
+        key_env: the environment variable that holds its API key ("" when it needs none).
+        required: setting name -> what to do when it is missing (one line, names the variable).
+        max_in_flight: default ceiling of concurrent requests.
+        ramp: start low and ramp up (a paid API, so a cold start never causes a 429 storm), or start
+            at full width (servers we own).
+        demo: the kind the demo profile runs when no engine is chosen.
+        pool: the Dagster pool of its generation steps ("" : the name).
+    """
+
+    name: str
+    build: Callable[[EngineSettings, DatasetSpec], Engine]
+    make: Callable[..., Engine]
+    summary: str
+    key_env: str = ""
+    required: Mapping[str, str] = field(default_factory=dict)
+    max_in_flight: int = 2000
+    ramp: bool = True
+    demo: bool = False
+    pool: str = ""
+
+    @property
+    def pool_name(self) -> str:
+        return self.pool or self.name
+
+    def runner_settings(self, max_in_flight: int | None = None) -> RunnerSettings:
+        """The runner's in-flight limits for this kind; `max_in_flight` overrides the ceiling."""
+        from eagle_data.runner import RunnerSettings
+
+        width = max_in_flight or self.max_in_flight
+        start = min(RAMP_START, width) if self.ramp else width
+        return RunnerSettings(max_in_flight=width, initial_in_flight=start, min_in_flight=min(RAMP_FLOOR, start))
+
+    def missing(self, settings: EngineSettings) -> str | None:
+        """One line saying which required setting is missing and how to set it, or None."""
+        for name, fix in self.required.items():
+            if not str(getattr(settings, name) or "").strip():
+                return f"engine {self.name} needs {name}: {fix}"
+        return None
+
+
+_KINDS: dict[str, EngineKind] = {}
+
+
+def register(kind: EngineKind) -> EngineKind:
+    """Add (or replace) a kind; called at import time by the module that defines it."""
+    _KINDS[kind.name] = kind
+    return kind
+
+
+def kinds() -> dict[str, EngineKind]:
+    """Every registered kind, by name."""
+    for module in BUILTIN_MODULES:
+        importlib.import_module(module)
+    return dict(sorted(_KINDS.items()))
+
+
+def lookup(name: str) -> EngineKind:
+    """The record of kind `name`, or a one-line error listing the choices."""
+    known = kinds()
+    if name not in known:
+        raise FatalError(
+            f"unknown engine kind {name!r}: set EAGLE_DATA_ENGINE to one of {', '.join(known)}", kind="config"
+        )
+    return known[name]
+
+
+def demo_kind() -> EngineKind:
+    """The kind the demo profile runs when no engine is chosen."""
+    return next(kind for kind in kinds().values() if kind.demo)
+
+
+def make_engine(kind: str, **arguments: Any) -> Engine:
+    """An engine of `kind` from its own keyword arguments."""
+    return lookup(kind).make(**arguments)
+
+
+def build_engine(settings: EngineSettings, spec: DatasetSpec) -> Engine:
+    """The engine the resolved `settings` ask for, set up for one dataset; a one-line error when a
+    required setting is missing."""
+    kind = lookup(settings.kind)
+    if problem := kind.missing(settings):
+        raise FatalError(problem, kind="config")
+    return kind.build(settings, spec)

@@ -24,6 +24,8 @@ from types import TracebackType
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from eagle_data.secrets import mask_url
+
 LOG_TAIL_LINES = 20
 
 
@@ -173,7 +175,7 @@ class Launcher:
                 code = server.process.poll()
                 if code is not None:
                     raise LaunchError(
-                        f"SGLang server {server.url} exited with code {code} before it was healthy; "
+                        f"SGLang server {mask_url(server.url)} exited with code {code} before it was healthy; "
                         f"log {server.log_path}, last lines:\n{server.log_tail()}"
                     )
                 if _healthy(server.url):
@@ -181,7 +183,7 @@ class Launcher:
             if waiting and time.monotonic() > deadline:
                 server = waiting[0]
                 raise LaunchError(
-                    f"SGLang server {server.url} did not become healthy within "
+                    f"SGLang server {mask_url(server.url)} did not become healthy within "
                     f"{self.config.health_timeout_s:g}s (raise health_timeout_s for large models); "
                     f"log {server.log_path}, last lines:\n{server.log_tail()}"
                 )

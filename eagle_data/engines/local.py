@@ -11,18 +11,26 @@ import asyncio
 import hashlib
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from eagle_data.catalog import Generation
-from eagle_data.types import Completion, FatalError, Message
+from eagle_data.engines import EngineKind, EngineSettings, register
+from eagle_data.types import Completion, Engine, FatalError, Message
+
+if TYPE_CHECKING:
+    from eagle_data.catalog import DatasetSpec
+
+DEMO_NOTE = "demo model, random weights"
 
 
-class LocalEngine:
+class LocalEngine(Engine):
     """In-process generation with `transformers` (extra `local`: torch)."""
 
     name = "local"
 
-    def __init__(self, model_path: str | Path, generation: Generation, *, device: str = "cpu") -> None:
+    def __init__(
+        self, model_path: str | Path, generation: Generation, *, device: str = "cpu", demo: bool = False
+    ) -> None:
         self.model_path = Path(model_path).expanduser()
         if not (self.model_path / "config.json").is_file():
             raise FatalError(
@@ -32,7 +40,7 @@ class LocalEngine:
             )
         self.model = self.model_path.name
         self.generation = generation
-        self.device = device
+        self.device, self.demo = device, demo
         self._lock = threading.Lock()
         self._loaded: tuple[Any, Any] | None = None
 
@@ -78,8 +86,14 @@ class LocalEngine:
         output_ids = out[0, prompt_len:].tolist()
         return _to_completion(tokenizer, output_ids, prompt_len)
 
+    def describe(self) -> str:
+        return f"{self.name} ({DEMO_NOTE})" if self.demo else f"{self.name} {self.model_path}"
+
     async def check(self) -> str:
         await asyncio.to_thread(self._load)
+        if self.demo:
+            return (f"local engine: {DEMO_NOTE} at {self.model_path} on {self.device}: its text is meaningless; "
+                    "real runs set EAGLE_DATA_ENGINE to a served model")  # fmt: skip
         return f"local engine: {self.model_path} on {self.device}"
 
     async def complete(self, messages: list[Message], *, prompt_id: str) -> Completion:
@@ -109,3 +123,22 @@ def _to_completion(tokenizer: Any, output_ids: list[int], prompt_tokens: int) ->
         output_ids=output_ids,
         provider="local",
     )
+
+
+def make_local(*, model: str = "", device: str = "cpu", **generation: Any) -> LocalEngine:
+    """A local engine from keyword arguments: a checkpoint folder (default: the demo model) and the
+    catalog's generation fields."""
+    from eagle_data.demo import ensure_demo_model
+
+    sampling = Generation(**{k: v for k, v in generation.items() if k in Generation.model_fields})
+    return LocalEngine(model or ensure_demo_model(), sampling, device=device, demo=not model)
+
+
+def _build(settings: EngineSettings, spec: DatasetSpec) -> LocalEngine:
+    return make_local(model=settings.model, **spec.generation.model_dump())
+
+
+register(EngineKind(
+    name="local", build=_build, make=make_local, summary="a transformers checkpoint in this process (the demo model)",
+    max_in_flight=4, ramp=False, demo=True,  # one model in this process: a short queue keeps the log honest
+))  # fmt: skip

@@ -4,7 +4,8 @@ The hot path is one shared aiohttp session with a pool sized for thousands of re
 the openai SDK costs 3-6x more CPU per request (measured on 2 cores), which at 2,000 in flight makes the client
 the bottleneck. Response parsing and error sorting are pure functions (`parse_response`), tested on
 their own. The API key is read from an environment variable when the session opens; it is never in
-`config()`, logs, or files.
+`config()`, logs, or files, and server error text is redacted of it before it becomes an error.
+Registers two kinds: `openai` (any OpenAI-compatible server) and `openrouter`.
 """
 
 from __future__ import annotations
@@ -16,13 +17,20 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
+from eagle_data.engines import EngineKind, EngineSettings, register
+from eagle_data.engines.replies import reply_text
 from eagle_data.runner.retry import parse_retry_after
-from eagle_data.types import PROMPT_ID_HEADER, Completion, FatalError, Message, RetryableError
+from eagle_data.secrets import mask_url, redact, strip_credentials, url_parts
+from eagle_data.types import PROMPT_ID_HEADER, Completion, Engine, EngineError, FatalError, Message, RetryableError
 
+if TYPE_CHECKING:
+    from eagle_data.catalog import DatasetSpec
+
+OPENAI, OPENROUTER = "openai", "openrouter"
 OPENROUTER_URL = "https://openrouter.ai/api/v1"
 OPENROUTER_KEY_ENV = "OPENROUTER_API_KEY"
 PROVIDER_KEYS = frozenset({
@@ -34,6 +42,9 @@ RETRY_STATUSES = frozenset({408, 409, 425, 429})
 THROTTLE_STATUSES = frozenset({429, 503})
 IN_FLIGHT_REASON = "in_flight_budget_exhausted"
 ERROR_TEXT_CHARS = 300
+TIMEOUT_S = 600.0  # read timeout: a long reasoning reply can take minutes
+CONNECT_TIMEOUT_S = 10.0  # a dead host fails fast
+CHECK_TIMEOUT_S = 30.0
 
 
 def _server_error(body: bytes) -> tuple[str, dict[str, Any]]:
@@ -85,18 +96,19 @@ def parse_response(status: int, body: bytes, retry_after: str | None = None, now
     finish = choice.get("finish_reason") or ""
     if finish == "error":
         raise RetryableError("generation failed mid-way (finish_reason=error)", kind="finish_error")
-    msg = choice.get("message") or {}
+    reasoning, content = reply_text(choice.get("message") or {})
     usage = data.get("usage") or {}
     details = usage.get("completion_tokens_details") or {}
     return Completion(
-        content=msg.get("content") or "",
-        reasoning=msg.get("reasoning") or msg.get("reasoning_content") or "",
+        content=content,
+        reasoning=reasoning,
         finish_reason=finish,
         prompt_tokens=usage.get("prompt_tokens") or 0,
         completion_tokens=usage.get("completion_tokens") or 0,
         reasoning_tokens=details.get("reasoning_tokens") or 0,
         cost_usd=float(usage.get("cost") or 0.0),
         provider=data.get("provider") or "",
+        served_model=data.get("model") or "",
     )
 
 
@@ -107,8 +119,22 @@ def _checked(name: str, value: dict[str, Any] | None, allowed: frozenset[str]) -
     return dict(value) if value else None
 
 
-class OpenAICompatEngine:
-    """POST {base_url}/chat/completions; one aiohttp session per event loop, opened lazily."""
+def checked_base_url(base_url: str) -> str:
+    """`base_url` if it is an absolute http(s) URL with a host, else a one-line config error."""
+    if url_parts(base_url) is None:
+        raise FatalError(
+            f"base URL {mask_url(base_url)!r} is not an http(s) URL with a host: set EAGLE_DATA_BASE_URL "
+            "(e.g. http://host:30000/v1)",
+            kind="config",
+        )
+    return base_url.strip()
+
+
+class OpenAICompatEngine(Engine):
+    """POST {base_url}/chat/completions; one aiohttp session per event loop, opened lazily.
+
+    Credentials in the base URL (`http://user:pass@host/v1`) are sent as basic auth instead of a key.
+    """
 
     def __init__(
         self,
@@ -124,13 +150,19 @@ class OpenAICompatEngine:
         reasoning: dict[str, Any] | None = None,
         provider: dict[str, Any] | None = None,
         extra_body: dict[str, Any] | None = None,
-        timeout_s: float = 600.0,
+        timeout_s: float = TIMEOUT_S,
+        connect_timeout_s: float = CONNECT_TIMEOUT_S,
         max_connections: int = 4096,
     ) -> None:
         self.name, self.model = name, model
-        self.url = base_url.rstrip("/") + "/chat/completions"
+        base, user, password = strip_credentials(checked_base_url(base_url))
+        self.base = base.rstrip("/")
+        self.url = self.base + "/chat/completions"
+        self.shown = mask_url(base_url.strip().rstrip("/"))  # the base URL as logs and errors show it
+        self._basic = aiohttp.encode_basic_auth(user, password) if user or password else None
+        self._url_secret = password
         self.api_key_env = api_key_env
-        self.timeout_s, self.max_connections = timeout_s, max_connections
+        self.timeout_s, self.connect_timeout_s, self.max_connections = timeout_s, connect_timeout_s, max_connections
         body: dict[str, Any] = {
             "model": model,
             "max_tokens": max_tokens,
@@ -141,7 +173,7 @@ class OpenAICompatEngine:
             body["provider"] = provider
         if reasoning := _checked("reasoning", reasoning, REASONING_KEYS):
             body["reasoning"] = reasoning
-        elif thinking is not None and name == "openrouter":
+        elif thinking is not None and name == OPENROUTER:
             body["reasoning"] = {"enabled": thinking}
         elif thinking is not None:
             body["chat_template_kwargs"] = {"enable_thinking": thinking}
@@ -153,43 +185,81 @@ class OpenAICompatEngine:
         """Everything that changes the output (no URL, timeout or key)."""
         return {"engine": self.name, **self._body}
 
-    def _open(self) -> aiohttp.ClientSession:
-        headers = {"Content-Type": "application/json"}
-        if self.api_key_env:
-            key = os.environ.get(self.api_key_env, "").strip()
-            if not key:
+    def describe(self) -> str:
+        return f"{self.name} {self.model} at {self.shown}"
+
+    def _auth(self) -> dict[str, str]:
+        """The Authorization header (basic auth from the URL, or the key); a one-line error when the key
+        is needed and unset."""
+        key = os.environ.get(self.api_key_env, "").strip() if self.api_key_env else ""
+        if self._basic is not None:
+            if key:
                 raise FatalError(
-                    f"environment variable {self.api_key_env} is empty: export the API key",
-                    kind="auth_missing",
+                    f"the base URL {self.shown} carries credentials and {self.api_key_env} holds an API key: "
+                    "keep one (drop the user:password from EAGLE_DATA_BASE_URL, or unset the key)",
+                    kind="config",
                 )
-            headers["Authorization"] = f"Bearer {key}"
+            return {"Authorization": self._basic}
+        if self.api_key_env and not key:
+            raise FatalError(f"environment variable {self.api_key_env} is empty: export the API key",
+                             kind="auth_missing")  # fmt: skip
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
+    def _secrets(self) -> list[str]:
+        key = os.environ.get(self.api_key_env, "").strip() if self.api_key_env else ""
+        return [key, self._url_secret, (self._basic or "").removeprefix("Basic ")]
+
+    def _scrubbed(self, exc: EngineError) -> EngineError:
+        """`exc` with the key and URL password taken out of its message (servers may echo them)."""
+        exc.args = (redact(str(exc), self._secrets()),)
+        return exc
+
+    def _timeout(self, read_s: float) -> aiohttp.ClientTimeout:
+        return aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s, sock_read=read_s)
+
+    def _open(self) -> aiohttp.ClientSession:
+        headers = {"Content-Type": "application/json", **self._auth()}
         connector = aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=0, ttl_dns_cache=300)
         return aiohttp.ClientSession(
-            connector=connector, headers=headers, timeout=aiohttp.ClientTimeout(total=self.timeout_s)
+            connector=connector, headers=headers, timeout=self._timeout(self.timeout_s)
         )
 
     async def check(self) -> str:
         """Any HTTP answer from `{base_url}/models` proves the server is there; OpenRouter also reports
-        the key's credit (GET /key) and refuses to start with none left."""
-        base = self.url.removesuffix("/chat/completions")
-        timeout = aiohttp.ClientTimeout(total=min(self.timeout_s, 30.0))
+        the key's credit (GET /key) and refuses to start with none left. A missing key fails here,
+        before any prompt is sent."""
+        auth = self._auth()
+        timeout = self._timeout(min(self.timeout_s, CHECK_TIMEOUT_S))
         try:
-            async with aiohttp.ClientSession(timeout=timeout) as session, session.get(f"{base}/models") as resp:
+            async with aiohttp.ClientSession(timeout=timeout, headers=auth) as session, session.get(
+                f"{self.base}/models"
+            ) as resp:
                 await resp.read()
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise FatalError(
-                f"cannot reach the {self.name} engine at {base} ({type(exc).__name__}): start the server, or fix "
-                "EAGLE_DATA_BASE_URL / the engine resource's base_url",
+                f"cannot reach the {self.name} engine at {self.shown} ({type(exc).__name__}): start the server, "
+                "or fix EAGLE_DATA_BASE_URL / the engine resource's base_url",
                 kind="unreachable",
             ) from None
-        if self.name != "openrouter":
-            return f"{self.name} engine at {base}: reachable, model {self.model}"
-        info = await asyncio.to_thread(check_credit, base, self.api_key_env or OPENROUTER_KEY_ENV, timeout.total)
+        if self.name != OPENROUTER:
+            return f"{self.name} engine at {self.shown}: reachable, model {self.model}"
+        try:
+            info = await asyncio.to_thread(
+                check_credit, self.base, self.api_key_env or OPENROUTER_KEY_ENV, timeout.sock_read or CHECK_TIMEOUT_S
+            )
+        except EngineError as exc:
+            raise self._scrubbed(exc) from None
         if info.remaining_usd is not None and info.remaining_usd <= 0:
             raise FatalError(f"{info.line()}: add credit or raise the key's limit before running", kind="no_credit")
         return info.line()
 
     async def complete(self, messages: list[Message], *, prompt_id: str) -> Completion:
+        try:
+            return await self._complete(messages, prompt_id)
+        except EngineError as exc:
+            raise self._scrubbed(exc) from None
+
+    async def _complete(self, messages: list[Message], prompt_id: str) -> Completion:
         if self._session is None:
             self._session = self._open()
         payload = {**self._body, "messages": [{"role": m["role"], "content": m["content"]} for m in messages]}
@@ -199,10 +269,13 @@ class OpenAICompatEngine:
             ) as resp:
                 body = await resp.read()
                 return parse_response(resp.status, body, resp.headers.get("Retry-After"))
+        except aiohttp.ConnectionTimeoutError:
+            raise RetryableError(f"no connection to {self.shown} within {self.connect_timeout_s:g} s",
+                                 kind="connect_timeout") from None  # fmt: skip
         except TimeoutError:
             raise RetryableError(f"no answer within {self.timeout_s:g} s", kind="timeout") from None
         except aiohttp.ClientConnectorError as exc:  # before ClientOSError, its base class
-            raise RetryableError(f"cannot connect to {self.url}: {exc}", kind="connect") from None
+            raise RetryableError(f"cannot connect to {self.shown}: {exc}", kind="connect") from None
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
             raise RetryableError(f"connection reset: {exc}", kind="reset") from None
 
@@ -243,7 +316,8 @@ def check_credit(
         raise http_error(exc.code, exc.read(), exc.headers.get("Retry-After"), time.time()) from None
     except (urllib.error.URLError, TimeoutError, ValueError) as exc:  # no answer, or not the key's JSON
         raise FatalError(
-            f"cannot read the key's credit at {base_url.rstrip('/')}/key ({type(exc).__name__}): check the base URL",
+            f"cannot read the key's credit at {mask_url(base_url.rstrip('/'))}/key ({type(exc).__name__}): "
+            "check the base URL",
             kind="unreachable",
         ) from None
     limit = data.get("limit")
@@ -253,3 +327,37 @@ def check_credit(
         limit_usd=None if limit is None else float(limit),
         remaining_usd=None if remaining is None else float(remaining),
     )
+
+
+def _build(settings: EngineSettings, spec: DatasetSpec) -> OpenAICompatEngine:
+    g = spec.generation
+    given = {"base_url": settings.base_url, "provider": settings.provider, "reasoning": settings.reasoning}
+    return OpenAICompatEngine(
+        name=settings.kind, model=settings.model, api_key_env=settings.key_env(), max_tokens=g.max_tokens,
+        temperature=g.temperature, top_p=g.top_p, thinking=g.thinking, **settings.timeouts(),
+        **{k: v for k, v in given.items() if v},
+    )  # fmt: skip
+
+
+def make_openai(*, base_url: str = "", **arguments: Any) -> OpenAICompatEngine:
+    """Any OpenAI-compatible server: never falls back to another provider's URL (the key would go there)."""
+    if not base_url:
+        raise FatalError("engine openai needs a base URL: set EAGLE_DATA_BASE_URL (e.g. http://host:30000/v1)",
+                         kind="config")  # fmt: skip
+    return OpenAICompatEngine(name=OPENAI, base_url=base_url, **arguments)
+
+
+def make_openrouter(*, api_key_env: str = OPENROUTER_KEY_ENV, **arguments: Any) -> OpenAICompatEngine:
+    return OpenAICompatEngine(name=OPENROUTER, api_key_env=api_key_env, **arguments)
+
+
+MODEL_FIX = "set EAGLE_DATA_MODEL (e.g. Qwen/Qwen3-8B)"
+register(EngineKind(
+    name=OPENAI, build=_build, make=make_openai, summary="any OpenAI-compatible server at EAGLE_DATA_BASE_URL",
+    key_env="OPENAI_API_KEY",
+    required={"model": MODEL_FIX, "base_url": "set EAGLE_DATA_BASE_URL (e.g. http://host:30000/v1)"},
+))  # fmt: skip
+register(EngineKind(
+    name=OPENROUTER, build=_build, make=make_openrouter,
+    summary="OpenRouter's API", key_env=OPENROUTER_KEY_ENV, required={"model": MODEL_FIX},
+))  # fmt: skip

@@ -17,11 +17,13 @@ import json
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import aiohttp
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
+from eagle_data.engines import EngineKind, EngineSettings, register
+from eagle_data.engines.replies import reply_text
 from eagle_data.engines.sglang_fleet import (
     SERVER_GONE_ERRORS,
     Fleet,
@@ -31,8 +33,12 @@ from eagle_data.engines.sglang_fleet import (
     fleet_stats,
     stats_line,
 )
-from eagle_data.targets import Target, prompt_ids
-from eagle_data.types import PROMPT_ID_HEADER, Completion, FatalError, Message, RetryableError
+from eagle_data.secrets import mask_url
+from eagle_data.targets import Target, load_target, prompt_ids
+from eagle_data.types import PROMPT_ID_HEADER, Completion, Engine, FatalError, Message, RetryableError
+
+if TYPE_CHECKING:
+    from eagle_data.catalog import DatasetSpec
 
 GONE_STATUSES = frozenset({502, 503, 504})  # the server (or the router's upstream) is going away
 
@@ -63,7 +69,8 @@ class SGLangSettings(BaseModel):
     min_new_tokens: int = Field(0, ge=0, validation_alias=AliasChoices("min_new_tokens", "min_tokens"))
     stop_token_ids: tuple[int, ...] = ()
     max_in_flight_per_server: int | None = Field(None, gt=0)
-    request_timeout_s: float = Field(3600.0, gt=0)  # a long thinking trace can take many minutes
+    timeout_s: float = Field(3600.0, gt=0)  # read timeout: a long thinking trace can take many minutes
+    connect_timeout_s: float = Field(10.0, gt=0)  # a dead host fails fast
     probe_timeout_s: float = Field(10.0, gt=0)
     reprobe_s: float = Field(10.0, gt=0)
 
@@ -118,7 +125,7 @@ def split_reasoning(
     return "", codec.decode(ids).strip(), 0
 
 
-class SGLangEngine:
+class SGLangEngine(Engine):
     """eagle_data.types.Engine over one or more SGLang servers."""
 
     name = "sglang"
@@ -228,23 +235,25 @@ class SGLangEngine:
     async def _post(self, url: str, payload: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
         """POST and sort failures: server gone (raised as-is for failover), retryable, fatal."""
         assert self._session is not None
-        timeout = aiohttp.ClientTimeout(total=self.settings.request_timeout_s)
+        s = self.settings
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=s.connect_timeout_s, sock_read=s.timeout_s)
+        shown = mask_url(url)
         async with self._session.post(url, json=payload, headers=headers, timeout=timeout) as resp:
             if resp.status in GONE_STATUSES:
-                raise ServerGoneError(f"{url} answered {resp.status}")
+                raise ServerGoneError(f"{shown} answered {resp.status}")
             text = await resp.text()
             if resp.status == 429 or resp.status >= 500:
-                raise RetryableError(f"{url} answered {resp.status}: {text[:200]}",
+                raise RetryableError(f"{shown} answered {resp.status}: {text[:200]}",
                                      kind=f"http_{resp.status}", throttle=resp.status == 429)
             if resp.status != 200:
-                raise FatalError(f"{url} refused the request ({resp.status}): {text[:300]}",
+                raise FatalError(f"{shown} refused the request ({resp.status}): {text[:300]}",
                                  kind=f"http_{resp.status}")
         try:
             body = json.loads(text)
         except ValueError as exc:
-            raise RetryableError(f"{url} sent non-JSON: {text[:200]}", kind="bad_json") from exc
+            raise RetryableError(f"{shown} sent non-JSON: {text[:200]}", kind="bad_json") from exc
         if isinstance(body, dict) and body.get("error"):
-            raise RetryableError(f"{url} returned an error: {str(body['error'])[:300]}", kind="error_in_body")
+            raise RetryableError(f"{shown} returned an error: {str(body['error'])[:300]}", kind="error_in_body")
         return body
 
     def _parse(self, body: dict[str, Any]) -> Completion:
@@ -281,9 +290,34 @@ def _parse_chat(body: dict[str, Any]) -> Completion:
         raise RetryableError("SGLang aborted the request", kind="sglang_abort")
     usage = body.get("usage") or {}
     details = usage.get("completion_tokens_details") or {}
+    reasoning, content = reply_text(message)
     return Completion(
-        content=message.get("content") or "", reasoning=message.get("reasoning_content") or "",
+        content=content, reasoning=reasoning,
         finish_reason=finish, prompt_tokens=int(usage.get("prompt_tokens", 0)),
         completion_tokens=int(usage.get("completion_tokens", 0)),
         reasoning_tokens=int(details.get("reasoning_tokens") or 0), provider="sglang",
+        served_model=body.get("model") or "",
     )
+
+
+def _build(settings: EngineSettings, spec: DatasetSpec) -> SGLangEngine:
+    g = spec.generation
+    urls = tuple(url.strip() for url in settings.base_url.split(",") if url.strip())
+    return SGLangEngine(
+        SGLangSettings(urls=urls, model=settings.model, thinking=g.thinking, temperature=g.temperature, top_p=g.top_p,
+                       max_new_tokens=g.max_tokens, min_new_tokens=g.min_tokens, **settings.timeouts()),
+        codec_for(load_target(spec.target)),
+    )  # fmt: skip
+
+
+def make_sglang(*, codec: Codec | None = None, **settings: Any) -> SGLangEngine:
+    """From SGLangSettings fields; `codec`: the target's Codec (needed by mode "generate")."""
+    return SGLangEngine(SGLangSettings(**settings), codec)
+
+
+register(EngineKind(
+    name="sglang", build=_build, make=make_sglang, summary="a fleet of SGLang servers (native /generate, token ids)",
+    required={"model": "set EAGLE_DATA_MODEL (e.g. Qwen/Qwen3-8B)", "base_url": "set EAGLE_DATA_BASE_URL to "
+              "comma-separated http://host:port URLs (or one sglang-router URL)"},
+    max_in_flight=512, ramp=False,
+))  # fmt: skip

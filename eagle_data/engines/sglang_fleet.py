@@ -16,6 +16,7 @@ from typing import Any
 
 import aiohttp
 
+from eagle_data.secrets import mask_url
 from eagle_data.types import FatalError, RetryableError
 
 log = logging.getLogger(__name__)
@@ -70,6 +71,11 @@ class Server:
     down_reason: str = ""
     info: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def shown(self) -> str:
+        """The URL as logs and metadata show it (credentials masked)."""
+        return mask_url(self.url)
+
     def record(self, prompt_tokens: int, completion_tokens: int) -> None:
         self.requests += 1
         self.prompt_tokens += prompt_tokens
@@ -78,7 +84,7 @@ class Server:
     def stats(self, now: float) -> dict[str, Any]:
         elapsed = max(now - self.started_at, 1e-9)
         return {
-            "url": self.url, "up": self.up, "running": self.running, "requests": self.requests,
+            "url": self.shown, "up": self.up, "running": self.running, "requests": self.requests,
             "failures": self.failures, "resent": self.resent, "completion_tokens": self.completion_tokens,
             "tok_s": round(self.completion_tokens / elapsed, 1), "down_reason": self.down_reason,
         }
@@ -91,15 +97,16 @@ async def probe(session: aiohttp.ClientSession, url: str, model: str, timeout_s:
     RetryableError when the server is not (yet) usable.
     """
     timeout = aiohttp.ClientTimeout(total=timeout_s)
+    shown = mask_url(url)
     async with session.get(url + "/health", timeout=timeout) as resp:
         if resp.status != 200:
-            raise RetryableError(f"{url}/health answered {resp.status}", kind="server_down")
+            raise RetryableError(f"{shown}/health answered {resp.status}", kind="server_down")
     async with session.get(url + "/get_model_info", timeout=timeout) as resp:
         resp.raise_for_status()
         served = str((await resp.json()).get("model_path", ""))
     if not model_matches(served, model):
         raise ModelMismatchError(
-            f"SGLang server {url} serves {served!r}, but the target model is {model!r}: "
+            f"SGLang server {shown} serves {served!r}, but the target model is {model!r}: "
             "start it with --model-path for the target, or point the engine at the right servers"
         )
     async with session.get(url + "/get_server_info", timeout=timeout) as resp:
@@ -162,7 +169,7 @@ class Fleet:
             else:
                 self._set_info(server, result)
         if not any(s.up for s in self.servers):
-            reasons = "; ".join(f"{s.url}: {s.down_reason}" for s in self.servers)
+            reasons = "; ".join(f"{s.shown}: {s.down_reason}" for s in self.servers)
             raise FatalError(f"no SGLang server is reachable ({reasons}): start them or fix the URLs",
                              kind="server_down")
 
@@ -178,7 +185,7 @@ class Fleet:
             while True:
                 up = [s for s in self.servers if s.up]
                 if not up:
-                    reasons = "; ".join(f"{s.url}: {s.down_reason}" for s in self.servers)
+                    reasons = "; ".join(f"{s.shown}: {s.down_reason}" for s in self.servers)
                     raise RetryableError(f"every SGLang server is down ({reasons})", kind="server_down")
                 free = [s for s in up if s.running < s.cap]
                 if free:
@@ -197,7 +204,7 @@ class Fleet:
         """Stop sending to `server` and re-probe it every `reprobe_s` until it answers again."""
         if server.up:
             log.warning("SGLang server %s is down (%s); re-probing every %gs",
-                        server.url, reason, self.reprobe_s)
+                        server.shown, reason, self.reprobe_s)
         server.up, server.down_reason = False, reason
         server.failures += 1
         if server.url not in self._reprobes or self._reprobes[server.url].done():
@@ -218,7 +225,7 @@ class Fleet:
                 continue
             self._set_info(server, info)
             server.up, server.down_reason = True, ""
-            log.warning("SGLang server %s is back", server.url)
+            log.warning("SGLang server %s is back", server.shown)
             await self._wake_all()
 
     async def aclose(self) -> None:

@@ -31,6 +31,10 @@ TRUNCATED = "truncated"
 CONTAMINATED = "contaminated"
 CONTAMINATION = "contamination"  # the benchmark a row overlaps (eagle_data.drafter.decontam), else null
 KEPT = frozenset({PASS, TRUNCATED})  # verdicts whose rows go to training
+# Rejections the engine caused (an answer with no usable text, too little to train on, no reasoning where
+# thinking was asked, text lost against the tokens it reported): another request may do better, so the
+# generation asset's `retry_rejected` re-requests them. Structure and prompt faults are not among them.
+ENGINE_SIDE_REJECTIONS = frozenset({"empty_completion", "short_loss", "missing_reasoning", "lost_text"})
 STRUCTURE_REASONS = (
     "render_error",
     "bad_structure",

@@ -22,6 +22,8 @@ Resume, keyed by content (prompt_id + config hash + turn index), never by positi
   - a prompt without a reusable row replays its stored turns in order by the same rules (a turn that
     hit the old cap is not replayed under a raised one) and continues from the first missing turn.
 Failed and skipped_budget rows are never reused: the next run retries them, from their stored turns.
+Only usable replies are reused or replayed: a row or turn without text (an empty reply stored by an
+older version) is requested again.
 """
 
 from __future__ import annotations
@@ -76,6 +78,20 @@ def resume_key(engine_config: dict[str, Any], spec: DatasetSpec) -> ResumeKey:
     return ResumeKey(_digest(payload), _digest(base), cap)
 
 
+def _has_text(content: pl.Expr, reasoning: pl.Expr) -> pl.Expr:
+    return (content.fill_null("").str.strip_chars() != "") | (reasoning.fill_null("").str.strip_chars() != "")
+
+
+def usable() -> pl.Expr:
+    """A reply worth keeping: its last reply and every regenerated assistant turn carry text."""
+    turn = pl.element()
+    blank_turn = (turn.struct.field("role") == "assistant") & ~_has_text(
+        turn.struct.field("content"), turn.struct.field("reasoning")
+    )
+    no_blank_turn = ~pl.col("messages").list.eval(blank_turn).list.any().fill_null(False)
+    return _has_text(pl.col("content"), pl.col("reasoning")) & no_blank_turn
+
+
 def reusable(frame: pl.DataFrame, key: ResumeKey) -> pl.DataFrame:
     """The stored rows the current config may keep: the latest reusable row per prompt_id."""
     same = (pl.col("config_hash") == key.config_hash) & pl.col("status").is_in(["ok", "truncated"])
@@ -83,7 +99,7 @@ def reusable(frame: pl.DataFrame, key: ResumeKey) -> pl.DataFrame:
         (pl.col("status") == "ok") & (pl.col("base_hash") == key.base_hash) & (pl.col("max_tokens") <= key.max_tokens)
     )
     return (
-        frame.filter(same | raised)
+        frame.filter((same | raised) & usable())
         .sort("finished_at")
         .unique("prompt_id", keep="last", maintain_order=True)
         .with_columns(pl.lit(key.config_hash).alias("config_hash"))
@@ -92,7 +108,7 @@ def reusable(frame: pl.DataFrame, key: ResumeKey) -> pl.DataFrame:
 
 def replayable(turns: Iterable[Turn], key: ResumeKey) -> dict[str, list[Turn]]:
     """Per prompt_id, the stored turns the current config may replay: turn 0, 1, ... without a gap,
-    the latest record of each turn."""
+    the latest usable record of each turn."""
     best: dict[tuple[str, int], Turn] = {}
     for turn in turns:
         same = turn["config_hash"] == key.config_hash
@@ -101,8 +117,9 @@ def replayable(turns: Iterable[Turn], key: ResumeKey) -> dict[str, list[Turn]]:
             and turn["finish_reason"] != "length"
             and turn["max_tokens"] <= key.max_tokens
         )
+        has_text = str(turn.get("content") or "").strip() or str(turn.get("reasoning") or "").strip()
         at = (turn["prompt_id"], turn["turn"])
-        if (same or raised) and (at not in best or turn["finished_at"] >= best[at]["finished_at"]):
+        if (same or raised) and has_text and (at not in best or turn["finished_at"] >= best[at]["finished_at"]):
             best[at] = turn
     chains: dict[str, list[Turn]] = {}
     for prompt_id, index in sorted(best):

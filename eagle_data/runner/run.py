@@ -23,6 +23,7 @@ from typing import Any
 
 import polars as pl
 
+from eagle_data import provenance
 from eagle_data.catalog import DatasetSpec
 from eagle_data.engines.truncation import ReplyLengths
 from eagle_data.runner.budget import Budget
@@ -43,13 +44,14 @@ from eagle_data.runner.retry import retry_delay, should_retry
 from eagle_data.runner.rows import Row, assistant_message, build_row, plan_turns
 from eagle_data.runner.settings import RunnerSettings
 from eagle_data.storage import ShardStore
-from eagle_data.types import Completion, Engine, EngineError, Message, RetryableError, Status
+from eagle_data.types import Completion, Engine, EngineError, FatalError, Message, RetryableError, Status
 
 GC_GEN0_THRESHOLD = 50_000  # see _fewer_gc_passes
 LEASE_POLL_S = 1.0  # how often a deferred shard's lease is tried again
 
-# Fatal kinds that every later request would hit too: stop sending instead of failing each prompt.
-ABORT_KINDS = ("http_401", "http_403", "http_402_budget", "auth_missing")
+# Fatal kinds that every later request would hit too (bad or missing key, no access, no budget, a model
+# the server does not have): stop sending, keep what landed, then fail the call with the server's line.
+ABORT_KINDS = ("http_401", "http_403", "http_402_budget", "http_404", "auth_missing", "model_mismatch", "config")
 
 
 class LeaseHeld(RuntimeError):
@@ -138,6 +140,7 @@ class _Run:
         write_shards: bool,
         lengths: ReplyLengths,
         run_id: str,
+        redo: Mapping[str, set[str]],
     ) -> None:
         self.engine, self.spec, self.frames, self.store, self.settings, self.say = (
             engine,
@@ -147,9 +150,10 @@ class _Run:
             settings,
             log,
         )
-        self.write_shards, self.lengths = write_shards, lengths
+        self.write_shards, self.lengths, self.redo = write_shards, lengths, redo
         self.run_id = run_id or uuid.uuid4().hex
         self.key = resume_key(engine.config(), spec)
+        self.sampling = provenance.sampling(engine.config())
         self.leases = Leases(store, spec.name, self.run_id, settings.lease_ttl_s)
         self.limiter = AdaptiveLimiter(settings.initial_in_flight, settings.min_in_flight, settings.max_in_flight)
         self.rng = random.Random()
@@ -161,6 +165,7 @@ class _Run:
         self.bar = ProgressBar(settings.progress_bar)
         self.stop_reason = ""
         self.stop_status: Status = "skipped_budget"
+        self.fatal: EngineError | None = None  # the abort that ended the call
         self.lease_lost = ""
         self.checked = False
         self.finished_new = 0
@@ -197,6 +202,8 @@ class _Run:
         self.say(self._progress_line())
         if self.stop_reason:
             self.say(self.stop_reason)
+        if self.fatal is not None:
+            raise FatalError(self.stop_reason, kind=self.fatal.kind)
         if self.lease_lost:
             raise LeaseLost(self.lease_lost)
         if held:
@@ -278,10 +285,11 @@ class _Run:
         returns the shard and its number of prompts."""
         prompts = self.frames[partition]
         log = ResultLog(self.store, self.spec.name, partition, self.run_id)
-        ids = prompts["prompt_id"]
-        stored = reusable(log.load(), self.key).filter(pl.col("prompt_id").is_in(ids.implode()))
+        ids, redo = prompts["prompt_id"], self.redo.get(partition, set())
+        keep = ids.filter(~ids.is_in(list(redo)))
+        stored = reusable(log.load(), self.key).filter(pl.col("prompt_id").is_in(keep.implode()))
         shard = _Shard(partition, log, ids.to_list(), {r["prompt_id"]: r for r in stored.iter_rows(named=True)})
-        turns = replayable(log.load_turns(), self.key)
+        turns = {p: chain for p, chain in replayable(log.load_turns(), self.key).items() if p not in redo}
         for prompt in prompts.select("prompt_id", "messages").iter_rows(named=True):
             if prompt["prompt_id"] in shard.rows:
                 continue
@@ -361,6 +369,13 @@ class _Run:
             self.total.requests += 1
             try:
                 done = await self._send(conversation, prompt_id)
+                if done.empty:  # paid for, but nothing to train on: a failed attempt, retried like a 5xx
+                    self.budget.spend(done.prompt_tokens + done.completion_tokens, done.cost_usd)
+                    raise RetryableError(
+                        f"no content or reasoning (finish_reason {done.finish_reason or 'none'}, "
+                        f"{done.completion_tokens} completion tokens)",
+                        kind="empty_reply",
+                    )
             except EngineError as exc:
                 throttled = isinstance(exc, RetryableError) and exc.throttle
                 throttles += throttled
@@ -393,7 +408,8 @@ class _Run:
                 self.limiter.on_throttle(epoch, exc.retry_after)
             if should_retry(exc, attempts, throttles, self.settings):
                 return retry_delay(exc, attempts + throttles, self.settings, self.rng)
-        elif exc.kind.startswith(ABORT_KINDS) and not self.stop_reason:
+        elif exc.kind.startswith(ABORT_KINDS) and self.fatal is None:
+            self.fatal = exc
             self._stop(f"{self.spec.name}: {exc.kind}: {exc}", "failed")
         return None
 
@@ -413,6 +429,7 @@ class _Run:
             max_tokens=self.key.max_tokens,
             engine=self.engine.name,
             model=self.engine.model,
+            sampling=self.sampling,
         )
         return row
 
@@ -432,8 +449,8 @@ class _Run:
 
     def _progress_line(self) -> str:
         """The standard line, plus the engine's own figures when it has any (an SGLang fleet's servers)."""
-        engine_line = getattr(self.engine, "stats_line", None)
-        return f"{self.spec.name}: {self.total.line()}" + (f" | {engine_line()}" if engine_line else "")
+        engine_line = self.engine.stats_line()
+        return f"{self.spec.name}: {self.total.line()}" + (f" | {engine_line}" if engine_line else "")
 
     def _in_flight(self) -> str:
         """`12 in flight, oldest 31 s`: what the heartbeat and the bar show."""
@@ -551,6 +568,7 @@ def run_generation(
     write_shards: bool = True,
     lengths: ReplyLengths | None = None,
     run_id: str = "",
+    redo: Mapping[str, set[str]] | None = None,
 ) -> dict[str, ShardReport]:
     """Regenerate the assistant replies of every prompt in `shards` (partition key -> prompts frame).
 
@@ -561,8 +579,9 @@ def run_generation(
     With `write_shards` False (a sample of a shard's prompts) the rows stay in the result log only,
     so no partial shard file ever looks finished. `run_id` names this run in shard leases (a random
     id when empty). Raises LeaseHeld / LeaseLost, after writing every other shard, when another run
-    kept or took a shard. Closes the engine's loop-bound resources (`engine.aclose()`) at the end;
-    engines reopen them lazily.
+    kept or took a shard, and FatalError (the server's line) after a fatal answer stopped the sending.
+    `redo` (partition key -> prompt_ids) names stored rows to request again instead of reusing them.
+    Closes the engine's loop-bound resources (`engine.aclose()`) at the end; engines reopen them lazily.
     """
     with _fewer_gc_passes():
         run = _Run(
@@ -575,5 +594,6 @@ def run_generation(
             write_shards,
             ReplyLengths() if lengths is None else lengths,
             run_id,
+            redo or {},
         )
         return asyncio.run(run.main())

@@ -117,6 +117,11 @@ class Target:
         gives it, else the tokenizer's size."""
         return self.profile.vocab_size or self.tokenizer.get_vocab_size(with_added_tokens=True)
 
+    @property
+    def chat_template_hash(self) -> str:
+        """SHA-256 of the chat format's pieces (the profile's template, as data)."""
+        return hashlib.sha256(self.profile.format.model_dump_json().encode()).hexdigest()
+
     @cached_property
     def tokenizer_hash(self) -> str:
         """SHA-256 of the tokenizer's full JSON: two runs with the same hash tokenized alike."""

@@ -28,6 +28,9 @@ PASS_THROUGH = (
     "model",
     "engine",
     "config_hash",
+    "provider",
+    "served_model",
+    "sampling",
     "messages",  # the conversations export (SpecForge JSONL) reads it
 )
 FLAGS = ("roundtrip_ok", "prefix_ok", "structure_ok", "eot_ok")

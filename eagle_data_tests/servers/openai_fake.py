@@ -30,6 +30,13 @@ from aiohttp import web
 from eagle_data.catalog import DatasetSpec, load_catalog
 from eagle_data.types import PROMPT_ID_HEADER
 
+# Reply shapes servers use. "split": OpenRouter's `reasoning` string beside `content`; "details": only
+# OpenRouter's typed `reasoning_details` parts (with an encrypted part that has no text); "reasoning_content":
+# SGLang's and older vLLM's field; "think_inline": no reasoning parser, a think block inside `content`;
+# "null_content": `content` null, no reasoning, finish "stop"; "special_only": the model emitted only
+# special tokens the server stripped: content "", finish "length", completion_tokens = max_tokens.
+SHAPES = ("split", "details", "reasoning_content", "think_inline", "null_content", "special_only")
+
 
 @dataclass
 class Faults:
@@ -51,6 +58,8 @@ class Faults:
     force_reason: str = ""  # ... and this metadata.reason
     fail_turn: int = 0  # answer every request for this user turn (1-based) with HTTP 500
     reply_tokens: tuple[int, int] = (20, 60)  # natural reply length range, fixed per prompt
+    shape: str = "split"  # how the reply's text comes back: one of SHAPES
+    echo_auth: bool = False  # error bodies repeat the Authorization header received (a careless server)
     cost_per_token: float = 1e-6
     key_limit: float = 100.0
     key_usage: float = 12.5
@@ -132,7 +141,8 @@ class FakeOpenAI:
         self.requests[turn] += 1
         self.auth_headers.add(request.headers.get("Authorization", ""))
         if f.force_status:
-            return self._error(f.force_status, f"forced {f.force_status}", {"reason": f.force_reason})
+            echoed = f" (got {request.headers.get('Authorization', '')})" if f.echo_auth else ""
+            return self._error(f.force_status, f"forced {f.force_status}{echoed}", {"reason": f.force_reason})
         if f.fail_turn and turn.endswith(f"#{f.fail_turn}"):
             return self._error(500, f"turn {f.fail_turn} always fails", {})
         if nth <= f.rate_limit_first and (not f.rate_limit_cap or self.open > f.rate_limit_cap):
@@ -178,7 +188,9 @@ class FakeOpenAI:
         self.outcomes["truncated" if finish == "length" else "ok"] += 1
         self.answered[turn] += 1
         prompt_tokens = sum(len(str(m["content"]).split()) for m in body["messages"])
-        message = {"role": "assistant", "content": " ".join(["tok"] * n), "reasoning": f"think {turn}"}
+        message = shaped_message(self.faults.shape, " ".join(["tok"] * n), f"think {turn}")
+        if self.faults.shape == "special_only":
+            n, finish = cap, "length"
         usage = {
             "prompt_tokens": prompt_tokens,
             "completion_tokens": n,
@@ -231,6 +243,26 @@ class FakeOpenAI:
         for task in hung:
             task.cancel()
         await asyncio.gather(*hung, return_exceptions=True)
+
+
+def shaped_message(shape: str, content: str, reasoning: str) -> dict[str, Any]:
+    """The assistant message of one reply in the given shape (see SHAPES)."""
+    message: dict[str, Any] = {"role": "assistant"}
+    if shape == "split":
+        return {**message, "content": content, "reasoning": reasoning}
+    if shape == "details":
+        parts = [{"type": "reasoning.encrypted", "data": "b64=="}, {"type": "reasoning.text", "text": reasoning},
+                 {"type": "reasoning.summary", "summary": " (summary)"}]  # fmt: skip
+        return {**message, "content": content, "reasoning": None, "reasoning_details": parts}
+    if shape == "reasoning_content":
+        return {**message, "content": content, "reasoning_content": reasoning}
+    if shape == "think_inline":
+        return {**message, "content": f"<think>\n{reasoning}\n</think>\n\n{content}"}
+    if shape == "null_content":
+        return {**message, "content": None}
+    if shape == "special_only":
+        return {**message, "content": ""}
+    raise ValueError(f"unknown reply shape {shape!r}; known: {SHAPES}")
 
 
 def prompt_shards(shards: int, per_shard: int, turns: int = 1, dataset: str = "b7_sharegpt") -> dict[str, pl.DataFrame]:

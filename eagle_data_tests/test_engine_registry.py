@@ -1,0 +1,113 @@
+"""The engine registry: a kind is one record; settings resolve at run time, run config over the environment."""
+
+from __future__ import annotations
+
+import dagster as dg
+import pytest
+
+from eagle_data.catalog import PROFILE_ENV, load_catalog
+from eagle_data.defs.assets import build_dataset_assets
+from eagle_data.defs.resources import ENGINE_ENV, POOL_ENV, EngineResource, StorageResource
+from eagle_data.engines import EngineKind, EngineSettings, kinds, lookup, register
+from eagle_data.types import Completion, Engine, FatalError, Message
+
+ENV = (ENGINE_ENV, POOL_ENV, PROFILE_ENV, "EAGLE_DATA_MODEL", "EAGLE_DATA_BASE_URL", "EAGLE_DATA_TIMEOUT_S",
+       "EAGLE_DATA_CONNECT_TIMEOUT_S", "EAGLE_DATA_MAX_IN_FLIGHT", "EAGLE_DATA_PROVIDER",
+       "EAGLE_DATA_REASONING")  # fmt: skip
+
+
+class EchoEngine(Engine):
+    """Answers every conversation with its last user message."""
+
+    name = "echo"
+
+    def __init__(self, model: str) -> None:
+        self.model = model
+
+    def config(self) -> dict:
+        return {"engine": self.name, "model": self.model}
+
+    async def check(self) -> str:
+        return "echo engine ready"
+
+    async def complete(self, messages: list[Message], *, prompt_id: str) -> Completion:
+        return Completion(content=f"echo: {messages[-1]['content']}", completion_tokens=3, provider="echo")
+
+    async def aclose(self) -> None:
+        """Nothing to release."""
+
+
+register(EngineKind("echo", build=lambda s, spec: EchoEngine(s.model), make=EchoEngine, summary="echo"))
+
+
+@pytest.fixture
+def env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    for name in ENV:
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+def test_a_kind_registered_in_one_line_runs_through_the_generation_asset_in_its_own_pool(env, tmp_path) -> None:
+    env.setenv(ENGINE_ENV, "echo")
+    env.setenv("EAGLE_DATA_MODEL", "echo-1")
+    spec = load_catalog(profile="demo")["b7_sharegpt"]
+    prompts, generation, _ = build_dataset_assets(spec)
+    assert generation.op.pool == "echo"
+    storage = StorageResource(root=str(tmp_path))
+    result = dg.materialize([prompts, generation], partition_key="00000",
+                            resources={"storage": storage, "engine": EngineResource()})  # fmt: skip
+    assert result.success
+    rows = storage.store().read_shard(spec.name, spec.name, "00000")
+    assert rows.height == 10 and set(rows["status"]) == {"ok"} and set(rows["engine"]) == {"echo"}
+    assert all(content.startswith("echo: ") for content in rows["content"])
+    metadata = result.asset_materializations_for_node(spec.name)[0].metadata
+    assert metadata["engine"].value == "echo echo-1"
+
+
+def test_run_config_overrides_the_environment_field_by_field_and_the_kind_stays(env) -> None:
+    env.setenv(ENGINE_ENV, "openai")
+    env.setenv("EAGLE_DATA_MODEL", "m")
+    env.setenv("EAGLE_DATA_BASE_URL", "http://127.0.0.1:9/v1")
+    env.setenv("EAGLE_DATA_TIMEOUT_S", "30")
+    settings = EngineResource(timeout_s=5, connect_timeout_s=2).settings()
+    assert settings == EngineSettings(kind="openai", model="m", base_url="http://127.0.0.1:9/v1", timeout_s=5,
+                                      connect_timeout_s=2)  # fmt: skip
+    assert EngineResource(model="other").settings().timeout_s == 30  # from the environment
+    assert settings.key_env() == "OPENAI_API_KEY" and EngineResource(api_key_env="").settings().key_env() == ""
+
+
+def test_no_engine_chosen_is_a_one_line_error_and_the_demo_profile_runs_the_local_model(env) -> None:
+    choices = "local, openai, openrouter, sglang"
+    with pytest.raises(FatalError, match=f"^no engine chosen: set {ENGINE_ENV} to one of .*{choices}") as err:
+        EngineResource().settings()
+    assert "\n" not in str(err.value)
+    env.setenv(PROFILE_ENV, "demo")
+    assert EngineResource().settings().kind == "local"
+
+
+def test_a_run_config_kind_in_another_pool_fails_before_any_request_saying_what_to_set(env, tmp_path) -> None:
+    env.setenv(ENGINE_ENV, "echo")
+    spec = load_catalog(profile="demo")["b7_sharegpt"]
+    prompts, generation, _ = build_dataset_assets(spec)
+    engine = EngineResource(kind="openai", model="m", base_url="http://127.0.0.1:9/v1")
+    result = dg.materialize([prompts, generation], partition_key="00000", raise_on_error=False,
+                            resources={"storage": StorageResource(root=str(tmp_path)), "engine": engine})  # fmt: skip
+    assert not result.success
+    failure = next(e for e in result.all_events if e.is_step_failure).step_failure_data.error.to_string()
+    assert f"set {ENGINE_ENV}=openai" in failure and "(pool openai)" in failure
+
+
+def test_runner_defaults_come_from_the_record_and_a_low_ceiling_is_no_contradiction() -> None:
+    assert lookup("openrouter").runner_settings().initial_in_flight == 32
+    sglang = lookup("sglang").runner_settings(9)
+    assert (sglang.max_in_flight, sglang.initial_in_flight) == (9, 9)
+    low = lookup("openai").runner_settings(8)  # used to fail: "got 4, 32, 8"
+    assert (low.min_in_flight, low.initial_in_flight, low.max_in_flight) == (4, 8, 8)
+    assert {"local", "openai", "openrouter", "sglang", "echo"} <= set(kinds())
+
+
+def test_required_settings_are_named_with_the_variable_to_set() -> None:
+    assert lookup("sglang").missing(EngineSettings(kind="sglang", model="m")) == (
+        "engine sglang needs base_url: set EAGLE_DATA_BASE_URL to comma-separated http://host:port URLs "
+        "(or one sglang-router URL)"
+    )

@@ -1,0 +1,141 @@
+"""Replies: reasoning read from every shape servers use; an empty reply is a failed attempt, never a result;
+resume reuses only usable replies; engine-side rejections can be re-requested."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from eagle_data import pipeline
+from eagle_data.engines import make_engine
+from eagle_data.engines.replies import reply_text, split_think
+from eagle_data.quality.verdicts import ENGINE_SIDE_REJECTIONS
+from eagle_data.runner import RunnerSettings, run_generation
+from eagle_data.runner.resultlog import ResultLog, resume_key
+from eagle_data.runner.rows import build_row, to_frame
+from eagle_data.storage import ShardStore
+from eagle_data_tests.servers.openai_fake import FakeOpenAI, Faults, prompt_shards, spec_for_tests
+
+DS = "b7_sharegpt"
+FAST = RunnerSettings(backoff_base_s=0.0, backoff_cap_s=0.0, max_attempts=3, progress_bar=False)
+
+
+@pytest.fixture
+def server() -> Iterator[FakeOpenAI]:
+    srv = FakeOpenAI()
+    srv.start()
+    yield srv
+    srv.stop()
+
+
+def generate(server: FakeOpenAI, root: Path, shards: dict[str, pl.DataFrame], lines: list[str] | None = None) -> None:
+    engine = make_engine("openai", base_url=f"http://127.0.0.1:{server.port}/v1", model="m", max_tokens=64)
+    log = lines.append if lines is not None else (lambda _: None)
+    run_generation(engine, spec_for_tests(), shards, ShardStore(str(root)), settings=FAST, log=log)
+
+
+def shard(root: Path, partition: str = "00000") -> pl.DataFrame:
+    return ShardStore(str(root)).read_shard(DS, DS, partition)
+
+
+@pytest.mark.parametrize("shape", ["split", "details", "reasoning_content", "think_inline"])
+def test_reasoning_is_read_from_every_reply_shape_and_content_keeps_only_the_answer(
+    server: FakeOpenAI, tmp_path: Path, shape: str
+) -> None:
+    server.faults = Faults(shape=shape, reply_tokens=(3, 3))
+    generate(server, tmp_path, prompt_shards(1, 4))
+    rows = shard(tmp_path)
+    summary = " (summary)" if shape == "details" else ""  # the summary part follows the text part
+    assert rows["status"].to_list() == ["ok"] * 4
+    assert rows["content"].to_list() == ["tok tok tok"] * 4
+    assert rows["reasoning"].to_list() == [f"think {pid}#1{summary}" for pid in rows["prompt_id"]]
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        ("<think>\nr\n</think>\n\nanswer", ("r", "answer")),
+        ("r\n</think>\n\nanswer", ("r", "answer")),  # the template opened the block in the prompt
+        ("<think>\ncut off while thinking", ("cut off while thinking", "")),
+        ("plain answer about <think> tags", ("", "plain answer about <think> tags")),
+    ],
+)
+def test_think_blocks_inside_content_move_to_reasoning(content: str, expected: tuple[str, str]) -> None:
+    assert split_think(content) == expected
+
+
+def test_a_parsed_reasoning_field_wins_and_nulls_read_as_empty() -> None:
+    assert reply_text({"content": None, "reasoning": None, "reasoning_content": None}) == ("", "")
+    assert reply_text({"content": "a", "reasoning": "", "reasoning_content": "r"}) == ("r", "a")
+    parts = [{"type": "reasoning.encrypted", "data": "x"}]
+    assert reply_text({"content": "a", "reasoning_details": parts}) == ("", "a")
+
+
+@pytest.mark.parametrize("shape", ["null_content", "special_only"])
+def test_an_empty_reply_is_retried_then_recorded_failed_never_ok(
+    server: FakeOpenAI, tmp_path: Path, shape: str
+) -> None:
+    server.faults = Faults(shape=shape)
+    lines: list[str] = []
+    generate(server, tmp_path, prompt_shards(1, 5), lines)
+    rows = shard(tmp_path)
+    assert rows["status"].to_list() == ["failed"] * 5
+    assert all(error.startswith("empty_reply: no content or reasoning") for error in rows["error"])
+    assert rows["attempts"].to_list() == [FAST.max_attempts] * 5
+    assert server.received == 5 * FAST.max_attempts
+    assert any("first empty_reply error" in line for line in lines)
+
+
+def test_resume_re_requests_empty_replies_stored_as_ok_by_older_versions(server: FakeOpenAI, tmp_path: Path) -> None:
+    """#10 case 2: rows stored ok with `content: null` (finish "stop") were reused forever ("10 reused")."""
+    shards = prompt_shards(1, 10)
+    engine = make_engine("openai", base_url=f"http://127.0.0.1:{server.port}/v1", model="m", max_tokens=64)
+    key = resume_key(engine.config(), spec_for_tests())
+    old = [
+        {**build_row(pid, "ok", [], [], attempts=1, latency_s=0.1, error="", finished_at=time.time()),
+         "dataset": DS, "config_hash": key.config_hash, "base_hash": key.base_hash, "max_tokens": key.max_tokens,
+         "engine": "openai", "model": "m", "finish_reason": "stop"}
+        for pid in shards["00000"]["prompt_id"]
+    ]  # fmt: skip
+    ShardStore(str(tmp_path)).write_shard(DS, DS, "00000", to_frame(old))
+    lines: list[str] = []
+    generate(server, tmp_path, shards, lines)
+    assert server.received == 10
+    assert any("(0 reused)" in line for line in lines)
+    rows = shard(tmp_path)
+    assert rows["status"].to_list() == ["ok"] * 10 and all(rows["content"].str.starts_with("tok"))
+
+
+def test_a_run_reuses_its_own_usable_replies(server: FakeOpenAI, tmp_path: Path) -> None:
+    shards = prompt_shards(1, 6)
+    generate(server, tmp_path, shards)
+    sent = server.received
+    lines: list[str] = []
+    generate(server, tmp_path, shards, lines)
+    assert server.received == sent and any("(6 reused)" in line for line in lines)
+    assert ResultLog(ShardStore(str(tmp_path)), DS, "00000").load().height == 6
+
+
+def test_retry_rejected_re_requests_only_rows_rejected_for_engine_side_reasons(
+    server: FakeOpenAI, tmp_path: Path
+) -> None:
+    spec, store = spec_for_tests(), ShardStore(str(tmp_path))
+    prompts = prompt_shards(1, 6)["00000"]
+    store.write_shard(DS, pipeline.prompts_asset(spec), "00000", prompts)
+    engine = make_engine("openai", base_url=f"http://127.0.0.1:{server.port}/v1", model="m", max_tokens=64)
+    pipeline.generate(spec, store, ["00000"], engine, log=lambda _: None, settings=FAST)
+    verdicts = ["short_loss", "empty_completion", "bad_structure", "pass", "truncated", "failed"]
+    store.write_shard(DS, pipeline.validated_asset(spec), "00000", prompts.select("prompt_id").with_columns(
+        pl.Series("verdict", verdicts)))  # fmt: skip
+    assert server.received == 6
+    pipeline.generate(spec, store, ["00000"], engine, log=lambda _: None, settings=FAST)
+    assert server.received == 6  # without the switch every usable row is reused
+    pipeline.generate(spec, store, ["00000"], engine, log=lambda _: None, settings=FAST, retry_rejected=True)
+    assert server.received == 8
+    again = {turn.split("#")[0] for turn, n in server.requests.items() if n == 2}
+    assert again == set(prompts["prompt_id"][:2])
+    assert "short_loss" in ENGINE_SIDE_REJECTIONS and "bad_structure" not in ENGINE_SIDE_REJECTIONS
