@@ -58,9 +58,8 @@ def _status(instance: dg.DagsterInstance, dataset: str) -> dg.DagsterRunStatus |
 
 
 def _launch(defs: dg.Definitions, instance: dg.DagsterInstance, request: dg.RunRequest) -> dg.ExecuteInProcessResult:
-    job = defs.resolve_implicit_job_def_def_for_assets(request.asset_selection)
-    return job.execute_in_process(instance=instance, asset_selection=request.asset_selection, tags=request.tags,
-                                  raise_on_error=False)  # fmt: skip
+    job = defs.resolve_job_def(request.job_name)
+    return job.execute_in_process(instance=instance, tags=request.tags, raise_on_error=False)
 
 
 def test_datasets_run_one_after_the_other_in_catalog_order(
@@ -125,3 +124,13 @@ def _walk(defs: dg.Definitions, instance: dg.DagsterInstance, server: FakeOpenAI
 
     last = _tick(defs, instance, tick.cursor)  # a run stopped at its budget has ended: the walk is over
     assert last.run_requests == [] and "every dataset" in (last.skip_message or "")
+
+
+def test_definitions_load_when_datasets_have_different_partition_counts():
+    from eagle_data.definitions import build_definitions
+
+    specs = catalog()
+    grown = {**specs, "b7_sharegpt": specs["b7_sharegpt"].model_copy(update={"max_prompts": 1800 * 500})}
+    repo = build_definitions(list(grown.values())).get_repository_def()
+    assert len(repo.get_job("b7_sharegpt_run").partitions_def.get_partition_keys()) == 1800
+    assert {t.job_name for t in repo.get_sensor_def("catalog_order").targets} >= {"b7_sharegpt_run", "b3_magicoder_run"}

@@ -20,22 +20,29 @@ from collections.abc import Sequence
 
 import dagster as dg
 
-from eagle_data import pipeline
 from eagle_data.catalog import DatasetSpec
-from eagle_data.defs.assets import estimate_asset
 
 ORDER_TAG = "eagle_data/catalog_order"  # the dataset a run walks
 ROUND_TAG = "eagle_data/catalog_round"  # which walk of the catalog (a fresh cursor starts a new one)
 RANGE_START, RANGE_END = "dagster/asset_partition_range_start", "dagster/asset_partition_range_end"
 
 
+def dataset_job(spec: DatasetSpec) -> dg.UnresolvedAssetJobDefinition:
+    """One dataset's assets and their checks. A job per dataset, because datasets may have different
+    partitions (one job over several would not load)."""
+    return dg.define_asset_job(
+        f"{spec.name}_run",
+        selection=dg.AssetSelection.groups(spec.name),
+        description=f"{spec.title}: prompts, estimate (blocking budget check), generation, validation.",
+    )
+
+
 def dataset_run(spec: DatasetSpec, round_id: str) -> dg.RunRequest:
     """Every partition of one dataset's assets (and their checks) in one run."""
     keys = spec.partition_keys
-    names = [pipeline.prompts_asset(spec), estimate_asset(spec), spec.name, pipeline.validated_asset(spec)]
     return dg.RunRequest(
         run_key=f"{round_id}-{spec.name}",
-        asset_selection=[dg.AssetKey(name) for name in names],
+        job_name=f"{spec.name}_run",
         tags={ORDER_TAG: spec.name, ROUND_TAG: round_id, RANGE_START: keys[0], RANGE_END: keys[-1]},
     )
 
@@ -59,7 +66,7 @@ def catalog_order_sensor(specs: Sequence[DatasetSpec]) -> dg.SensorDefinition:
 
     @dg.sensor(
         name="catalog_order",
-        target=dg.AssetSelection.groups(*order),
+        jobs=[dataset_job(spec) for spec in specs],
         minimum_interval_seconds=60,
         default_status=dg.DefaultSensorStatus.STOPPED,
         description=f"Materializes every dataset in catalog order ({', '.join(order)}), the next when the previous "
