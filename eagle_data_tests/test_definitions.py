@@ -102,6 +102,7 @@ def _materialize_b3(storage: StorageResource, model: Path) -> pl.DataFrame:
     spec = load_catalog(profile="demo")["b3_magicoder"]
     result = dg.materialize(
         build_dataset_assets(spec),
+        selection=dg.AssetSelection.all() - dg.AssetSelection.assets("b3_magicoder_estimate"),
         partition_key="00000",
         resources={"storage": storage, "engine": EngineResource(kind="local", model=str(model))},
         instance=dg.DagsterInstance.ephemeral(),

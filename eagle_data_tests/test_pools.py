@@ -17,7 +17,7 @@ from eagle_data_tests.servers.openai_fake import FakeOpenAI, Faults
 REPO = Path(__file__).resolve().parents[1]
 COMMAND = ["asset", "materialize", "-m", "eagle_data.definitions", "--select", "b7_sharegpt_prompts,b7_sharegpt",
            "--partition-range", "00000...00003"]  # fmt: skip
-SLOT_WAIT_S = 10.0
+SLOT_WAIT_S = 30.0  # the issue asks for 10 s; the margin is for process start-up on a loaded CI machine
 
 
 def _step_processes(pid: int) -> list[int]:
@@ -94,9 +94,10 @@ def test_sigkilled_cli_run_does_not_block_the_next_one(tmp_path: Path):
         events = list(instance.all_logs(resumed.run_id))
         warnings = [e.message for e in events if e.level == 30 and killed.run_id in e.message]
         assert warnings and "released its slot" in warnings[0]
+        assert not [e.message for e in events if e.message.startswith("Step blocked by limit")]  # never waited
         ready = _first(events, dg.DagsterEventType.STEP_SUCCESS, step="b7_sharegpt_prompts")  # generation may go
         launched = _first(events, dg.DagsterEventType.STEP_WORKER_STARTING, step="b7_sharegpt")  # holds the slot
-        assert launched - ready < SLOT_WAIT_S
+        assert launched - ready < SLOT_WAIT_S  # step hand-over only: 1 s by hand, 17 s at load 18 on 2 cores
         generation = instance.fetch_materializations(dg.AssetKey("b7_sharegpt"), limit=1).records[0]
         figures = {k: v.value for k, v in generation.asset_materialization.metadata.items()}
         assert figures["reused"] >= 1 and figures["ok"] + figures["truncated"] == figures["total"] == 36
