@@ -52,14 +52,41 @@ class Adapter(_Frozen):
         return self
 
 
+class SamplingSetting(_Frozen):
+    """One setting of a sampling mixture; a field left unset keeps the entry's own generation setting."""
+
+    name: str = Field(min_length=1)
+    weight: float = Field(gt=0)
+    temperature: float | None = Field(None, ge=0)
+    top_p: float | None = Field(None, gt=0, le=1)
+    min_p: float | None = Field(None, ge=0, le=1)
+    reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = None
+    thinking: bool | None = None
+
+
 class Generation(_Frozen):
-    """Sampling settings; part of the resume key (config hash)."""
+    """Sampling settings; part of the resume key (config hash).
+
+    `mixture`: several sampling settings with weights; each prompt gets one, by a hash of its id and
+    `mixture_seed` (eagle_data/runner/mixture.py), so a re-run assigns the same and the resume key
+    (prompt id + this config's hash) fixes the setting a stored reply was made with.
+    """
 
     max_tokens: int = Field(4096, gt=0)
     min_tokens: int = Field(0, ge=0)  # honoured by engines that support it (local, SGLang)
     temperature: float = Field(0.7, ge=0)
     top_p: float = Field(0.95, gt=0, le=1)
     thinking: bool = True
+    mixture: tuple[SamplingSetting, ...] = ()
+    mixture_seed: int = 0
+
+    @field_validator("mixture")
+    @classmethod
+    def _distinct_names(cls, mixture: tuple[SamplingSetting, ...]) -> tuple[SamplingSetting, ...]:
+        names = [s.name for s in mixture]
+        if len(set(names)) != len(names):
+            raise ValueError(f"mixture setting names must be distinct: {names}")
+        return mixture
 
 
 class Checks(_Frozen):

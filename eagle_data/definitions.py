@@ -20,13 +20,14 @@ from eagle_data.defs.sensors import build_sensors
 
 def build_definitions(specs: Sequence[DatasetSpec]) -> dg.Definitions:
     """Everything Dagster loads, built from catalog entries (the benchmarks build it from their own)."""
+    checks = [*build_checks(specs), *build_decontamination_checks(specs)]
     return dg.Definitions(
         assets=[
             *(asset for spec in specs for asset in build_dataset_assets(spec)),
-            build_exports(specs),
+            build_exports(specs, checks),
             *build_drafter_assets(specs),
         ],
-        asset_checks=[*build_checks(specs), *build_decontamination_checks(specs)],
+        asset_checks=checks,
         sensors=[*build_sensors(specs), catalog_order_sensor(specs), dead_run_reaper()],
         schedules=build_schedules(specs),
         resources={"storage": StorageResource(), "engine": EngineResource()},

@@ -1,22 +1,69 @@
-"""What leaves the pipeline for draft-model trainers, built from `{ds}_validated` frames (pure).
+"""What leaves the pipeline for draft-model trainers, built from `{ds}_validated` shards (pure).
 
 - SpecForge-style conversations JSONL: {"id", "conversations": [{role, content, reasoning?}]}.
 - Tokenized parquet for DFlash / EAGLE-3 offline training: prompt_id, dataset, input_ids, loss_mask.
 - A training mix across datasets with per-dataset weights, reproducible from a seed.
-Only rows the quality verdicts keep for training are exported (quality.KEPT).
+
+Only shards the gate admitted are read (the caller decides which: the Dagster layer admits a shard when
+every blocking check passed on its latest materialization), and of those only the rows the quality
+verdicts keep (quality.KEPT) that also pass a second look at their tokens on the way out (`verify`), so
+no export can hold a zero-mask row whatever happened upstream.
+
+Everything streams, so memory stays flat from ten thousand rows to a million: a dataset's files are
+written one shard at a time, and the mix, whose rows go out in a seeded random order, is written in
+buckets of output positions (rows are spilled to local files by the bucket they land in, then each
+bucket is sorted and appended). The order is exactly that of shuffling the whole mix in memory with
+`random.Random(seed)`: only the permutation of row numbers (8 bytes a row) is held in memory.
 """
 
 from __future__ import annotations
 
 import json
 import random
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import polars as pl
+from polars.io.plugins import register_io_source
 
 from eagle_data import provenance
 from eagle_data.quality import split_rows
 
 TRAINING_COLUMNS = ("prompt_id", "dataset", "input_ids", "loss_mask")
+TRAINING_SCHEMA: dict[str, pl.DataType] = {  # what train.parquet and the mix hold, in this order
+    "prompt_id": pl.String(),
+    "dataset": pl.String(),
+    "input_ids": pl.List(pl.Int32),
+    "loss_mask": pl.List(pl.UInt8),
+    **{column: pl.String() for column in provenance.COLUMNS},
+}
+STRUCTURE_FLAGS = ("structure_ok", "roundtrip_ok", "prefix_ok")  # False: the ids are not the target's
+REQUIRED_COLUMNS = (*TRAINING_COLUMNS, "messages", "verdict", "target_error", *STRUCTURE_FLAGS)
+ROW_GROUP_ROWS = 1024  # parquet row groups of the exports: small enough that writing them stays flat
+BUCKET_BYTES = 32 << 20  # rows of the mix held at once while writing it, in bytes of token lists
+
+
+class ExportError(RuntimeError):
+    """An export that must not succeed; the message is one line that says what to do."""
+
+
+@dataclass(frozen=True)
+class Admission:
+    """The validated shards of one dataset an export may read, and those it must leave out, with why."""
+
+    admitted: tuple[str, ...] = ()
+    excluded: Mapping[str, str] = field(default_factory=dict)  # partition -> reason
+
+
+@dataclass
+class Written:
+    """What one dataset's export files hold."""
+
+    rows: int = 0
+    tokens: int = 0
+    dropped: Counter[str] = field(default_factory=Counter)  # kept by the verdicts, refused by `verify`
 
 
 def passed(validated: pl.DataFrame) -> pl.DataFrame:
@@ -24,11 +71,45 @@ def passed(validated: pl.DataFrame) -> pl.DataFrame:
     return split_rows(validated)[0]
 
 
-def to_specforge_jsonl(validated: pl.DataFrame) -> bytes:
-    """One JSON line per passing row; reasoning stays in its own field, never folded into content."""
-    rows = passed(validated).select("prompt_id", "messages")
+def _false(column: str) -> pl.Expr:
+    return pl.col(column).eq(False).fill_null(False)
+
+
+def _refusals(min_loss_tokens: int) -> list[tuple[str, pl.Expr]]:
+    """(reason, condition) of the last look at a row before it leaves; the first that holds counts."""
+    return [
+        ("bad_structure", pl.any_horizontal(*(_false(f) for f in STRUCTURE_FLAGS), pl.col("target_error") != "")),
+        ("length_mismatch", pl.col("input_ids").list.len().fill_null(0) != pl.col("loss_mask").list.len().fill_null(0)),
+        ("short_loss", pl.col("loss_mask").list.sum().fill_null(0) <= min_loss_tokens),
+    ]
+
+
+def verify(rows: pl.DataFrame, min_loss_tokens: int) -> tuple[pl.DataFrame, Counter[str]]:
+    """`rows` without those whose tokens are unfit for training, and how many were refused, by reason.
+
+    Checked on the token lists themselves, not on the columns the verdicts read: structure flags, ids
+    and mask of equal length, loss-mask sum above `min_loss_tokens`."""
+    missing = [c for c in REQUIRED_COLUMNS if c not in rows.columns]
+    if missing:
+        raise ExportError(f"validated shard lacks column(s) {', '.join(missing)}: re-materialize it with this version")
+    reason: pl.Expr = pl.lit(None, pl.String)
+    for name, condition in reversed(_refusals(min_loss_tokens)):
+        reason = pl.when(condition).then(pl.lit(name)).otherwise(reason)
+    judged = rows.with_columns(reason.alias("_refused"))
+    refused = judged.filter(pl.col("_refused").is_not_null())["_refused"].value_counts()
+    kept = judged.filter(pl.col("_refused").is_null()).drop("_refused")
+    return kept, Counter(dict(refused.iter_rows()))
+
+
+def exportable(validated: pl.DataFrame, min_loss_tokens: int) -> tuple[pl.DataFrame, Counter[str]]:
+    """The rows of a validated shard that go to training: kept by the verdicts, then verified."""
+    return verify(passed(validated), min_loss_tokens)
+
+
+def to_specforge_jsonl(rows: pl.DataFrame) -> bytes:
+    """One JSON line per row; reasoning stays in its own field, never folded into content."""
     lines = []
-    for prompt_id, messages in rows.iter_rows():
+    for prompt_id, messages in rows.select("prompt_id", "messages").iter_rows():
         turns = [
             {"role": m["role"], "content": m["content"]}
             | ({"reasoning": m["reasoning"] or ""} if m["role"] == "assistant" else {})
@@ -38,38 +119,135 @@ def to_specforge_jsonl(validated: pl.DataFrame) -> bytes:
     return "".join(lines).encode()
 
 
-def to_training_parquet(validated: pl.DataFrame) -> pl.DataFrame:
-    """Token ids and loss masks of the passing rows, with how each was made (eagle_data.provenance; null
-    where a shard predates a column), ready to write as parquet."""
-    kept = passed(validated).with_columns(
-        pl.col("input_ids").cast(pl.List(pl.Int32)), pl.col("loss_mask").cast(pl.List(pl.UInt8))
+def to_training_parquet(rows: pl.DataFrame) -> pl.DataFrame:
+    """Token ids and loss masks, with how each row was made (eagle_data.provenance; null where a shard
+    predates a column), in the exports' schema, ready to write as parquet."""
+    return rows.select(
+        (pl.col(name) if name in rows.columns else pl.lit(None)).cast(dtype).alias(name)
+        for name, dtype in TRAINING_SCHEMA.items()
     )
-    made_by = [pl.col(c) if c in kept.columns else pl.lit(None, pl.String).alias(c) for c in provenance.COLUMNS]
-    return kept.select(*TRAINING_COLUMNS, *made_by)
 
 
-def mix(frames: dict[str, pl.DataFrame], weights: dict[str, float], seed: int) -> pl.DataFrame:
-    """Datasets combined with a per-dataset weight, shuffled; the same inputs and seed give the same rows.
+def sink(frames: Iterable[pl.DataFrame], schema: Mapping[str, pl.DataType], path: Path) -> None:
+    """Write frames, in order, as one parquet file while holding only the frame at hand."""
 
-    A weight multiplies the dataset's rows: 1 keeps each row once, 0.5 a random half, 2.5 every row
-    twice plus a random half, 0 none. Every dataset in `frames` needs a weight.
-    """
-    if not frames:
+    def source(with_columns: list[str] | None, *_: object) -> Iterator[pl.DataFrame]:
+        for frame in frames:
+            yield frame if with_columns is None else frame.select(with_columns)
+
+    register_io_source(source, schema=pl.Schema(schema)).sink_parquet(path, row_group_size=ROW_GROUP_ROWS)
+
+
+def write_dataset(shards: Iterable[pl.DataFrame], min_loss_tokens: int, jsonl: Path, parquet: Path) -> Written:
+    """One dataset's conversations JSONL and training parquet, shard by shard, in shard order."""
+    written = Written()
+
+    def training() -> Iterator[pl.DataFrame]:
+        with jsonl.open("wb") as out:
+            for validated in shards:
+                rows, dropped = exportable(validated, min_loss_tokens)
+                out.write(to_specforge_jsonl(rows))
+                written.rows += rows.height
+                written.tokens += int(rows["input_ids"].list.len().sum() or 0)
+                written.dropped.update(dropped)
+                yield to_training_parquet(rows)
+
+    sink(training(), TRAINING_SCHEMA, parquet)
+    return written
+
+
+@dataclass(frozen=True)
+class _Part:
+    """One dataset's rows in the mix before shuffling: `whole` full copies, then the sampled `extra` rows."""
+
+    name: str
+    offset: int  # where the part starts in the unshuffled mix
+    height: int
+    whole: int
+    extra: pl.Series  # dataset row numbers of the fractional sample, ascending
+
+
+@dataclass(frozen=True)
+class MixPlan:
+    """Where every row of every dataset lands in the mix, as row numbers only."""
+
+    parts: tuple[_Part, ...]
+    position: pl.Series  # unshuffled row number -> position in the mix
+
+    @property
+    def rows(self) -> int:
+        return len(self.position)
+
+    def landing(self, name: str, start: int, stop: int) -> tuple[pl.Series, pl.Series]:
+        """For dataset rows [start, stop): (row number within that range, mix position), once per copy."""
+        part = next(p for p in self.parts if p.name == name)
+        local = [pl.int_range(start, stop, eager=True)] * part.whole
+        first, last = part.extra.search_sorted(start), part.extra.search_sorted(stop)
+        unshuffled = [part.offset + copy * part.height + rows for copy, rows in enumerate(local)]
+        local.append(part.extra.slice(first, last - first))
+        unshuffled.append(pl.int_range(first, last, eager=True) + part.offset + part.whole * part.height)
+        rows = pl.concat([s.cast(pl.Int64) for s in local]) - start
+        return rows, self.position.gather(pl.concat([s.cast(pl.Int64) for s in unshuffled]))
+
+
+def plan_mix(heights: Mapping[str, int], weights: Mapping[str, float], seed: int) -> MixPlan:
+    """The mix of datasets with `heights` rows each: a weight multiplies a dataset's rows (1 keeps each
+    row once, 0.5 a random half, 2.5 every row twice plus a random half, 0 none), then all are shuffled.
+    The same heights, weights and seed give the same plan; a dataset's sample depends on its own name
+    only, so adding a dataset moves no other's rows."""
+    if not heights:
         raise ValueError("mix: no datasets given")
-    missing = sorted(set(frames) - set(weights))
+    missing = sorted(set(heights) - set(weights))
     if missing:
         raise ValueError(f"mix: no weight for {', '.join(missing)}; give every dataset a weight (0 leaves it out)")
-    parts = []
-    for name in sorted(frames):
-        frame, weight = frames[name], weights[name]
+    parts, offset = [], 0
+    for name in sorted(heights):
+        height, weight = heights[name], weights[name]
         if weight < 0:
             raise ValueError(f"mix: weight for {name} is {weight}; weights must be >= 0")
         whole, fraction = divmod(weight, 1.0)
-        rng = random.Random(f"{seed}:{name}")  # per dataset: adding a dataset moves no other's rows
-        extra = sorted(rng.sample(range(frame.height), round(fraction * frame.height)))
-        part = frame.select(pl.all().gather([*range(frame.height)] * int(whole) + extra))
-        parts.append(part if "dataset" in part.columns else part.with_columns(dataset=pl.lit(name)))
-    out = pl.concat(parts, how="vertical")
-    order = list(range(out.height))
+        rng = random.Random(f"{seed}:{name}")
+        extra = sorted(rng.sample(range(height), round(fraction * height)))
+        parts.append(_Part(name, offset, height, int(whole), pl.Series(extra, dtype=pl.Int64)))
+        offset += int(whole) * height + len(extra)
+    order = list(range(offset))
     random.Random(seed).shuffle(order)
-    return out.select(pl.all().gather(order))
+    return MixPlan(tuple(parts), pl.Series(order, dtype=pl.Int64).arg_sort().cast(pl.Int64))
+
+
+def write_mix(trains: Mapping[str, Path], plan: MixPlan, out: Path, spill: Path, bucket_rows: int) -> int:
+    """The mix of the datasets' training parquet files, in `plan`'s order, holding one bucket of
+    `bucket_rows` mix positions at a time. Rows are first spilled under `spill` by the bucket they land
+    in; then each bucket is read back, put in order and appended to `out`. Returns the rows written."""
+    buckets = -(-plan.rows // bucket_rows)
+    spilled = 0
+    for name in sorted(trains):
+        start = 0
+        for chunk in pl.scan_parquet(trains[name]).collect_batches(chunk_size=bucket_rows):
+            rows, position = plan.landing(name, start, start + chunk.height)
+            start += chunk.height
+            landed = chunk.select(pl.all().gather(rows)).with_columns(
+                _position=position, _bucket=position // bucket_rows
+            )
+            for (bucket,), part in landed.partition_by("_bucket", as_dict=True, include_key=False).items():
+                folder = spill / f"{bucket:06d}"
+                folder.mkdir(exist_ok=True)
+                part.write_parquet(folder / f"{spilled:08d}.parquet", compression="lz4")
+                spilled += 1
+
+    def ordered() -> Iterator[pl.DataFrame]:
+        for bucket in range(buckets):
+            files = sorted((spill / f"{bucket:06d}").glob("*.parquet"))
+            if files:
+                yield pl.read_parquet(files).sort("_position").drop("_position")
+                for file in files:
+                    file.unlink()
+
+    sink(ordered(), TRAINING_SCHEMA, out)
+    return plan.rows
+
+
+def bucket_rows(rows: int, tokens: int) -> int:
+    """Mix rows per bucket so that a bucket's token lists stay near BUCKET_BYTES (5 bytes a token)."""
+    per_row = 5 * tokens / max(rows, 1) + 64
+    return max(1, int(BUCKET_BYTES // per_row))

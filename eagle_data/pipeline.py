@@ -6,7 +6,11 @@ Each stage reads the previous stage's shards from the store and writes its own, 
 
 from __future__ import annotations
 
+import io
+import tempfile
 from collections.abc import Callable, Iterator, Mapping
+from contextlib import ExitStack
+from pathlib import Path
 from typing import Any
 
 import polars as pl
@@ -18,7 +22,7 @@ from eagle_data.drafter.evalsets import benchmark_index
 from eagle_data.drafter.settings import load_drafter_settings
 from eagle_data.engines.truncation import ReplyLengths, truncation_report
 from eagle_data.quality.verdicts import ENGINE_SIDE_REJECTIONS
-from eagle_data.runner import Estimate, RunnerSettings, estimate_generation, run_generation
+from eagle_data.runner import Estimate, RunnerSettings, estimate_generation, mixture, run_generation
 from eagle_data.runner.resultlog import ResultLog
 from eagle_data.storage import ShardStore
 from eagle_data.targets import build_training_rows, load_target
@@ -117,6 +121,8 @@ def generate(
         lengths, max_new_tokens=spec.generation.max_tokens, threshold=spec.checks.max_truncated_share
     )
     figures.update(truncation_p95_tokens=cut.p95_tokens, suggested_max_tokens=cut.suggested_max_tokens)
+    if spec.generation.mixture:  # the sampling settings the written rows were made with, against the weights
+        figures.update(mixture.realized(settings_used(spec, store, partitions), spec.generation.mixture))
     if cut.warning:
         log(f"WARNING {spec.name}: {cut.warning}")
         figures["truncation_warning"] = cut.warning
@@ -131,6 +137,16 @@ def engine_side_rejections(spec: DatasetSpec, store: ShardStore, partition: str)
         return set()
     verdicts = store.read_shard(spec.name, validated_asset(spec), partition).select("prompt_id", "verdict")
     return set(verdicts.filter(pl.col("verdict").is_in(list(ENGINE_SIDE_REJECTIONS)))["prompt_id"])
+
+
+def settings_used(spec: DatasetSpec, store: ShardStore, partitions: list[str]) -> list[str]:
+    """The `sampling_setting` of every row of the written generation shards (one column read per shard)."""
+    names: list[str] = []
+    for key in partitions:
+        if store.shard_exists(spec.name, spec.name, key):
+            data = io.BytesIO(store.read_bytes(layout.shard(spec.name, spec.name, key)))
+            names += pl.read_parquet(data, columns=["sampling_setting"])["sampling_setting"].to_list()
+    return names
 
 
 def estimate(
@@ -219,30 +235,90 @@ def shards_written(store: ShardStore, dataset: str, asset: str) -> list[str]:
     return [key.partition for key in keys if key is not None and key.kind == "shard" and key.asset == asset]
 
 
-def export(specs: list[DatasetSpec], store: ShardStore, *, seed: int) -> dict[str, Any]:
-    """Per dataset, SpecForge conversations JSONL and tokenized parquet of the passing rows; then the
-    weighted training mix across datasets. Datasets with no validated shard yet are left out."""
-    training: dict[str, pl.DataFrame] = {}
+EXCLUDED_SHOWN = 200  # excluded shards listed in the export's metadata table; the log lists every one
+
+
+def export_keys(spec: DatasetSpec) -> tuple[str, str]:
+    """Storage keys of a dataset's export files: conversations JSONL, training parquet."""
+    return layout.export_file(spec.name, layout.CONVERSATIONS_FILE), layout.export_file(spec.name, layout.TRAIN_FILE)
+
+
+def export(
+    specs: list[DatasetSpec],
+    store: ShardStore,
+    admissions: Mapping[str, exports.Admission],
+    *,
+    seed: int,
+    log: Log = print,
+    bucket_rows: int | None = None,
+) -> dict[str, Any]:
+    """Per dataset, SpecForge conversations JSONL and tokenized parquet of the admitted shards' training
+    rows; then the weighted training mix across datasets. Streams: one shard, or one bucket of mix rows
+    (`bucket_rows`, default sized from the rows' tokens), in memory at a time.
+
+    A dataset with no admitted shard is left out and its old export files are removed (they may hold
+    rows of shards that have since failed a check). Nothing to take at all is an ExportError, and then
+    the old mix is removed too. All files are replaced only once the whole export has succeeded."""
     figures: dict[str, Any] = {}
-    for spec in specs:
-        keys = shards_written(store, spec.name, validated_asset(spec))
-        if not keys:
-            continue
-        validated = pl.concat(
-            [store.read_shard(spec.name, validated_asset(spec), key) for key in keys], how="diagonal_relaxed"
-        )
-        store.write_bytes(
-            layout.export_file(spec.name, layout.CONVERSATIONS_FILE), exports.to_specforge_jsonl(validated)
-        )
-        training[spec.name] = exports.to_training_parquet(validated)
-        store.write_frame(layout.export_file(spec.name, layout.TRAIN_FILE), training[spec.name])
-        figures[f"{spec.name}_rows"] = training[spec.name].height
-    if training:
-        weights = {spec.name: spec.mix_weight for spec in specs if spec.name in training}
-        mixed = exports.mix(training, weights, seed)
-        figures["mix_rows"] = mixed.height
-        figures["mix_path"] = store.write_frame(layout.mix(), mixed)
+    excluded = [(spec.name, key, reason) for spec in specs
+                for key, reason in sorted(admissions.get(spec.name, exports.Admission()).excluded.items())]  # fmt: skip
+    for name, key, reason in excluded:
+        log(f"WARNING {name} shard {key} left out of the export: {reason}")
+    figures["excluded_shards"] = len(excluded)
+    if excluded:
+        figures["excluded"] = excluded_table(excluded)
+    with tempfile.TemporaryDirectory(prefix="eagle-export-") as spill, ExitStack() as staged:
+        trains: dict[str, Path] = {}
+        written: dict[str, exports.Written] = {}
+        for spec in specs:
+            admitted = admissions.get(spec.name, exports.Admission()).admitted
+            keys = export_keys(spec)
+            if not admitted:
+                for key in keys:
+                    store.delete(key)
+                continue
+            jsonl, trains[spec.name] = (staged.enter_context(store.staged(key)) for key in keys)
+            shards = (store.read_shard(spec.name, validated_asset(spec), key) for key in admitted)
+            done = written[spec.name] = exports.write_dataset(
+                shards, spec.checks.min_loss_tokens, jsonl, trains[spec.name]
+            )
+            figures.update({f"{spec.name}_rows": done.rows, f"{spec.name}_shards": len(admitted)})
+            figures.update({f"{spec.name}_refused_{reason}": n for reason, n in sorted(done.dropped.items())})
+            if done.dropped:
+                log(f"WARNING {spec.name}: {sum(done.dropped.values())} rows kept by the verdicts were refused "
+                    f"on the way out ({dict(done.dropped)}); re-validate those shards")  # fmt: skip
+        if not sum(done.rows for done in written.values()):
+            store.delete(layout.mix())
+            raise exports.ExportError(nothing_to_take(written, excluded))
+        plan = exports.plan_mix({name: done.rows for name, done in written.items()},
+                                {spec.name: spec.mix_weight for spec in specs}, seed)  # fmt: skip
+        rows = sum(done.rows for done in written.values())
+        size = bucket_rows or exports.bucket_rows(rows, sum(done.tokens for done in written.values()))
+        mix_file = staged.enter_context(store.staged(layout.mix()))
+        figures["mix_rows"] = exports.write_mix(trains, plan, mix_file, Path(spill), size)
+    figures["mix_path"] = store.uri(layout.mix())
     return figures
+
+
+def nothing_to_take(written: Mapping[str, exports.Written], excluded: list[tuple[str, str, str]]) -> str:
+    """The one line of an export with no row to write."""
+    if written:
+        return (f"training_mix: the admitted shards of {', '.join(sorted(written))} hold no row fit for training "
+                "(see the refused counts in the log); fix the data and re-validate")  # fmt: skip
+    if excluded:
+        name, key, reason = excluded[0]
+        return (f"training_mix: no validated shard passed every blocking check ({len(excluded)} left out, "
+                f"e.g. {name} {key}: {reason}); fix the data or re-run the checks, then export again")  # fmt: skip
+    return "training_mix: no validated shard yet; materialize {ds}_validated first"
+
+
+def excluded_table(excluded: list[tuple[str, str, str]]) -> str:
+    """Markdown table of the shards left out, the first EXCLUDED_SHOWN of them."""
+    lines = ["| dataset | shard | reason |", "| --- | --- | --- |"]
+    lines += [f"| {name} | {key} | {reason.replace('|', '/')} |" for name, key, reason in excluded[:EXCLUDED_SHOWN]]
+    if len(excluded) > EXCLUDED_SHOWN:
+        lines.append(f"| … | … | {len(excluded) - EXCLUDED_SHOWN} more in the run log |")
+    return "\n".join(lines)
 
 
 def merge_figures(per_shard: list[dict[str, Any]]) -> dict[str, Any]:

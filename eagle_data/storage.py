@@ -14,7 +14,8 @@ import io
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -180,6 +181,32 @@ class ShardStore:
         except OSError as exc:
             raise write_failure(self.root, key, exc) from None
         return True
+
+    @contextmanager
+    def staged(self, key: str) -> Iterator[Path]:
+        """A local file to write `key` piece by piece, for outputs too big to hold in memory. On a clean
+        exit it replaces `key` atomically (a rename in the folder, a multipart upload on S3); on an error
+        it is removed and `key` keeps its old content."""
+        local = not self.is_s3
+        folder = Path(self.root, key).parent if local else Path(tempfile.gettempdir())
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(dir=folder, prefix=f".{Path(key).name}.", suffix=".tmp")
+        os.close(fd)
+        tmp = Path(name)
+        try:
+            yield tmp
+            if local:
+                try:
+                    with tmp.open("rb+") as fh:
+                        os.fsync(fh.fileno())
+                    os.replace(tmp, Path(self.root, key))
+                    _fsync_dir(folder)
+                except OSError as exc:
+                    raise write_failure(self.root, key, exc) from None
+            else:
+                self._client().upload_file(str(tmp), self.bucket, self._s3_key(key))
+        finally:
+            tmp.unlink(missing_ok=True)
 
     def read_bytes(self, key: str) -> bytes:
         if self.is_s3:

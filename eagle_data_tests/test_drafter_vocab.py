@@ -137,3 +137,23 @@ def test_mix_of_two_targets_is_refused(tmp_path: Path) -> None:
     store.write_frame(layout.mix(), frame.with_columns(dataset=pl.Series([specs[0].name, specs[1].name] * 2)))
     with pytest.raises(ValueError, match="2 targets"):
         write_draft_vocab(specs, store, (10,))
+
+
+def test_a_mix_on_s3_is_downloaded_streaming_and_gives_the_same_mapping(
+    tmp_path: Path, s3_endpoint: str, s3_bucket: str
+) -> None:
+    import boto3
+
+    specs = [s.model_copy(update={"target": "qwen3-test"}) for s in load_catalog(profile="").values()]
+    frame = mix_frame(vocab_size=50_000).with_columns(dataset=pl.lit(specs[0].name))
+    local, remote = ShardStore(str(tmp_path)), ShardStore(
+        f"s3://{s3_bucket}/run", s3_client_factory=lambda: boto3.client("s3", endpoint_url=s3_endpoint)
+    )
+    for store in (local, remote):
+        store.write_frame(layout.mix(), frame)
+    on_disk = write_draft_vocab(specs, local, (100,), log=lambda _: None)
+    on_s3 = write_draft_vocab(specs, remote, (100,), log=lambda _: None)
+    assert on_s3["mix_hash"] == on_disk["mix_hash"] and on_s3["coverage_100"] == on_disk["coverage_100"]
+    assert on_s3["mapping_100_path"].startswith(f"s3://{s3_bucket}/run/drafter/draft_vocab/")
+    key = on_s3["mapping_100_path"].removeprefix(f"s3://{s3_bucket}/run/")
+    assert remote.read_bytes(key) == local.read_bytes(key)

@@ -10,6 +10,7 @@ from eagle_data.defs.assets import build_dataset_assets
 from eagle_data.defs.resources import ENGINE_ENV, POOL_ENV, EngineResource, StorageResource
 from eagle_data.engines import EngineKind, EngineSettings, kinds, lookup, register
 from eagle_data.types import Completion, Engine, FatalError, Message
+from eagle_data_tests.servers.openai_fake import spec_for_tests
 
 ENV = (ENGINE_ENV, POOL_ENV, PROFILE_ENV, "EAGLE_DATA_MODEL", "EAGLE_DATA_BASE_URL", "EAGLE_DATA_TIMEOUT_S",
        "EAGLE_DATA_CONNECT_TIMEOUT_S", "EAGLE_DATA_MAX_IN_FLIGHT", "EAGLE_DATA_PROVIDER",
@@ -73,6 +74,8 @@ def test_run_config_overrides_the_environment_field_by_field_and_the_kind_stays(
     assert settings == EngineSettings(kind="openai", model="m", base_url="http://127.0.0.1:9/v1", timeout_s=5,
                                       connect_timeout_s=2)  # fmt: skip
     assert EngineResource(model="other").settings().timeout_s == 30  # from the environment
+    built = EngineResource().make(spec_for_tests())
+    assert (built.timeout_s, built.connect_timeout_s) == (30, 10)  # the environment's timeout reaches the engine
     assert settings.key_env() == "OPENAI_API_KEY" and EngineResource(api_key_env="").settings().key_env() == ""
 
 

@@ -29,3 +29,31 @@ def test_generate_sums_shard_counts_and_warns_when_replies_hit_max_tokens(tmp_pa
     assert figures["truncated"] == server.outcomes["truncated"] > 5  # ~half the natural lengths exceed 40
     assert figures["suggested_max_tokens"] >= 60 and "set max_tokens to about" in figures["truncation_warning"]
     assert any(line.startswith("WARNING b7_sharegpt: truncation") for line in lines)
+
+
+def test_generate_reads_each_prompt_shard_only_when_the_runner_reaches_it(tmp_path: Path):
+    """A range run holds the shards in flight, not the whole range: when shard k is read, shards before
+    k-2 are already written (4 in flight, 20 prompts a shard), and every shard is read exactly once."""
+    server = FakeOpenAI(Faults(latency_s=0.005))
+    server.start()
+    spec, store, shards = spec_for_tests(), ShardStore(str(tmp_path)), prompt_shards(6, 20)
+    for key, frame in shards.items():
+        store.write_shard(spec.name, pipeline.prompts_asset(spec), key, frame)
+    reads: list[tuple[str, set[str]]] = []
+
+    class Watched(pipeline.PromptShards):
+        def __getitem__(self, key: str):
+            reads.append((key, {p for p in shards if store.shard_exists(spec.name, spec.name, p)}))
+            return super().__getitem__(key)
+
+    engine = make_engine("openai", base_url=f"http://127.0.0.1:{server.port}/v1", model="m")
+    settings = RunnerSettings(progress_bar=False, max_in_flight=4, initial_in_flight=4, min_in_flight=1)
+    try:
+        reports = pipeline.run_generation(engine, spec, Watched(spec, store, list(shards)), store, settings=settings,
+                                          log=lambda _: None)  # fmt: skip
+    finally:
+        server.stop()
+    assert [key for key, _ in reads] == list(shards)
+    for k, (_, written) in enumerate(reads):
+        assert {f"{i:05d}" for i in range(k - 2)} <= written, f"shard {k} read before shard {k - 3} was written"
+    assert sum(r.figures["ok"] for r in reports.values()) == 120

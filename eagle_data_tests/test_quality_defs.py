@@ -260,7 +260,7 @@ def test_through_the_real_validation_stage_the_regression_stops_the_training_mix
     )  # fmt: skip
     ShardStore(str(tmp_path)).write_shard(spec.name, spec.name, "00000", generation_frame(200, dataset=spec.name))
     defs = dg.Definitions(
-        assets=[*build_dataset_assets(spec), build_exports([spec])],
+        assets=[*build_dataset_assets(spec), build_exports([spec], build_checks([spec]))],
         asset_checks=build_checks([spec]),
         sensors=build_sensors([spec]),
         resources={"storage": StorageResource(root=str(tmp_path)), "engine": EngineResource()},

@@ -78,6 +78,7 @@ class EngineKind:
             at full width (servers we own).
         demo: the kind the demo profile runs when no engine is chosen.
         pool: the Dagster pool of its generation steps ("" : the name).
+        mixtures: its `complete` takes a per-request `sampling` setting (catalog sampling mixtures).
     """
 
     name: str
@@ -90,6 +91,7 @@ class EngineKind:
     ramp: bool = True
     demo: bool = False
     pool: str = ""
+    mixtures: bool = False
 
     @property
     def pool_name(self) -> str:

@@ -21,14 +21,14 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
-from eagle_data.engines import EngineKind, EngineSettings, register
+from eagle_data.engines import EngineKind, EngineSettings, lookup, register
 from eagle_data.engines.replies import reply_text
 from eagle_data.runner.retry import parse_retry_after
 from eagle_data.secrets import mask_url, redact, strip_credentials, url_parts
 from eagle_data.types import PROMPT_ID_HEADER, Completion, Engine, EngineError, FatalError, Message, RetryableError
 
 if TYPE_CHECKING:
-    from eagle_data.catalog import DatasetSpec
+    from eagle_data.catalog import DatasetSpec, SamplingSetting
 
 OPENAI, OPENROUTER = "openai", "openrouter"
 OPENROUTER_URL = "https://openrouter.ai/api/v1"
@@ -153,8 +153,14 @@ class OpenAICompatEngine(Engine):
         timeout_s: float = TIMEOUT_S,
         connect_timeout_s: float = CONNECT_TIMEOUT_S,
         max_connections: int = 4096,
+        reasoning_request: bool = False,
+        reports_credit: bool = False,
     ) -> None:
+        """`reasoning_request`: the API takes OpenRouter's `reasoning` request field, so the thinking
+        switch goes there (else into `chat_template_kwargs`); `reports_credit`: it answers GET /key with
+        the key's credit, checked before anything is sent."""
         self.name, self.model = name, model
+        self.reasoning_request, self.reports_credit = reasoning_request, reports_credit
         base, user, password = strip_credentials(checked_base_url(base_url))
         self.base = base.rstrip("/")
         self.url = self.base + "/chat/completions"
@@ -173,7 +179,7 @@ class OpenAICompatEngine(Engine):
             body["provider"] = provider
         if reasoning := _checked("reasoning", reasoning, REASONING_KEYS):
             body["reasoning"] = reasoning
-        elif thinking is not None and name == OPENROUTER:
+        elif thinking is not None and reasoning_request:
             body["reasoning"] = {"enabled": thinking}
         elif thinking is not None:
             body["chat_template_kwargs"] = {"enable_thinking": thinking}
@@ -241,7 +247,7 @@ class OpenAICompatEngine(Engine):
                 "or fix EAGLE_DATA_BASE_URL / the engine resource's base_url",
                 kind="unreachable",
             ) from None
-        if self.name != OPENROUTER:
+        if not self.reports_credit:
             return f"{self.name} engine at {self.shown}: reachable, model {self.model}"
         try:
             info = await asyncio.to_thread(
@@ -253,16 +259,41 @@ class OpenAICompatEngine(Engine):
             raise FatalError(f"{info.line()}: add credit or raise the key's limit before running", kind="no_credit")
         return info.line()
 
-    async def complete(self, messages: list[Message], *, prompt_id: str) -> Completion:
+    async def complete(
+        self, messages: list[Message], *, prompt_id: str, sampling: SamplingSetting | None = None
+    ) -> Completion:
+        """`sampling`: this prompt's setting of a sampling mixture, sent in place of the engine's own."""
         try:
-            return await self._complete(messages, prompt_id)
+            return await self._complete(messages, prompt_id, self.overrides(sampling) if sampling else {})
         except EngineError as exc:
             raise self._scrubbed(exc) from None
 
-    async def _complete(self, messages: list[Message], prompt_id: str) -> Completion:
+    def overrides(self, setting: SamplingSetting) -> dict[str, Any]:
+        """A mixture setting as request fields: sampling as is; reasoning effort and thinking in OpenRouter's
+        `reasoning` object, or for other servers as `reasoning_effort` and the chat template's
+        `enable_thinking`."""
+        out: dict[str, Any] = {
+            k: v for k in ("temperature", "top_p", "min_p") if (v := getattr(setting, k)) is not None
+        }
+        if self.reasoning_request:
+            reasoning = dict(self._body.get("reasoning") or {})
+            reasoning.update({"effort": setting.reasoning_effort} if setting.reasoning_effort else {})
+            reasoning.update({"enabled": setting.thinking} if setting.thinking is not None else {})
+            out.update({"reasoning": reasoning} if reasoning else {})
+            return out
+        out.update({"reasoning_effort": setting.reasoning_effort} if setting.reasoning_effort else {})
+        if setting.thinking is not None:
+            out["chat_template_kwargs"] = {
+                **self._body.get("chat_template_kwargs", {}),
+                "enable_thinking": setting.thinking,
+            }
+        return out
+
+    async def _complete(self, messages: list[Message], prompt_id: str, overrides: dict[str, Any]) -> Completion:
         if self._session is None:
             self._session = self._open()
-        payload = {**self._body, "messages": [{"role": m["role"], "content": m["content"]} for m in messages]}
+        turns = [{"role": m["role"], "content": m["content"]} for m in messages]
+        payload = {**self._body, **overrides, "messages": turns}
         try:
             async with self._session.post(
                 self.url, data=json.dumps(payload).encode(), headers={PROMPT_ID_HEADER: prompt_id}
@@ -329,13 +360,13 @@ def check_credit(
     )
 
 
-def _build(settings: EngineSettings, spec: DatasetSpec) -> OpenAICompatEngine:
+def _build(settings: EngineSettings, spec: DatasetSpec) -> Engine:
+    """Either kind from resolved settings: the record's own `make` with the dataset's sampling."""
     g = spec.generation
     given = {"base_url": settings.base_url, "provider": settings.provider, "reasoning": settings.reasoning}
-    return OpenAICompatEngine(
-        name=settings.kind, model=settings.model, api_key_env=settings.key_env(), max_tokens=g.max_tokens,
-        temperature=g.temperature, top_p=g.top_p, thinking=g.thinking, **settings.timeouts(),
-        **{k: v for k, v in given.items() if v},
+    return lookup(settings.kind).make(
+        model=settings.model, api_key_env=settings.key_env(), max_tokens=g.max_tokens, temperature=g.temperature,
+        top_p=g.top_p, thinking=g.thinking, **settings.timeouts(), **{k: v for k, v in given.items() if v},
     )  # fmt: skip
 
 
@@ -348,16 +379,18 @@ def make_openai(*, base_url: str = "", **arguments: Any) -> OpenAICompatEngine:
 
 
 def make_openrouter(*, api_key_env: str = OPENROUTER_KEY_ENV, **arguments: Any) -> OpenAICompatEngine:
-    return OpenAICompatEngine(name=OPENROUTER, api_key_env=api_key_env, **arguments)
+    return OpenAICompatEngine(
+        name=OPENROUTER, api_key_env=api_key_env, reasoning_request=True, reports_credit=True, **arguments
+    )
 
 
 MODEL_FIX = "set EAGLE_DATA_MODEL (e.g. Qwen/Qwen3-8B)"
 register(EngineKind(
     name=OPENAI, build=_build, make=make_openai, summary="any OpenAI-compatible server at EAGLE_DATA_BASE_URL",
-    key_env="OPENAI_API_KEY",
+    key_env="OPENAI_API_KEY", mixtures=True,
     required={"model": MODEL_FIX, "base_url": "set EAGLE_DATA_BASE_URL (e.g. http://host:30000/v1)"},
 ))  # fmt: skip
 register(EngineKind(
-    name=OPENROUTER, build=_build, make=make_openrouter,
+    name=OPENROUTER, build=_build, make=make_openrouter, mixtures=True,
     summary="OpenRouter's API", key_env=OPENROUTER_KEY_ENV, required={"model": MODEL_FIX},
 ))  # fmt: skip

@@ -26,6 +26,7 @@ GENERATION_SCHEMA: dict[str, pl.DataType] = {
     "provider": pl.String(),
     "served_model": pl.String(),
     "sampling": pl.String(),
+    "sampling_setting": pl.String(),
     "status": pl.String(),
     "finish_reason": pl.String(),
     "reasoning": pl.String(),

@@ -25,7 +25,9 @@ import polars as pl
 
 from eagle_data import provenance
 from eagle_data.catalog import DatasetSpec
+from eagle_data.engines import lookup
 from eagle_data.engines.truncation import ReplyLengths
+from eagle_data.runner import mixture
 from eagle_data.runner.budget import Budget
 from eagle_data.runner.concurrency import AdaptiveLimiter
 from eagle_data.runner.lease import Holder, LeaseLost, Leases
@@ -154,6 +156,12 @@ class _Run:
         self.run_id = run_id or uuid.uuid4().hex
         self.key = resume_key(engine.config(), spec)
         self.sampling = provenance.sampling(engine.config())
+        if spec.generation.mixture and not lookup(engine.name).mixtures:
+            raise FatalError(
+                f"{spec.name}: engine {engine.name} takes no per-request sampling settings; remove the catalog "
+                "entry's generation.mixture or use an OpenAI-compatible engine (openai, openrouter)",
+                kind="config",
+            )
         self.leases = Leases(store, spec.name, self.run_id, settings.lease_ttl_s)
         self.limiter = AdaptiveLimiter(settings.initial_in_flight, settings.min_in_flight, settings.max_in_flight)
         self.rng = random.Random()
@@ -396,7 +404,9 @@ class _Run:
         ticket = next(self.tickets)
         self.sent_at[ticket] = time.monotonic()
         try:
-            return await self.engine.complete(list(conversation), prompt_id=prompt_id)
+            setting = mixture.assign(prompt_id, self.spec.generation.mixture, self.spec.generation.mixture_seed)
+            chosen = {"sampling": setting} if setting else {}
+            return await self.engine.complete(list(conversation), prompt_id=prompt_id, **chosen)
         finally:
             del self.sent_at[ticket]
 
@@ -430,6 +440,11 @@ class _Run:
             engine=self.engine.name,
             model=self.engine.model,
             sampling=self.sampling,
+            sampling_setting=getattr(
+                mixture.assign(row["prompt_id"], self.spec.generation.mixture, self.spec.generation.mixture_seed),
+                "name",
+                "",
+            ),
         )
         return row
 

@@ -31,6 +31,7 @@ PASS_THROUGH = (
     "provider",
     "served_model",
     "sampling",
+    "sampling_setting",
     "messages",  # the conversations export (SpecForge JSONL) reads it
 )
 FLAGS = ("roundtrip_ok", "prefix_ok", "structure_ok", "eot_ok")

@@ -76,6 +76,7 @@ class FakeOpenAI:
         self.answered: Counter[str] = Counter()  # successful (ok or truncated) answers per "prompt_id#turn"
         self.outcomes: Counter[str] = Counter()
         self.auth_headers: set[str] = set()
+        self.settings: dict[str, dict[str, Any]] = {}  # per "prompt_id#turn": the request's fields but messages
         self.received = 0
         self.open = 0
         self.port = 0
@@ -139,6 +140,7 @@ class FakeOpenAI:
         prompt_id = request.headers.get(PROMPT_ID_HEADER) or body.get("user", "")
         turn = f"{prompt_id}#{sum(m['role'] == 'user' for m in messages)}"
         self.requests[turn] += 1
+        self.settings[turn] = {k: v for k, v in body.items() if k != "messages"}
         self.auth_headers.add(request.headers.get("Authorization", ""))
         if f.force_status:
             echoed = f" (got {request.headers.get('Authorization', '')})" if f.echo_auth else ""
