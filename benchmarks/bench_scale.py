@@ -113,7 +113,10 @@ def run_stage(stage: str, root: str, source: str, prompts: int, url: str) -> dic
         pipeline.validate(spec, store, keys)
         return {"rows": _rows_written(store, spec.name, pipeline.validated_asset(spec), keys)}
     if stage == "export":
-        figures = pipeline.export([spec], store, seed=0)
+        from eagle_data.exports import Admission
+
+        written = pipeline.shards_written(store, spec.name, pipeline.validated_asset(spec))
+        figures = pipeline.export([spec], store, {spec.name: Admission(tuple(written))}, seed=0, log=lambda line: None)
         return {"rows": figures.get("mix_rows", 0)}
     if stage == "raw_encode":
         return raw_encode(spec, store, keys)

@@ -1,8 +1,7 @@
 """The three stages of a dataset as plain functions over shards: prompts, generation, validation.
 
-Dagster assets (defs/assets.py) and the catalog-walking job (defs/jobs.py) both call these, so the
-stage logic exists once and runs without Dagster. Each stage reads the previous stage's shards from the
-store and writes its own, one Parquet file per partition.
+Dagster assets (defs/assets.py) call these, so the stage logic exists once and runs without Dagster.
+Each stage reads the previous stage's shards from the store and writes its own, one Parquet file per partition.
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ def dagster_cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
                           env=env, capture_output=True, text=True, timeout=600)
 
 
-def test_definitions_hold_three_assets_per_dataset_in_six_groups_plus_the_exports_and_drafter_inputs():
+def test_definitions_hold_four_assets_per_dataset_in_six_groups_plus_the_exports_and_drafter_inputs():
     from eagle_data.definitions import defs
 
     graph = defs.resolve_asset_graph()
@@ -53,16 +53,16 @@ def test_definitions_hold_three_assets_per_dataset_in_six_groups_plus_the_export
         groups.setdefault(graph.get(key).group_name, set()).add(key.to_user_string())
     assert groups.pop("exports") == {"training_mix"}
     assert groups.pop("drafter") == {"draft_vocab", "hidden_state_plan"}
-    assert groups == {d: {f"{d}_prompts", d, f"{d}_validated"} for d in DATASETS}
-    assert defs.get_job_def("walk_catalog").resource_defs.keys() >= {"storage", "engine"}
+    assert groups == {d: {f"{d}_prompts", f"{d}_estimate", d, f"{d}_validated"} for d in DATASETS}
+    assert defs.get_sensor_def("catalog_order").default_status == dg.DefaultSensorStatus.STOPPED
 
 
-def test_cli_lists_18_dataset_assets_the_mix_and_the_drafter_inputs(demo_env: dict[str, str]):
+def test_cli_lists_24_dataset_assets_the_mix_and_the_drafter_inputs(demo_env: dict[str, str]):
     out = dagster_cli(demo_env, "asset", "list")
     assert out.returncode == 0, out.stderr[-2000:]
     listed = [line.strip() for line in out.stdout.splitlines() if line.strip()]
     drafter = {"draft_vocab", "hidden_state_plan"}
-    assert len([a for a in listed if a not in {"training_mix", *drafter}]) == 18
+    assert len([a for a in listed if a not in {"training_mix", *drafter}]) == 24
     assert {"training_mix", *drafter} <= set(listed)
 
 
@@ -102,6 +102,7 @@ def _materialize_b3(storage: StorageResource, model: Path) -> pl.DataFrame:
     spec = load_catalog(profile="demo")["b3_magicoder"]
     result = dg.materialize(
         build_dataset_assets(spec),
+        selection=dg.AssetSelection.all() - dg.AssetSelection.assets("b3_magicoder_estimate"),
         partition_key="00000",
         resources={"storage": storage, "engine": EngineResource(kind="local", model=str(model))},
         instance=dg.DagsterInstance.ephemeral(),

@@ -131,6 +131,6 @@ def test_generation_steps_sit_in_their_engine_pool(env: dict[str, str], pool: st
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    prompts, generation, validated = build_dataset_assets(load_catalog(profile="demo")["b7_sharegpt"])
+    prompts, estimate, generation, validated = build_dataset_assets(load_catalog(profile="demo")["b7_sharegpt"])
     assert generation.op.pool == pool
-    assert prompts.op.pool is None and validated.op.pool is None
+    assert prompts.op.pool is None and estimate.op.pool is None and validated.op.pool is None

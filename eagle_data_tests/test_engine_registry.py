@@ -52,7 +52,7 @@ def test_a_kind_registered_in_one_line_runs_through_the_generation_asset_in_its_
     env.setenv(ENGINE_ENV, "echo")
     env.setenv("EAGLE_DATA_MODEL", "echo-1")
     spec = load_catalog(profile="demo")["b7_sharegpt"]
-    prompts, generation, _ = build_dataset_assets(spec)
+    prompts, _, generation, _ = build_dataset_assets(spec)  # the estimate is not needed
     assert generation.op.pool == "echo"
     storage = StorageResource(root=str(tmp_path))
     result = dg.materialize([prompts, generation], partition_key="00000",
@@ -91,7 +91,7 @@ def test_no_engine_chosen_is_a_one_line_error_and_the_demo_profile_runs_the_loca
 def test_a_run_config_kind_in_another_pool_fails_before_any_request_saying_what_to_set(env, tmp_path) -> None:
     env.setenv(ENGINE_ENV, "echo")
     spec = load_catalog(profile="demo")["b7_sharegpt"]
-    prompts, generation, _ = build_dataset_assets(spec)
+    prompts, _, generation, _ = build_dataset_assets(spec)  # the estimate is not needed
     engine = EngineResource(kind="openai", model="m", base_url="http://127.0.0.1:9/v1")
     result = dg.materialize([prompts, generation], partition_key="00000", raise_on_error=False,
                             resources={"storage": StorageResource(root=str(tmp_path)), "engine": engine})  # fmt: skip

@@ -19,10 +19,10 @@ from eagle_data import quality
 from eagle_data.alerts import WEBHOOK_ENV
 from eagle_data.catalog import Adapter, DatasetSpec, catalog
 from eagle_data.defs.assets import build_dataset_assets, previous_figure
-from eagle_data.defs.checks import build_checks, check_evaluations, check_keys
+from eagle_data.defs.checks import build_checks, check_keys
 from eagle_data.defs.exports import build_exports
 from eagle_data.defs.resources import EngineResource, StorageResource
-from eagle_data.defs.schedules import build_schedules
+from eagle_data.defs.schedules import build_schedules, consecutive_ranges
 from eagle_data.defs.sensors import UI_URL_ENV, build_sensors
 from eagle_data.report import inputs_for, write_shard_report
 from eagle_data.storage import ShardStore
@@ -202,11 +202,23 @@ def test_nightly_repair_is_off_by_default_and_asks_for_the_right_runs(scenario: 
     context = dg.build_schedule_context(
         instance=scenario.instance, scheduled_execution_time=dt.datetime(2026, 12, 1, 3), repository_def=scenario.repo
     )
-    requests = {r.partition_key: r for r in schedule.evaluate_tick(context).run_requests or []}
-    assert set(requests) == {"00001", BROKEN, "00003"}  # 00000 is complete
-    assert requests["00001"].asset_selection == [] and requests["00001"].asset_check_keys == check_keys(SPEC)
-    assert requests[BROKEN].asset_selection == [EXPORT, VALIDATED]
-    assert requests["00003"].run_key == "b9_fixture-00003-assets-2026-12-01"
+    requests = {
+        (r.tags["dagster/asset_partition_range_start"], r.tags["dagster/asset_partition_range_end"]): r
+        for r in schedule.evaluate_tick(context).run_requests or []
+    }  # range runs: consecutive partitions that need the same work share one run
+    assert set(requests) == {("00001", "00001"), (BROKEN, "00003")}  # 00000 is complete; 00002 and 00003 alike
+    checks = requests[("00001", "00001")]
+    assert checks.asset_selection == [] and checks.asset_check_keys == check_keys(SPEC)
+    assert requests[(BROKEN, "00003")].asset_selection == [EXPORT, VALIDATED]
+    assert requests[(BROKEN, "00003")].run_key == "b9_fixture-00002...00003-assets-2026-12-01"
+
+
+def test_nightly_repair_asks_for_range_runs_of_partitions_that_need_the_same_work() -> None:
+    keys = [f"{i:05d}" for i in range(8)]
+    need = {"00000": "checks", "00001": "checks", "00003": "a", "00004": "a", "00005": "b", "00006": "a"}
+    assert consecutive_ranges(keys, need) == [
+        ("00000", "00001", "checks"), ("00003", "00004", "a"), ("00005", "00005", "b"), ("00006", "00006", "a")
+    ]  # fmt: skip
 
 
 def test_nightly_repair_leaves_a_dataset_never_started_alone(scenario: Scenario) -> None:
@@ -227,30 +239,6 @@ def test_check_results_carry_figure_threshold_and_partition(scenario: Scenario) 
     assert metadata["figure"] == pytest.approx(0.87) and metadata["threshold"] == 0.01
     assert metadata["partitions"] == "00001"
     assert evaluation.description and "87.0%" in evaluation.description
-
-
-def test_op_jobs_can_log_the_same_gates_and_the_sensor_announces_them(
-    scenario: Scenario, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    frame = quality.row_verdicts(FRAMES["00001"], SPEC.checks, SPEC.generation.thinking)
-    record = quality.shard_record("00001", frame, inputs_for(SPEC))
-    evaluations = check_evaluations(SPEC, {"00001": record})
-    failed = [e for e in evaluations if not e.passed]
-    assert [(e.check_name, e.blocking, e.partition) for e in failed] == [("empty_response", True, "00001")]
-
-    @dg.op
-    def walk(context: dg.OpExecutionContext) -> None:
-        for evaluation in evaluations:
-            context.log_event(evaluation)
-
-    with dg.instance_for_test() as instance, Receiver() as receiver:
-        monkeypatch.setenv(WEBHOOK_ENV, receiver.url)
-        cursor = tick(scenario.defs, instance, "quality_alerts", None).cursor
-        dg.GraphDefinition(name="walk", node_defs=[walk]).to_job().execute_in_process(instance=instance)
-        tick(scenario.defs, instance, "quality_alerts", cursor)
-    assert [a["blocks"][0]["text"]["text"] for a in receiver.bodies] == [
-        "ERROR check empty_response failed on b9_fixture [00001]"
-    ]
 
 
 def test_a_range_run_is_judged_shard_by_shard(scenario: Scenario) -> None:

@@ -46,11 +46,11 @@ def test_every_asset_has_catalog_owners_and_a_stage_tag_in_flow_order():
     graph, specs = defs.resolve_asset_graph(), catalog()
     order = list(STAGES.values())
     for name, spec in specs.items():
-        nodes = [graph.get(dg.AssetKey(k)) for k in (f"{name}_prompts", name, f"{name}_validated")]
-        assert [n.tags["stage"] for n in nodes] == order[:3]
+        nodes = [graph.get(dg.AssetKey(k)) for k in (f"{name}_prompts", f"{name}_estimate", name, f"{name}_validated")]
+        assert [n.tags["stage"] for n in nodes] == order[:4]
         assert all(n.tags["dataset"] == name and n.owners == list(spec.owners) and n.description.startswith("Stage ")
                    for n in nodes)  # fmt: skip
-        assert nodes[1].tags["engine"] == engine_kind()
+        assert nodes[2].tags["engine"] == engine_kind()
     mix = graph.get(dg.AssetKey("training_mix"))
     assert mix.tags["stage"] == STAGES["export"] and mix.owners == ["team:eagle-data"]
     for name in ("draft_vocab", "hidden_state_plan"):

@@ -15,7 +15,7 @@ the materialization it judged, so every shard's check status in the UI is curren
 """
 
 # No `from __future__ import annotations` here: Dagster reads the context annotation at definition time.
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import dagster as dg
@@ -51,18 +51,6 @@ def _outcome(key: dg.AssetKey, r: quality.CheckResult, partitions: str) -> dict[
 
 def to_result(key: dg.AssetKey, r: quality.CheckResult, partitions: str) -> dg.AssetCheckResult:
     return dg.AssetCheckResult(**_outcome(key, r, partitions))
-
-
-def check_evaluations(
-    spec: DatasetSpec, records: Mapping[str, quality.ShardRecord]
-) -> list[dg.AssetCheckEvaluation]:
-    """The gates' results from validation's shard records, for op-based jobs (walk_catalog) that report
-    materializations themselves: one evaluation per check and partition, for `context.log_event`."""
-    return [
-        dg.AssetCheckEvaluation(**_outcome(validated_key(spec), r, key), blocking=r.blocking, partition=key)
-        for key, record in sorted(records.items())
-        for r in record.results
-    ]
 
 
 def materialization_of(instance: dg.DagsterInstance, key: dg.AssetKey, partition: str) -> Any:

@@ -1,7 +1,8 @@
 """Nightly repair: re-materialize missing or failed partitions and re-run failed checks. Off by default.
 
 Turn a dataset's schedule on in the UI (Automation tab) or with `dagster schedule start {ds}_nightly_repair`.
-Each night it asks for one run per partition that needs work, at most `max_runs`:
+Each night it asks for one run per range of consecutive partitions that need the same work (a single-run
+backfill, so a thousand missing shards are a few runs, not a thousand), at most `max_runs`:
 - a partition some asset of the dataset has not materialized (missing, or its last run failed) gets its
   missing assets and everything downstream of them re-materialized (generation resumes from its
   durable log, so finished replies are not paid for twice);
@@ -13,7 +14,8 @@ A dataset that was never materialized is left alone: starting one is a decision,
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import dagster as dg
 
@@ -21,6 +23,9 @@ from eagle_data import quality
 from eagle_data.catalog import DatasetSpec
 from eagle_data.defs.assets import partitions
 from eagle_data.defs.checks import check_keys, validated_key
+
+if TYPE_CHECKING:
+    from dagster._core.definitions.assets.graph.base_asset_graph import BaseAssetGraph
 
 NIGHTLY = "0 3 * * *"
 _DONE = {dg.AssetPartitionStatus.MATERIALIZED, dg.AssetPartitionStatus.IN_PROGRESS}
@@ -50,6 +55,28 @@ def _failed_checks(context: dg.ScheduleEvaluationContext, spec: DatasetSpec) -> 
     }
 
 
+def _partitioned(graph: BaseAssetGraph, keys: Iterable[dg.AssetKey]) -> list[dg.AssetKey]:
+    """The shard-partitioned assets among `keys`: a repair re-runs shards, never the dataset-wide estimate."""
+    return [key for key in keys if graph.get(key).is_partitioned]
+
+
+RANGE_START, RANGE_END = "dagster/asset_partition_range_start", "dagster/asset_partition_range_end"
+
+
+def consecutive_ranges(keys: Sequence[str], need: Mapping[str, Hashable]) -> list[tuple[str, str, Hashable]]:
+    """Runs of consecutive partitions (in `keys` order) that need the same work: (first, last, work)."""
+    ranges: list[tuple[str, str, Hashable]] = []
+    previous = None
+    for key in keys:
+        work = need.get(key)
+        if work is not None and previous is not None and ranges[-1][2] == work and previous == ranges[-1][1]:
+            ranges[-1] = (ranges[-1][0], key, work)
+        elif work is not None:
+            ranges.append((key, key, work))
+        previous = key if work is not None else None
+    return ranges
+
+
 def repair_schedule(spec: DatasetSpec, max_runs: int) -> dg.ScheduleDefinition:
     ds = spec.name
     group = dg.AssetSelection.groups(ds)
@@ -59,38 +86,38 @@ def repair_schedule(spec: DatasetSpec, max_runs: int) -> dg.ScheduleDefinition:
         cron_schedule=NIGHTLY,
         target=group,
         default_status=dg.DefaultScheduleStatus.STOPPED,
-        description=f"{spec.title}: nightly re-run of missing/failed partitions and failed checks (max {max_runs}).",
+        description=f"{spec.title}: nightly re-run of missing/failed partitions and failed checks, in range runs "
+        f"(max {max_runs}).",
     )
     def nightly(context: dg.ScheduleEvaluationContext):
         graph = context.repository_def.asset_graph
-        keys = sorted(group.resolve(graph), key=lambda k: k.to_user_string())
+        keys = sorted(_partitioned(graph, group.resolve(graph)), key=lambda k: k.to_user_string())
         missing = _missing(context, keys, spec)
         if len(missing) == len(spec.partition_keys) and all(len(v) == len(keys) for v in missing.values()):
             return dg.SkipReason(f"{ds} was never materialized: start it by hand, this schedule only repairs")
-        night = context.scheduled_execution_time.strftime("%Y-%m-%d")
         failed_checks, validated = _failed_checks(context, spec), validated_key(spec)
-        requests = []
+        need: dict[str, Hashable] = {}
         for partition in spec.partition_keys:
             bad = missing.get(partition, [])
             if partition in failed_checks and validated not in bad:  # never export past a failed gate
-                requests.append(
-                    dg.RunRequest(
-                        run_key=f"{ds}-{partition}-checks-{night}",
-                        partition_key=partition,
-                        asset_selection=[],
-                        asset_check_keys=check_keys(spec),
-                    )
-                )
+                need[partition] = "checks"
             elif bad:
-                selection = (dg.AssetSelection.assets(*bad).downstream() & group).resolve(graph)
-                requests.append(
-                    dg.RunRequest(
-                        run_key=f"{ds}-{partition}-assets-{night}",
-                        partition_key=partition,
-                        asset_selection=sorted(selection, key=lambda k: k.to_user_string()),
-                    )
-                )
-        return requests[:max_runs] or dg.SkipReason(f"{ds}: nothing to repair")
+                need[partition] = frozenset(bad)
+        night = context.scheduled_execution_time.strftime("%Y-%m-%d")
+        selections: dict[Hashable, list[dg.AssetKey]] = {}  # one resolve per distinct set of missing assets
+        requests = []
+        for first, last, work in consecutive_ranges(spec.partition_keys, need)[:max_runs]:
+            tags = {RANGE_START: first, RANGE_END: last}
+            if work == "checks":
+                requests.append(dg.RunRequest(run_key=f"{ds}-{first}...{last}-checks-{night}", tags=tags,
+                                              asset_selection=[], asset_check_keys=check_keys(spec)))  # fmt: skip
+                continue
+            if work not in selections:
+                selection = (dg.AssetSelection.assets(*work).downstream() & group).resolve(graph)
+                selections[work] = sorted(_partitioned(graph, selection), key=lambda k: k.to_user_string())
+            requests.append(dg.RunRequest(run_key=f"{ds}-{first}...{last}-assets-{night}", tags=tags,
+                                          asset_selection=selections[work]))  # fmt: skip
+        return requests or dg.SkipReason(f"{ds}: nothing to repair")
 
     return nightly
 

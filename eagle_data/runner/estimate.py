@@ -50,6 +50,20 @@ class Estimate:
         )
         return f"{head}, {tokens}, ~${self.usd:.2f}" + (f"; {', '.join(fits)}" if fits else "")
 
+    def over_budget(self) -> str:
+        """Why the projection does not fit the dataset's budgets, or "" when it fits (0 = unlimited)."""
+        if self.token_budget and self.tokens > self.token_budget:
+            return (
+                f"{self.dataset}: projected {self.tokens:,} tokens exceed token_budget {self.token_budget:,}; "
+                "raise token_budget in the catalog (or lower max_prompts) and re-run"
+            )
+        if self.cost_budget_usd and self.usd > self.cost_budget_usd:
+            return (
+                f"{self.dataset}: projected ${self.usd:.2f} exceeds cost_budget_usd ${self.cost_budget_usd:.2f}; "
+                "raise cost_budget_usd in the catalog (or lower max_prompts) and re-run"
+            )
+        return ""
+
     def figures(self) -> dict[str, Any]:
         return {
             "est_prompts": self.prompts,

@@ -1,0 +1,173 @@
+"""Pool slots never outlive their run: a killed run's generation slot is given back, with or without a daemon.
+
+A run SIGKILLed from the CLI stays STARTED in the instance and keeps its concurrency-pool slot, so every
+later generation step on that engine would wait for ever (Dagster logs the wait at DEBUG only). Here:
+- the executor of every job records its run worker (`host:pid`) as the run tag `eagle_data/run_worker`,
+  releases slots held by runs whose worker is gone before its own steps claim any, and, while one of its
+  steps waits for a slot, logs at INFO which run holds it and re-checks that run every few seconds;
+- a multiprocess step of generation dies with its run worker (`procs.die_with_parent`), so a killed run
+  stops paying for requests nobody would record, and "the run worker is gone" means "the run is gone";
+- the `dead_run_reaper` sensor does the same release on the daemon's schedule, for slots nobody waits for yet.
+A released run is marked failed, with a WARNING that names it. Runs recorded on another host are left to
+Dagster's run monitoring (run launchers that can check their workers, e.g. Kubernetes).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING
+
+import dagster as dg
+
+from eagle_data.procs import Liveness, die_with_parent, liveness, worker_id
+
+if TYPE_CHECKING:
+    from dagster._core.execution.context.system import PlanOrchestrationContext
+    from dagster._core.execution.plan.plan import ExecutionPlan
+    from dagster._core.execution.retries import RetryMode
+
+WORKER_TAG = "eagle_data/run_worker"
+WATCH_INTERVAL_S = 3.0  # how often a waiting run re-checks the holders of its pool
+
+Log = Callable[[str], None]
+
+
+def release_dead_holders(
+    instance: dg.DagsterInstance, pools: Iterable[str], warn: Log, exclude_run: str | None = None
+) -> list[str]:
+    """Give back every slot of `pools` held by a run that has ended or whose worker is gone on this host,
+    marking a still-STARTED one failed; returns the released run ids."""
+    released = []
+    for pool, info in instance.event_log_storage.get_concurrency_infos(list(pools)).items():
+        for run_id in dict.fromkeys(slot.run_id for slot in info.claimed_slots):
+            if run_id == exclude_run:
+                continue
+            run = instance.get_run_by_id(run_id)
+            why = _gone(run)
+            if why is None:
+                continue
+            failed = run is not None and not run.is_finished
+            if failed:
+                instance.report_run_failed(run, f"run worker {why}; its pool slots were released")
+            instance.event_log_storage.free_concurrency_slots_for_run(run_id)
+            marked = " and marked the run failed" if failed else ""
+            warn(f"pool {pool}: run {run_id} {why}; released its slot{marked}")
+            released.append(run_id)
+    return released
+
+
+def _gone(run: dg.DagsterRun | None) -> str | None:
+    """Why `run` can no longer hold a slot, or None while it may still be working."""
+    if run is None:
+        return "no longer exists"
+    if run.is_finished:
+        return f"already ended ({run.status.value})"
+    worker = run.tags.get(WORKER_TAG)
+    if worker and liveness(worker) is Liveness.GONE:
+        return f"is gone (process {worker} no longer exists)"
+    return None
+
+
+def holders_line(instance: dg.DagsterInstance, pool: str, run_id: str) -> str | None:
+    """"step S waits for pool P: held by run R (step T, worker W)" while a step of `run_id` waits, else None."""
+    info = instance.event_log_storage.get_concurrency_info(pool)
+    waiting = [p.step_key for p in info.pending_steps if p.run_id == run_id and p.assigned_timestamp is None]
+    if not waiting:
+        return None
+    held = []
+    for slot in info.claimed_slots:
+        run = instance.get_run_by_id(slot.run_id)
+        worker = run.tags.get(WORKER_TAG, "worker unknown") if run else "run deleted"
+        held.append(f"run {slot.run_id} (step {slot.step_key}, {worker})")
+    holders = ", ".join(held) or "nobody (the slot is being handed over)"
+    return f"{', '.join(waiting)} waits for pool {pool} (limit {info.limit}): held by {holders}"
+
+
+class PoolWatchExecutor(dg.Executor):
+    """Dagster's default executor, plus the worker record and a watcher of the pools its steps use."""
+
+    def __init__(self, inner: dg.Executor) -> None:
+        self._inner = inner
+
+    @property
+    def retries(self) -> RetryMode:
+        return self._inner.retries
+
+    def execute(
+        self, plan_context: PlanOrchestrationContext, execution_plan: ExecutionPlan
+    ) -> Iterator[dg.DagsterEvent]:
+        instance, run_id, log = plan_context.instance, plan_context.run_id, plan_context.log
+        instance.add_run_tags(run_id, {WORKER_TAG: worker_id()})
+        pools = sorted({step.pool for step in execution_plan.steps if step.pool})
+        stop = threading.Event()
+        watcher = threading.Thread(target=self._watch, args=(instance, run_id, pools, log, stop), daemon=True)
+        if pools and instance.event_log_storage.supports_global_concurrency_limits:
+            release_dead_holders(instance, pools, log.warning, exclude_run=run_id)
+            watcher.start()
+        try:
+            yield from self._inner.execute(plan_context, execution_plan)
+        finally:
+            stop.set()
+
+    @staticmethod
+    def _watch(
+        instance: dg.DagsterInstance, run_id: str, pools: list[str], log: dg.DagsterLogManager, stop: threading.Event
+    ) -> None:
+        told: dict[str, str] = {}
+        while not stop.wait(WATCH_INTERVAL_S):
+            for pool in pools:
+                line = holders_line(instance, pool, run_id)
+                if line is None:
+                    continue
+                if release_dead_holders(instance, [pool], log.warning, exclude_run=run_id):
+                    continue
+                if told.get(pool) != line:  # once per change of holders, not every few seconds
+                    log.info(line)
+                    told[pool] = line
+
+
+def _create(init_context: dg.InitExecutorContext) -> dg.Executor:
+    creation_fn = dg.multi_or_in_process_executor.executor_creation_fn
+    assert creation_fn is not None
+    return PoolWatchExecutor(creation_fn(init_context))
+
+
+pool_watch_executor = dg.ExecutorDefinition(
+    name="pool_watch_executor",
+    config_schema=dg.multi_or_in_process_executor.config_schema,
+    requirements=dg.multi_or_in_process_executor.get_requirements,
+    executor_creation_fn=_create,
+    description="Dagster's multiprocess/in-process executor that releases pool slots of dead runs.",
+)
+
+
+def tie_to_run_worker(context: dg.AssetExecutionContext) -> None:
+    """In a step's own process (multiprocess executor), die with the run worker that started it; if that
+    worker is already gone (killed while this process was starting), fail before spending anything."""
+    run = context.instance.get_run_by_id(context.run_id)  # the tag was added after the run object was sent here
+    worker = run.tags.get(WORKER_TAG, "") if run else ""
+    pid = worker.rpartition(":")[2]
+    if not pid.isdigit() or int(pid) == os.getpid():
+        return
+    state = liveness(worker)
+    if state is Liveness.GONE:
+        raise dg.Failure(f"run worker {worker} is gone (the run was killed): this step stops; re-run to resume")
+    if state is Liveness.ALIVE:
+        die_with_parent(int(pid))
+
+
+def dead_run_reaper() -> dg.SensorDefinition:
+    @dg.sensor(
+        name="dead_run_reaper",
+        minimum_interval_seconds=30,
+        default_status=dg.DefaultSensorStatus.RUNNING,
+        description="Releases pool slots held by runs whose worker process is gone, and marks those runs failed.",
+    )
+    def reaper(context: dg.SensorEvaluationContext) -> dg.SkipReason:
+        pools = context.instance.event_log_storage.get_concurrency_keys()
+        released = release_dead_holders(context.instance, pools, context.log.warning)
+        return dg.SkipReason(f"released the slots of {len(released)} dead run(s)" if released else "no dead run")
+
+    return reaper

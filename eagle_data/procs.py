@@ -1,0 +1,65 @@
+"""Which process runs a job, and whether it still does: enough to tell a killed run from a busy one.
+
+A worker is named `host:pid`. On the host that wrote the name, `os.kill(pid, 0)` answers whether it
+still exists (a zombie, killed but not yet reaped by its parent, counts as gone); on another host
+nothing here can tell, and callers must leave such a worker alone.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import sys
+from enum import Enum
+from pathlib import Path
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+class Liveness(Enum):
+    ALIVE = "alive"
+    GONE = "gone"
+    UNKNOWN = "unknown"  # another host, or not a worker name
+
+
+def worker_id(pid: int | None = None) -> str:
+    """`host:pid` of this process (or of `pid` on this host)."""
+    return f"{socket.gethostname()}:{pid or os.getpid()}"
+
+
+def liveness(worker: str) -> Liveness:
+    host, _, pid_text = worker.rpartition(":")
+    if host != socket.gethostname() or not pid_text.isdigit():
+        return Liveness.UNKNOWN
+    pid = int(pid_text)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return Liveness.GONE
+    except PermissionError:  # exists, owned by another user
+        return Liveness.ALIVE
+    return Liveness.GONE if _zombie(pid) else Liveness.ALIVE
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:  # no procfs (macOS): trust kill(0)
+        return False
+    return stat.rpartition(")")[2].split()[0] == "Z"
+
+
+def die_with_parent(parent_pid: int) -> bool:
+    """Ask the kernel to SIGKILL this process when `parent_pid`, its parent, dies (Linux only), so a
+    worker whose orchestrator was killed stops paying for requests nobody will record. Returns whether
+    the tie is in place; exits at once if the parent is already gone."""
+    if sys.platform != "linux" or os.getppid() != parent_pid:
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        return False
+    if os.getppid() != parent_pid:  # died between the check and the prctl call
+        os.kill(os.getpid(), signal.SIGKILL)
+    return True

@@ -1,0 +1,135 @@
+"""A killed run never blocks the next: its pool slot comes back without a daemon (the real CLI, a real instance)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from eagle_data_tests.servers.openai_fake import FakeOpenAI, Faults
+
+REPO = Path(__file__).resolve().parents[1]
+COMMAND = ["asset", "materialize", "-m", "eagle_data.definitions", "--select", "b7_sharegpt_prompts,b7_sharegpt",
+           "--partition-range", "00000...00003"]  # fmt: skip
+SLOT_WAIT_S = 30.0  # the issue asks for 10 s; the margin is for process start-up on a loaded CI machine
+
+
+def _step_processes(pid: int) -> list[int]:
+    """The multiprocess executor's step processes started by `pid` (from /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rpartition(")")[2].split()[1])
+            command = (stat.parent / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if parent == pid and b"spawn_main" in command:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _wait_for(condition, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def _first(events: list[dg.EventLogEntry], kind: dg.DagsterEventType, step: str | None = None) -> float:
+    """Time of the first event of `kind` (of `step`, if given)."""
+    return next(e.timestamp for e in events if e.dagster_event_type == kind and (step is None or e.step_key == step))
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads child processes from /proc (Linux)")
+def test_sigkilled_cli_run_does_not_block_the_next_one(tmp_path: Path):
+    server = FakeOpenAI(Faults(latency_s=0.5, latency_jitter_s=60.0))
+    base_url = server.start()
+    home = tmp_path / "home"
+    home.mkdir()
+    shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")  # the pools: one generation step per engine
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("EAGLE_DATA_", "DAGSTER_"))}
+    env.update(EAGLE_DATA_PROFILE="demo", EAGLE_DATA_ROOT=str(tmp_path / "out"), DAGSTER_HOME=str(home),
+               EAGLE_DATA_ENGINE="openai", EAGLE_DATA_MODEL="m", EAGLE_DATA_BASE_URL=base_url, OPENAI_API_KEY="k",
+               PYTHONPATH=str(REPO))  # fmt: skip
+    try:
+        first = subprocess.Popen([sys.executable, "-m", "dagster", *COMMAND], env=env,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        _wait_for(lambda: sum(server.answered.values()) >= 3, 240, "the first run to get answers")
+        time.sleep(6)  # past the result log's flush: these answers are durable
+        workers = _step_processes(first.pid)
+        assert workers
+        first.kill()  # SIGKILL: no cleanup, no daemon
+        first.wait()
+        time.sleep(5)
+        orphans = [pid for pid in workers if _alive(pid)]  # a step process still paying for the killed run
+        server.faults.latency_s = server.faults.latency_jitter_s = 0.0
+
+        try:
+            second = subprocess.run([sys.executable, "-m", "dagster", *COMMAND], env=env, capture_output=True,
+                                    text=True, timeout=240)  # fmt: skip
+        except subprocess.TimeoutExpired:
+            pytest.fail("the second run never finished: the killed run still holds the pool slot")
+        assert second.returncode == 0, (second.stdout + second.stderr)[-3000:]
+    finally:
+        server.stop()
+
+    assert not orphans, f"the killed run's step processes {orphans} kept running"
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        runs = sorted(instance.get_runs(), key=lambda r: instance.get_run_record_by_id(r.run_id).create_timestamp)
+        killed, resumed = runs
+        assert killed.status == dg.DagsterRunStatus.FAILURE and resumed.status == dg.DagsterRunStatus.SUCCESS
+        events = list(instance.all_logs(resumed.run_id))
+        warnings = [e.message for e in events if e.level == 30 and killed.run_id in e.message]
+        assert warnings and "released its slot" in warnings[0]
+        assert not [e.message for e in events if e.message.startswith("Step blocked by limit")]  # never waited
+        ready = _first(events, dg.DagsterEventType.STEP_SUCCESS, step="b7_sharegpt_prompts")  # generation may go
+        launched = _first(events, dg.DagsterEventType.STEP_WORKER_STARTING, step="b7_sharegpt")  # holds the slot
+        assert launched - ready < SLOT_WAIT_S  # step hand-over only: 1 s by hand, 17 s at load 18 on 2 cores
+        generation = instance.fetch_materializations(dg.AssetKey("b7_sharegpt"), limit=1).records[0]
+        figures = {k: v.value for k, v in generation.asset_materialization.metadata.items()}
+        assert figures["reused"] >= 1 and figures["ok"] + figures["truncated"] == figures["total"] == 36
+
+
+def test_a_waiting_step_names_the_holder_and_a_dead_holder_is_released(tmp_path: Path):
+    from eagle_data.defs.pools import WORKER_TAG, holders_line, release_dead_holders
+    from eagle_data.procs import worker_id
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # a pid that no longer exists
+    home = tmp_path / "home"
+    home.mkdir()
+    shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        storage = instance.event_log_storage
+        holder = instance.add_run(dg.DagsterRun(job_name="gen", run_id="holder", status=dg.DagsterRunStatus.STARTED,
+                                                tags={WORKER_TAG: worker_id()}))  # fmt: skip
+        instance.add_run(dg.DagsterRun(job_name="gen", run_id="waiter", status=dg.DagsterRunStatus.STARTED))
+        storage.initialize_concurrency_limit_to_default("openai")
+        assert storage.claim_concurrency_slot("openai", holder.run_id, "b7_sharegpt").is_claimed
+        assert not storage.claim_concurrency_slot("openai", "waiter", "b3_magicoder").is_claimed
+
+        line = holders_line(instance, "openai", "waiter")
+        assert line == (f"b3_magicoder waits for pool openai (limit 1): held by run holder (step b7_sharegpt, "
+                        f"{worker_id()})")  # fmt: skip
+        warnings: list[str] = []
+        assert release_dead_holders(instance, ["openai"], warnings.append, exclude_run="waiter") == []  # alive
+
+        instance.add_run_tags("holder", {WORKER_TAG: worker_id(gone.pid)})
+        assert release_dead_holders(instance, ["openai"], warnings.append, exclude_run="waiter") == ["holder"]
+        assert warnings == [f"pool openai: run holder is gone (process {worker_id(gone.pid)} no longer exists); "
+                            "released its slot and marked the run failed"]  # fmt: skip
+        assert instance.get_run_by_id("holder").status == dg.DagsterRunStatus.FAILURE
+        assert storage.claim_concurrency_slot("openai", "waiter", "b3_magicoder").is_claimed
