@@ -10,6 +10,7 @@ import polars as pl
 
 from eagle_data import layout, pipeline, provenance
 from eagle_data.engines import make_engine
+from eagle_data.exports import Admission
 from eagle_data.runner import RunnerSettings
 from eagle_data.storage import ShardStore
 from eagle_data.targets import load_target
@@ -29,7 +30,7 @@ def test_every_row_of_every_stage_carries_its_provenance(tmp_path: Path) -> None
         pipeline.generate(spec, store, list(shards), engine, log=lambda _: None,
                           settings=RunnerSettings(progress_bar=False))  # fmt: skip
         pipeline.validate(spec, store, list(shards))
-        pipeline.export([spec], store, seed=0)
+        pipeline.export([spec], store, {spec.name: Admission(tuple(shards))}, seed=0, log=lambda _: None)
     finally:
         server.stop()
     generations = pl.concat([store.read_shard(spec.name, spec.name, k) for k in shards])
