@@ -8,10 +8,11 @@ and never appears in a log line, an exception message or metadata.
 from __future__ import annotations
 
 import json
-import os
 import urllib.error
 import urllib.request
 from typing import Any
+
+from eagle_data import settings
 
 WEBHOOK_ENV = "EAGLE_DATA_ALERT_WEBHOOK"
 DEFAULT_TIMEOUT_S = 10.0
@@ -27,7 +28,7 @@ class AlertError(RuntimeError):
 
 def webhook_url() -> str | None:
     """The configured webhook URL, or None when alerts are off."""
-    return os.environ.get(WEBHOOK_ENV, "").strip() or None
+    return settings.get(WEBHOOK_ENV) or None
 
 
 def run_link(base_url: str, run_id: str) -> str:

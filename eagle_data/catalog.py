@@ -7,7 +7,6 @@ Adding a dataset is one `[datasets.<name>]` table in the TOML file; no code chan
 from __future__ import annotations
 
 import math
-import os
 import re
 import tomllib
 from functools import cache
@@ -16,9 +15,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from eagle_data import settings
+
 CATALOG_PATH = Path(__file__).with_name("catalog.toml")
 SAMPLES_DIR = Path(__file__).parent / "data" / "samples"
 PROFILE_ENV = "EAGLE_DATA_PROFILE"
+USER_CATALOG_ENV = "EAGLE_DATA_CATALOG"  # a user's TOML file merged over the packaged catalog
 
 
 class CatalogError(ValueError):
@@ -167,10 +169,33 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _parse(path: Path) -> dict[str, Any]:
+    try:
+        return tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise CatalogError(f"cannot read the catalog file {path}: {exc.strerror or exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise CatalogError(f"catalog file {path} is not valid TOML: {exc}") from None
+
+
+def read_catalog(path: Path = CATALOG_PATH) -> dict[str, Any]:
+    """The catalog file's tables; for the packaged catalog, with the user's file ($EAGLE_DATA_CATALOG)
+    merged over it: a user entry adds a dataset or overrides the settings it names, table by table,
+    so a team keeps its datasets and thresholds without editing the installed package."""
+    raw = _parse(path)
+    user = settings.get(USER_CATALOG_ENV)
+    if path != CATALOG_PATH or not user:
+        return raw
+    user_path = Path(user).expanduser()
+    if not user_path.is_file():
+        raise CatalogError(f"{USER_CATALOG_ENV}={user}: no such file; point it at your catalog TOML or unset it")
+    return _merge(raw, _parse(user_path))
+
+
 def load_catalog(path: Path = CATALOG_PATH, profile: str | None = None) -> dict[str, DatasetSpec]:
     """Read and validate the catalog; `profile` defaults to $EAGLE_DATA_PROFILE."""
-    raw = tomllib.loads(path.read_text())
-    profile = os.environ.get(PROFILE_ENV, "") if profile is None else profile
+    raw = read_catalog(path)
+    profile = settings.get(PROFILE_ENV) if profile is None else profile
     profiles = raw.get("profiles", {})
     if profile and profile not in profiles:
         raise CatalogError(f"unknown profile {profile!r} in {PROFILE_ENV}; known: {', '.join(sorted(profiles))}")
@@ -189,7 +214,7 @@ def load_catalog(path: Path = CATALOG_PATH, profile: str | None = None) -> dict[
 
 def read_table(path: Path, name: str) -> dict[str, Any]:
     """A top-level table of the catalog file other than the datasets (e.g. `[drafter]`); {} when absent."""
-    table = tomllib.loads(path.read_text()).get(name, {})
+    table = read_catalog(path).get(name, {})
     if not isinstance(table, dict):
         raise CatalogError(f"[{name}] in {path} must be a table")
     return table
@@ -205,6 +230,7 @@ def get_dataset(name: str) -> DatasetSpec:
     specs = catalog()
     if name not in specs:
         raise CatalogError(
-            f"unknown dataset {name!r}; known: {', '.join(specs)} (add a [datasets.{name}] entry to {CATALOG_PATH})"
+            f"unknown dataset {name!r}; known: {', '.join(specs)} "
+            f"(add a [datasets.{name}] entry to a catalog file named by ${USER_CATALOG_ENV})"
         )
     return specs[name]

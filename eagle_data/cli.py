@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import re
 import shutil
 import subprocess
@@ -14,11 +13,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from eagle_data import settings
+
 DEMO_DATASET = "b7_sharegpt"
 
 
 def _dagster_env() -> dict[str, str]:
-    env = dict(os.environ)
+    env = settings.environment()
     home = Path(env.get("DAGSTER_HOME") or Path.cwd() / ".dagster_home").resolve()
     home.mkdir(parents=True, exist_ok=True)
     instance_yaml = Path(__file__).resolve().parent.parent / "dagster.yaml"
@@ -123,9 +124,10 @@ def summary(view: RunView, code: int, seconds: float, log_path: Path, outputs: l
 def demo(dataset: str = DEMO_DATASET) -> int:
     """Materialize every partition of one dataset's three assets on the embedded demo model; print a short
     progress and summary (under 40 lines), Dagster's full log going to a file under $DAGSTER_HOME/logs."""
-    os.environ.setdefault("EAGLE_DATA_PROFILE", "demo")
+    from eagle_data.catalog import PROFILE_ENV, get_dataset
+
+    settings.set_default(PROFILE_ENV, "demo")
     from eagle_data import layout, pipeline
-    from eagle_data.catalog import get_dataset
     from eagle_data.demo import ensure_demo_model
     from eagle_data.storage import ShardStore
 

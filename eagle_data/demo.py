@@ -9,8 +9,9 @@ and a constant residual feature drives the end-of-turn logit, so replies end aft
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
+
+from eagle_data import settings
 
 DEMO_MODEL_ENV = "EAGLE_DATA_DEMO_MODEL"
 DEMO_VERSION = "1"
@@ -41,7 +42,7 @@ CHAT_TEMPLATE = (
 
 def demo_model_path() -> Path:
     default = Path.home() / ".cache" / "eagle-data" / f"demo-qwen3-v{DEMO_VERSION}"
-    return Path(os.environ.get(DEMO_MODEL_ENV, "") or default).expanduser()
+    return Path(settings.get(DEMO_MODEL_ENV) or default).expanduser()
 
 
 def ensure_demo_model(path: Path | None = None) -> Path:

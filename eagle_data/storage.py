@@ -21,7 +21,7 @@ from typing import Any
 
 import polars as pl
 
-from eagle_data import layout
+from eagle_data import layout, settings
 from eagle_data.secrets import mask_url
 
 ROOT_ENV = "EAGLE_DATA_ROOT"
@@ -55,7 +55,7 @@ def write_failure(root: str, key: str, exc: OSError) -> StorageError:
 
 def default_root() -> str:
     """$EAGLE_DATA_ROOT, else ./eagle-output (absolute, so every process agrees)."""
-    root = os.environ.get(ROOT_ENV, "").strip() or DEFAULT_ROOT
+    root = settings.get(ROOT_ENV) or DEFAULT_ROOT
     return root if root.startswith("s3://") else str(Path(root).expanduser().resolve())
 
 

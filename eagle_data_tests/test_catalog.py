@@ -63,3 +63,41 @@ def test_cli_names_an_unknown_dataset_in_one_line():
                          capture_output=True, text=True, timeout=120)  # fmt: skip
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.startswith("eagle-data: unknown dataset 'b99_nope'") and out.stderr.count("\n") == 1
+
+
+def test_a_user_catalog_file_adds_datasets_and_overrides_packaged_settings(tmp_path: Path, monkeypatch):
+    user = tmp_path / "my-catalog.toml"
+    user.write_text(
+        '[defaults.checks]\nmin_loss_tokens = 4\n'
+        '[datasets.b7_sharegpt]\nshard_size = 250\n'
+        '[datasets.b9_team]\nhub_id = "org/team"\nadapter = { prompt_field = "question" }\nmax_prompts = 1000\n'
+    )
+    monkeypatch.setenv("EAGLE_DATA_CATALOG", str(user))
+    specs = load_catalog(profile="")
+    assert list(specs) == [*EXPECTED, "b9_team"]
+    assert specs["b7_sharegpt"].shard_size == 250  # overridden
+    assert specs["b7_sharegpt"].adapter.id_field == "id"  # the rest of the packaged entry stays
+    assert specs["b9_team"].num_shards == 2
+    assert {s.checks.min_loss_tokens for s in specs.values()} == {4}
+    assert load_catalog(profile="demo")["b9_team"].source == "sample"  # profiles still overlay user entries
+
+
+def test_a_missing_or_broken_user_catalog_is_one_line(tmp_path: Path, monkeypatch):
+    monkeypatch.setenv("EAGLE_DATA_CATALOG", str(tmp_path / "nope.toml"))
+    with pytest.raises(CatalogError, match=r"EAGLE_DATA_CATALOG=.*no such file"):
+        load_catalog(profile="")
+    broken = tmp_path / "broken.toml"
+    broken.write_text("[datasets.b9\n")
+    monkeypatch.setenv("EAGLE_DATA_CATALOG", str(broken))
+    with pytest.raises(CatalogError, match="is not valid TOML"):
+        load_catalog(profile="")
+
+
+def test_only_the_settings_module_reads_the_environment():
+    package = Path(__file__).resolve().parent.parent / "eagle_data"
+    readers = sorted(
+        str(path.relative_to(package))
+        for path in package.rglob("*.py")
+        if "os.environ" in path.read_text() or "getenv(" in path.read_text()
+    )
+    assert readers == ["settings.py"]

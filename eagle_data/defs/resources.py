@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,6 +10,7 @@ import dagster as dg
 from dagster_aws.s3 import S3Resource
 from pydantic import Field
 
+from eagle_data import settings
 from eagle_data.catalog import PROFILE_ENV, DatasetSpec
 from eagle_data.engines import EngineSettings, build_engine, demo_kind, kinds, lookup
 from eagle_data.runner import RunnerSettings
@@ -97,8 +97,7 @@ class EngineEnvironment:
 
 def engine_environment() -> EngineEnvironment:
     """The one place the engine's environment variables are read (at run time, never at import)."""
-    env = os.environ
-    text = {name: env.get(var, "").strip() or None for name, var in ENGINE_VARIABLES.items()}
+    text = {name: settings.get(var) or None for name, var in ENGINE_VARIABLES.items()}
     return EngineEnvironment(
         settings={
             **text,
@@ -108,8 +107,8 @@ def engine_environment() -> EngineEnvironment:
             "provider": _json_env("EAGLE_DATA_PROVIDER"),
             "reasoning": _json_env("EAGLE_DATA_REASONING"),
         },
-        demo=env.get(PROFILE_ENV, "").strip() == DEMO_PROFILE,
-        pool=env.get(POOL_ENV, "").strip(),
+        demo=settings.get(PROFILE_ENV) == DEMO_PROFILE,
+        pool=settings.get(POOL_ENV),
     )
 
 
@@ -128,7 +127,7 @@ def generation_pool(kind: str | None = None) -> str:
 
 
 def _number_env(name: str, kind: type[int] | type[float]) -> Any:
-    text = os.environ.get(name, "").strip()
+    text = settings.get(name)
     if not text:
         return None
     try:
@@ -140,7 +139,7 @@ def _number_env(name: str, kind: type[int] | type[float]) -> Any:
     return value
 
 def _json_env(name: str) -> dict[str, Any] | None:
-    text = os.environ.get(name, "").strip()
+    text = settings.get(name)
     if not text:
         return None
     try:

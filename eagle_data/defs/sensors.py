@@ -10,13 +10,12 @@ unset both sensors skip (and still move their cursors, so setting it later does 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import dagster as dg
 
-from eagle_data import alerts, quality
+from eagle_data import alerts, quality, settings
 from eagle_data.catalog import DatasetSpec
 from eagle_data.defs.checks import validated_key
 
@@ -30,7 +29,7 @@ _HISTORY = 100  # failed executions read per check and tick; more than a tick ca
 
 
 def ui_url() -> str:
-    return os.environ.get(UI_URL_ENV, "").strip() or DEFAULT_UI_URL
+    return settings.get(UI_URL_ENV) or DEFAULT_UI_URL
 
 
 def _error_checks(specs: Sequence[DatasetSpec]) -> dict[dg.AssetCheckKey, str]:

@@ -24,6 +24,7 @@ from types import TracebackType
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from eagle_data import settings
 from eagle_data.secrets import mask_url
 
 LOG_TAIL_LINES = 20
@@ -154,7 +155,7 @@ class Launcher:
         try:
             for i, url in enumerate(cfg.urls()):
                 log_path = log_dir / f"server-{cfg.base_port + i}.log"
-                env = {**os.environ, **cfg.env, "CUDA_VISIBLE_DEVICES": ",".join(map(str, cfg.gpus(i)))}
+                env = {**settings.environment(), **cfg.env, "CUDA_VISIBLE_DEVICES": ",".join(map(str, cfg.gpus(i)))}
                 with log_path.open("ab") as log:
                     process = subprocess.Popen(
                         cfg.argv(i), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

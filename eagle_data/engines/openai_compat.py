@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import time
 import urllib.error
 import urllib.request
@@ -21,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
+from eagle_data import settings
 from eagle_data.engines import EngineKind, EngineSettings, lookup, register
 from eagle_data.engines.replies import reply_text
 from eagle_data.runner.retry import parse_retry_after
@@ -197,7 +197,7 @@ class OpenAICompatEngine(Engine):
     def _auth(self) -> dict[str, str]:
         """The Authorization header (basic auth from the URL, or the key); a one-line error when the key
         is needed and unset."""
-        key = os.environ.get(self.api_key_env, "").strip() if self.api_key_env else ""
+        key = settings.get(self.api_key_env) if self.api_key_env else ""
         if self._basic is not None:
             if key:
                 raise FatalError(
@@ -212,7 +212,7 @@ class OpenAICompatEngine(Engine):
         return {"Authorization": f"Bearer {key}"} if key else {}
 
     def _secrets(self) -> list[str]:
-        key = os.environ.get(self.api_key_env, "").strip() if self.api_key_env else ""
+        key = settings.get(self.api_key_env) if self.api_key_env else ""
         return [key, self._url_secret, (self._basic or "").removeprefix("Basic ")]
 
     def _scrubbed(self, exc: EngineError) -> EngineError:
@@ -336,7 +336,7 @@ def check_credit(
     base_url: str = OPENROUTER_URL, api_key_env: str = OPENROUTER_KEY_ENV, timeout_s: float = 30.0
 ) -> KeyInfo:
     """Pre-flight: how much credit the key has left, before anything is spent."""
-    key = os.environ.get(api_key_env, "").strip()
+    key = settings.get(api_key_env)
     if not key:
         raise FatalError(f"environment variable {api_key_env} is empty: export the API key", kind="auth_missing")
     request = urllib.request.Request(base_url.rstrip("/") + "/key", headers={"Authorization": f"Bearer {key}"})

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import tomllib
 from collections.abc import Callable
@@ -20,6 +19,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 from tokenizers import Tokenizer, decoders
 
+from eagle_data import settings
 from eagle_data.targets import vocab
 
 TARGETS_PATH = Path(__file__).with_name("targets.toml")
@@ -69,7 +69,7 @@ class Profile(_Frozen):
     vocab_size: int | None = None  # rows of the model's embedding (config.json); default: the tokenizer's size
 
     def tokenizer_source(self) -> str:
-        return (os.environ.get(self.tokenizer_env) if self.tokenizer_env else None) or self.tokenizer
+        return (settings.get(self.tokenizer_env) if self.tokenizer_env else None) or self.tokenizer
 
 
 @dataclass(frozen=True)
