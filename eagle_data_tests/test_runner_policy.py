@@ -154,6 +154,7 @@ def _row(pid: str, status: str, key, max_tokens: int, t: float) -> dict:
         "base_hash": key.base_hash,
         "max_tokens": max_tokens,
         "finished_at": t,
+        "content": "a reply with text",  # an empty reply is never reusable (test_engine_replies)
     }
 
 
