@@ -1,4 +1,4 @@
-"""Shared fixtures: a real S3 protocol server, the demo checkpoint, and an isolated output root."""
+"""Shared fixtures: a real S3 protocol server, the fake OpenAI-compatible server, the demo checkpoint."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from eagle_data_tests.servers.openai_fake import FakeOpenAI
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -48,6 +50,15 @@ def s3_bucket(s3_endpoint: str) -> str:
     name = f"eagle-test-{uuid.uuid4().hex[:16]}"
     boto3.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket=name)
     return name
+
+
+@pytest.fixture
+def server() -> Iterator[FakeOpenAI]:
+    """The fake OpenAI-compatible server on 127.0.0.1 with no faults (a test file overrides it to inject some)."""
+    srv = FakeOpenAI()
+    srv.start()
+    yield srv
+    srv.stop()
 
 
 @pytest.fixture(scope="session")

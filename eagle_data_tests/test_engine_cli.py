@@ -11,7 +11,6 @@ import base64
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import polars as pl
@@ -24,14 +23,6 @@ SELECT = f"{DS}_prompts,{DS}"
 SHARD = 10  # prompts per shard on the demo profile
 KEY = "sk-test-ECHOED-KEY-4f9a1c"
 PASSWORD = "url-PASSWORD-8d2e7b"
-
-
-@pytest.fixture
-def server() -> Iterator[FakeOpenAI]:
-    srv = FakeOpenAI()
-    srv.start()
-    yield srv
-    srv.stop()
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ resume reuses only usable replies; engine-side rejections can be re-requested.""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import polars as pl
@@ -22,14 +21,6 @@ from eagle_data_tests.servers.openai_fake import FakeOpenAI, Faults, prompt_shar
 
 DS = "b7_sharegpt"
 FAST = RunnerSettings(backoff_base_s=0.0, backoff_cap_s=0.0, max_attempts=3, progress_bar=False)
-
-
-@pytest.fixture
-def server() -> Iterator[FakeOpenAI]:
-    srv = FakeOpenAI()
-    srv.start()
-    yield srv
-    srv.stop()
 
 
 def generate(server: FakeOpenAI, root: Path, shards: dict[str, pl.DataFrame], lines: list[str] | None = None) -> None:

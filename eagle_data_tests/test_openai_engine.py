@@ -6,7 +6,6 @@ import asyncio
 import json
 import socket
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,14 +24,6 @@ SECRET = "sk-or-v1-TEST-SECRET-7f3a9c"
 
 def _err(status: int, message: str = "m", reason: str = "") -> bytes:
     return json.dumps({"error": {"code": status, "message": message, "metadata": {"reason": reason}}}).encode()
-
-
-@pytest.fixture
-def server() -> Iterator[FakeOpenAI]:
-    srv = FakeOpenAI(Faults())
-    srv.start()
-    yield srv
-    srv.stop()
 
 
 # ---- error sorting -------------------------------------------------------------------------------------

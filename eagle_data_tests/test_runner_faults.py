@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import re
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import polars as pl
@@ -23,14 +22,6 @@ from eagle_data_tests.servers.openai_fake import FakeOpenAI, Faults, prompt_shar
 BURST = Faults(latency_s=0.02, latency_jitter_s=0.02, rate_limit_first=2000, rate_limit_cap=48, retry_after="0.5")
 PROGRESS_RE = r"b7_sharegpt: \d+/\d+ \(\d+ err, \d+ ok\) [\d.]+ req/s avg_comp=\d+tok tot=[\d.]+M ~\$[\d.]+ ETA=[\d.]+h"
 FAST_RETRY = {"backoff_base_s": 0.01, "backoff_cap_s": 0.1, "progress_bar": False}
-
-
-@pytest.fixture
-def server() -> Iterator[FakeOpenAI]:
-    srv = FakeOpenAI()
-    srv.start()
-    yield srv
-    srv.stop()
 
 
 def _run(server: FakeOpenAI, root: Path, shards: dict[str, pl.DataFrame], settings: RunnerSettings,
