@@ -54,6 +54,12 @@ def test_a_long_run_stays_within_the_line_budget(tmp_path: Path):
     assert HEADER_LINES + len(notes) + len(closing) < BUDGET
 
 
+def test_a_finished_step_is_shown_with_its_time():
+    raw = line("DEBUG", '6842 - b7_sharegpt_prompts - STEP_SUCCESS - Finished execution of step "b7_sharegpt_prompts" '
+                        "in 193ms.")  # fmt: skip
+    assert RunView().note(raw, 0.0) == "  b7_sharegpt_prompts: done in 193ms"
+
+
 def test_a_step_failure_and_a_failed_check_are_shown_even_after_the_budget_is_spent():
     view = RunView()
     view.notes = MAX_NOTES + 1
@@ -79,7 +85,10 @@ def test_a_real_run_goes_whole_to_the_log_and_prints_a_few_notes(demo_env: dict[
     assert code == 0, log[-3000:]
     assert "STEP_START" in log and "RUN_SUCCESS" in log and log.count("\n") > 3 * len(printed)
     assert printed[0] == "  b7_sharegpt_prompts: started"
-    assert any("wrote 36 prompts" in p for p in printed) and printed[-1].startswith("  b7_sharegpt_prompts: done in ")
+    assert any("wrote 36 prompts" in p for p in printed)
+    # the step's end comes from its own process; when Dagster printed it, the demo shows it
+    step_done = 'STEP_SUCCESS - Finished execution of step "b7_sharegpt_prompts"' in log
+    assert not step_done or any(p.startswith("  b7_sharegpt_prompts: done in ") for p in printed), printed
     assert not view.failed_steps and len(printed) <= MAX_NOTES
 
 

@@ -17,6 +17,7 @@ import pytest
 
 from eagle_data.engines import make_engine
 from eagle_data.runner import RunnerSettings, run_generation
+from eagle_data.runner.resultlog import ResultLog
 from eagle_data.storage import ShardStore
 from eagle_data_tests.servers.openai_fake import FakeOpenAI, Faults, prompt_shards, spec_for_tests
 
@@ -44,10 +45,17 @@ def generate(
     return run_generation(engine, spec_for_tests(), shards, ShardStore(root), settings=chosen, log=lambda _: None)
 
 
-def durable_ids(store: ShardStore) -> set[str]:
-    """prompt_ids whose rows are on disk (finished shards and checkpoint parts)."""
-    keys = [k for k in store.list(f"{DS}/{DS}") if k.endswith(".parquet")]
-    return {pid for key in keys for pid in store.read_frame(key)["prompt_id"]}
+def durable_turns(store: ShardStore) -> set[str]:
+    """Turns on disk, keyed as the fake server counts requests (`{prompt_id}#{user turns sent}`): every
+    reply of a finished shard's rows, and every turn record of the durable turn logs."""
+    turns = set()
+    for key in (k for k in store.list(f"{DS}/{DS}") if k.endswith(".parquet")):
+        for pid, messages in store.read_frame(key).select("prompt_id", "messages").iter_rows():
+            replies = sum(m["role"] == "assistant" for m in messages)
+            turns.update(f"{pid}#{n}" for n in range(1, replies + 1))
+    for partition in (f"{s:05d}" for s in range(KILL_SHARDS)):
+        turns.update(f"{t['prompt_id']}#{t['turn'] + 1}" for t in ResultLog(store, DS, partition).load_turns())
+    return turns
 
 
 def test_sigkill_mid_run_then_rerun_matches_an_uninterrupted_run_and_resends_nothing_durable(
@@ -65,9 +73,9 @@ def test_sigkill_mid_run_then_rerun_matches_an_uninterrupted_run_and_resends_not
         time.sleep(0.01)
     os.kill(child.pid, signal.SIGKILL)
     child.wait()
-    before = durable_ids(store)
+    before = durable_turns(store)
     total = KILL_SHARDS * KILL_PER_SHARD
-    assert 0 < len(before) < total, "the kill must land mid-run"
+    assert 0 < len(before) < 2 * total, "the kill must land mid-run"
 
     generate(url, root)
 
@@ -79,8 +87,8 @@ def test_sigkill_mid_run_then_rerun_matches_an_uninterrupted_run_and_resends_not
     cols = ["prompt_id", "status", "content", "messages"]
     assert rerun.select(cols).sort("prompt_id").equals(clean.select(cols).sort("prompt_id"))
     # the server counts per prompt and turn; the clean run added exactly one request per turn
-    twice = [k for k, n in server.requests.items() if k.split("#")[0] in before and n != 2]
-    assert not twice, f"{len(twice)} turns of prompts durable before the kill were sent again: {twice[:3]}"
+    twice = [k for k in before if server.requests[k] != 2]
+    assert not twice, f"{len(twice)} turns durable before the kill were sent again: {twice[:3]}"
     assert not store.list(f"{DS}/{DS}/_log"), "finished shards supersede their checkpoint parts"
 
 
