@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from eagle_data.storage import ShardStore
 from eagle_data_tests.servers.openai_fake import FakeOpenAI
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -59,6 +60,18 @@ def server() -> Iterator[FakeOpenAI]:
     srv.start()
     yield srv
     srv.stop()
+
+
+@pytest.fixture(params=["local", "s3"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> ShardStore:
+    """A shard store on a local folder, then on the moto S3 server: a test using it runs on both."""
+    import boto3
+
+    if request.param == "local":
+        return ShardStore(str(tmp_path / "out"))
+    endpoint = request.getfixturevalue("s3_endpoint")
+    bucket = request.getfixturevalue("s3_bucket")
+    return ShardStore(f"s3://{bucket}/runs/a", s3_client_factory=lambda: boto3.client("s3", endpoint_url=endpoint))
 
 
 @pytest.fixture(scope="session")

@@ -7,16 +7,6 @@ import pytest
 
 from eagle_data.storage import ShardStore, StorageError
 
-
-@pytest.fixture(params=["local", "s3"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> ShardStore:
-    if request.param == "local":
-        return ShardStore(str(tmp_path / "out"))
-    endpoint = request.getfixturevalue("s3_endpoint")
-    bucket = request.getfixturevalue("s3_bucket")
-    return ShardStore(f"s3://{bucket}/runs/a", s3_client_factory=lambda: boto3.client("s3", endpoint_url=endpoint))
-
-
 FRAME = pl.DataFrame(
     {"prompt_id": ["a", "b"], "input_ids": [[1, 2, 3], [4]], "loss_mask": [[0, 1, 1], [1]]},
     schema={"prompt_id": pl.String, "input_ids": pl.List(pl.Int32), "loss_mask": pl.List(pl.UInt8)},

@@ -6,9 +6,7 @@ import os
 import subprocess
 import sys
 import urllib.request
-from pathlib import Path
 
-import boto3
 import dagster as dg
 import pytest
 
@@ -63,15 +61,6 @@ def test_an_owner_that_dagster_would_refuse_is_a_catalog_error():
         DatasetSpec(name="b9_x", adapter=Adapter(prompt_field="q"), owners=("alice",))
     assert DatasetSpec(name="b9_x", adapter=Adapter(prompt_field="q"), owners=("a@b.org", "team:ml")).owners
     assert issubclass(CatalogError, ValueError)
-
-
-@pytest.fixture(params=["local", "s3"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> ShardStore:
-    if request.param == "local":
-        return ShardStore(str(tmp_path / "out"))
-    endpoint = request.getfixturevalue("s3_endpoint")
-    bucket = request.getfixturevalue("s3_bucket")
-    return ShardStore(f"s3://{bucket}/runs/a", s3_client_factory=lambda: boto3.client("s3", endpoint_url=endpoint))
 
 
 def test_the_quality_report_link_opens_in_a_browser(store: ShardStore):
