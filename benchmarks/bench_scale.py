@@ -5,6 +5,7 @@ that answers at once (its own process), and the stages through the same pipeline
 call, over every partition in one call (as a single-run backfill does):
   prompts      pipeline.write_prompts (builds the prompt index, writes every prompts shard)
   prompts_one  pipeline.write_prompts for one partition, with the index saved (a one-shard run)
+  estimate     pipeline.estimate (8 sample prompts answered, every prompt's tokens counted)
   generation   pipeline.generate with the engine and runner settings of the `engine` resource
   validation   pipeline.validate (token ids, loss masks, verdicts, quality reports)
   export       pipeline.export (SpecForge JSONL, tokenized parquet, the training mix)
@@ -36,7 +37,7 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-STAGES = ("prompts", "prompts_one", "generation", "validation", "export")
+STAGES = ("prompts", "prompts_one", "estimate", "generation", "validation", "export")
 RAW_SAMPLE_ROWS = 20_000  # rows the raw encode baseline times (a rate, so a sample is enough)
 VOCABULARY = (
     "draft model target token verify accept reject speculative decoding batch cache layer head attention "
@@ -102,11 +103,17 @@ def run_stage(stage: str, root: str, source: str, prompts: int, url: str) -> dic
         return {"rows": sum(f["prompts"] for f in figures.values())}
     if stage == "prompts_one":
         return {"rows": pipeline.write_prompts(spec, store, keys[:1])[keys[0]]["prompts"]}
-    if stage == "generation":
+    if stage in ("estimate", "generation"):
         from eagle_data.defs.resources import EngineResource
 
         engine = EngineResource(kind="openai", model="bench", base_url=url)
         settings = engine.runner_settings()
+        if stage == "estimate":
+            estimate = pipeline.estimate(
+                spec, store, engine.make(spec), sample_prompts=8, usd_per_prompt_token=0.0,
+                usd_per_completion_token=0.0, log=lambda line: None, settings=settings,
+            )  # fmt: skip
+            return {"rows": estimate.prompts, "turns": estimate.turns}
         figures, _ = pipeline.generate(spec, store, keys, engine.make(spec), log=lambda line: None, settings=settings)
         return {"rows": figures.get("done", 0), "requests": figures.get("requests", 0)}
     if stage == "validation":

@@ -11,13 +11,14 @@ no export can hold a zero-mask row whatever happened upstream.
 
 Everything streams, so memory stays flat from ten thousand rows to a million: a dataset's files are
 written one shard at a time, and the mix, whose rows go out in a seeded random order, is written in
-buckets of output positions (rows are spilled to local files by the bucket they land in, then each
-bucket is sorted and appended). The order is exactly that of shuffling the whole mix in memory with
+buckets of output positions (rows are spilled to a local file, tagged by the bucket they land in, then
+each bucket is read back, sorted and appended). The order is exactly that of shuffling the whole mix in memory with
 `random.Random(seed)`: only the permutation of row numbers (8 bytes a row) is held in memory.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import random
 from collections import Counter
@@ -42,7 +43,7 @@ TRAINING_SCHEMA: dict[str, pl.DataType] = {  # what train.parquet and the mix ho
 STRUCTURE_FLAGS = ("structure_ok", "roundtrip_ok", "prefix_ok")  # False: the ids are not the target's
 REQUIRED_COLUMNS = (*TRAINING_COLUMNS, "messages", "verdict", "target_error", *STRUCTURE_FLAGS)
 ROW_GROUP_ROWS = 1024  # parquet row groups of the exports: small enough that writing them stays flat
-BUCKET_BYTES = 32 << 20  # rows of the mix held at once while writing it, in bytes of token lists
+BUCKET_BYTES = 8 << 20  # rows of the mix held at once while writing it, in bytes of token lists
 
 
 class ExportError(RuntimeError):
@@ -217,34 +218,44 @@ def plan_mix(heights: Mapping[str, int], weights: Mapping[str, float], seed: int
 
 def write_mix(trains: Mapping[str, Path], plan: MixPlan, out: Path, spill: Path, bucket_rows: int) -> int:
     """The mix of the datasets' training parquet files, in `plan`'s order, holding one bucket of
-    `bucket_rows` mix positions at a time. Rows are first spilled under `spill` by the bucket they land
-    in; then each bucket is read back, put in order and appended to `out`. Returns the rows written."""
-    buckets = -(-plan.rows // bucket_rows)
-    spilled = 0
-    for name in sorted(trains):
-        start = 0
-        for chunk in pl.scan_parquet(trains[name]).collect_batches(chunk_size=bucket_rows):
-            rows, position = plan.landing(name, start, start + chunk.height)
-            start += chunk.height
-            landed = chunk.select(pl.all().gather(rows)).with_columns(
-                _position=position, _bucket=position // bucket_rows
-            )
-            for (bucket,), part in landed.partition_by("_bucket", as_dict=True, include_key=False).items():
-                folder = spill / f"{bucket:06d}"
-                folder.mkdir(exist_ok=True)
-                part.write_parquet(folder / f"{spilled:08d}.parquet", compression="lz4")
-                spilled += 1
+    `bucket_rows` mix positions at a time. Rows are first appended to one spill file under `spill`, each
+    piece tagged with the bucket it lands in; then each bucket's pieces are read back, put in order and
+    appended to `out`. Returns the rows written, counted on the way out."""
+    segments: list[list[tuple[int, int]]] = [[] for _ in range(-(-plan.rows // bucket_rows))]
+    spill_file = spill / "mix.arrows"
+    with spill_file.open("wb") as pieces:
+        for name in sorted(trains):
+            start = 0
+            for chunk in pl.scan_parquet(trains[name]).collect_batches(chunk_size=bucket_rows):
+                rows, position = plan.landing(name, start, start + chunk.height)
+                start += chunk.height
+                landed = chunk.select(pl.all().gather(rows)).with_columns(
+                    _position=position, _bucket=position // bucket_rows
+                )
+                for (bucket,), part in landed.partition_by("_bucket", as_dict=True, include_key=False).items():
+                    offset = pieces.tell()
+                    part.write_ipc_stream(pieces, compression="lz4")
+                    segments[bucket].append((offset, pieces.tell() - offset))
+    written = 0
 
     def ordered() -> Iterator[pl.DataFrame]:
-        for bucket in range(buckets):
-            files = sorted((spill / f"{bucket:06d}").glob("*.parquet"))
-            if files:
-                yield pl.read_parquet(files).sort("_position").drop("_position")
-                for file in files:
-                    file.unlink()
+        nonlocal written
+        with spill_file.open("rb") as pieces:
+            for bucket in segments:
+                parts = []
+                for offset, length in bucket:
+                    pieces.seek(offset)
+                    parts.append(pl.read_ipc_stream(io.BytesIO(pieces.read(length))))
+                if parts:
+                    rows = pl.concat(parts).sort("_position").drop("_position")
+                    written += rows.height
+                    yield rows
 
     sink(ordered(), TRAINING_SCHEMA, out)
-    return plan.rows
+    spill_file.unlink()
+    if written != plan.rows:
+        raise ExportError(f"training mix: wrote {written} rows of the {plan.rows} planned; run the export again")
+    return written
 
 
 def bucket_rows(rows: int, tokens: int) -> int:

@@ -168,15 +168,15 @@ def estimate(
     """Generate the first few prompts of shard 0, then project the rest. The sample's rows stay in the
     result log (no partial shard file), and the full run reuses them instead of paying again."""
     first = spec.partition_keys[0]
-    index = sources.load_index(spec, store)  # every prompt of the dataset, in one frame
+    index = sources.load_index(spec, store)
     sample = index.shard(spec, first).head(sample_prompts)
     run_generation(engine, spec, {first: sample}, store, settings=settings, log=log, write_shards=False, run_id=run_id)
     rows = ResultLog(store, spec.name, first).load().filter(pl.col("prompt_id").is_in(sample["prompt_id"].implode()))
     tokenizer = load_target(spec.target).text_encoder
     return estimate_generation(
-        index.frame,
+        index.blocks(),
         spec,
-        lambda text: len(tokenizer.encode(text, add_special_tokens=False).ids),
+        lambda texts: [len(e.ids) for e in tokenizer.encode_batch(texts, add_special_tokens=False)],
         rows.unique("prompt_id", keep="last"),
         usd_per_prompt_token,
         usd_per_completion_token,

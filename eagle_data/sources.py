@@ -330,10 +330,10 @@ class PromptIndex:
     def prompts(self) -> int:
         return self.summary.prompts
 
-    @property
-    def frame(self) -> pl.DataFrame:
-        """Every prompt of the dataset in one frame (without `shard`): for whole-dataset readers only."""
-        return self._rows(0, self.prompts)
+    def blocks(self) -> Iterator[pl.DataFrame]:
+        """Every prompt of the dataset (without `shard`), one saved block at a time."""
+        for block in range(len(self.summary.blocks)):
+            yield self.store.read_frame(layout.index_block(self.dataset, self.summary.digest, block))
 
     def shard(self, spec: DatasetSpec, partition: str) -> pl.DataFrame:
         """Shard `partition`: rows `[i*shard_size, (i+1)*shard_size)`, read from the blocks that hold them."""

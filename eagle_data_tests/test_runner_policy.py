@@ -224,7 +224,7 @@ def test_estimate_counts_prompt_tokens_per_turn_and_projects_cost() -> None:
             "messages": [[{"role": "user"}, {"role": "assistant"}], [{"role": "user"}]],
         }
     )
-    est = estimate_generation(prompts, spec, lambda text: len(text), sample, 1e-3, 2e-3)
+    est = estimate_generation([prompts], spec, lambda texts: [len(t) for t in texts], sample, 1e-3, 2e-3)
     # turn 1: "u1" (2) + 4 framing = 6; turn 2: 6 + "u3" (2) + 4 + one earlier reply (100 + 4) = 116
     assert (est.turns, est.prompt_tokens, est.completion_tokens) == (2, 122, 200)
     assert est.usd == pytest.approx(122e-3 + 200 * 2e-3)

@@ -26,23 +26,35 @@ def index_of(spec: DatasetSpec, root: Path, source: Path | None = None) -> Promp
     return load_index(spec, ShardStore(str(root)), str(source) if source else None)
 
 
+def everything(index: PromptIndex) -> pl.DataFrame:
+    """Every prompt of an index in one frame (fine for test-sized sources)."""
+    return pl.concat(index.blocks())
+
+
 @pytest.mark.parametrize("name", list(SPECS))
 def test_every_adapter_reads_its_sample(name: str, tmp_path: Path):
     spec = SPECS[name]
     index = index_of(spec, tmp_path)
-    assert index.frame.height == 36
+    assert everything(index).height == 36
     assert sum(index.skipped.values()) == index.rows_read - 36 >= 4
-    roles = {m["role"] for msgs in index.frame["messages"].to_list() for m in msgs}
+    roles = {m["role"] for msgs in everything(index)["messages"].to_list() for m in msgs}
     assert roles <= {"system", "user", "assistant"} and "user" in roles
-    for msgs in index.frame["messages"].to_list():
+    for msgs in everything(index)["messages"].to_list():
         first = 1 if msgs[0]["role"] == "system" else 0
         assert msgs[first]["role"] == "user"
 
 
 def test_sharegpt_roles_map_to_user_and_assistant():
-    row = {"conversations": [{"from": "system", "value": "s"}, {"from": "human", "value": "q"},
-                             {"from": "bing", "value": "a"}, {"from": "human", "value": "q2"},
-                             {"from": "bard", "value": "a2"}, {"from": "chatgpt", "value": "a3"}]}
+    row = {
+        "conversations": [
+            {"from": "system", "value": "s"},
+            {"from": "human", "value": "q"},
+            {"from": "bing", "value": "a"},
+            {"from": "human", "value": "q2"},
+            {"from": "bard", "value": "a2"},
+            {"from": "chatgpt", "value": "a3"},
+        ]
+    }
     msgs = normalize(row, SPECS["b7_sharegpt"].adapter, 1000)
     assert [m["role"] for m in msgs] == ["system", "user", "assistant", "user", "assistant", "assistant"]
 
@@ -91,7 +103,7 @@ def test_duplicates_and_malformed_lines_are_counted_not_fatal(tmp_path: Path):
     good = {"id": "a", "conversations": [{"from": "human", "value": "hi"}]}
     path.write_text("\n".join([json.dumps(good), json.dumps(good), "{not json", "[1, 2]", ""]) + "\n")
     index = index_of(SPECS["b7_sharegpt"].model_copy(update={"max_skipped_share": 1.0}), tmp_path / "out", path)
-    assert index.frame.height == 1
+    assert everything(index).height == 1
     assert index.skipped == {"duplicate": 1, "malformed_row": 2}
 
 
@@ -99,7 +111,7 @@ def test_local_parquet_source(tmp_path: Path):
     path = tmp_path / "src.parquet"
     pl.DataFrame({"instruction": ["a", "b", "a"], "response": ["1", "2", "1"]}).write_parquet(path)
     index = index_of(SPECS["b3_magicoder"], tmp_path / "out", path)
-    assert index.frame.height == 2 and index.skipped == {"duplicate": 1}
+    assert everything(index).height == 2 and index.skipped == {"duplicate": 1}
 
 
 def test_missing_source_file_is_a_one_line_error(tmp_path: Path):
@@ -113,7 +125,7 @@ def test_shards_slice_the_index_in_order(tmp_path: Path):
     index = load_index(spec, ShardStore(str(tmp_path)))
     shards = [index.shard(spec, key) for key in spec.partition_keys]
     assert [s.height for s in shards] == [10, 10, 10, 6]
-    assert pl.concat(shards)["prompt_id"].to_list() == index.frame["prompt_id"].to_list()
+    assert pl.concat(shards)["prompt_id"].to_list() == everything(index)["prompt_id"].to_list()
     assert dict(shards[1].schema) == PROMPTS_SCHEMA and set(shards[1]["shard"]) == {1}
 
 
@@ -127,7 +139,11 @@ def test_saved_index_is_reused_while_the_source_content_is_unchanged(tmp_path: P
     os.utime(source, ns=(1, 1))
     again = load_index(spec, store)
     assert again.summary.digest == first.summary.digest and not again.rebuilt
-    assert again.frame.equals(first.frame) and again.skipped == first.skipped and first.frame.height == 36
+    assert (
+        everything(again).equals(everything(first))
+        and again.skipped == first.skipped
+        and everything(first).height == 36
+    )
 
 
 def test_a_saved_index_stands_when_its_source_file_is_gone(tmp_path: Path):
@@ -135,7 +151,7 @@ def test_a_saved_index_stands_when_its_source_file_is_gone(tmp_path: Path):
     source = tmp_path / "src.jsonl"
     source.write_text(SPECS["b7_sharegpt"].sample_path.read_text())
     spec, store = SPECS["b7_sharegpt"].model_copy(update={"source": str(source)}), ShardStore(str(tmp_path / "out"))
-    first = load_index(spec, store).frame
+    first = everything(load_index(spec, store))
     source.unlink()
     assert load_index(spec, store).shard(spec, "00001")["prompt_id"].to_list() == first["prompt_id"].to_list()[10:20]
 
@@ -147,7 +163,7 @@ def test_a_changed_source_file_rebuilds_the_index(tmp_path: Path):
     first = load_index(spec, store)
     source.write_text('{"id": "new", "conversations": [{"from": "human", "value": "a new first prompt"}]}\n')
     again = load_index(spec, store)
-    assert again.frame["messages"].to_list() == [[{"role": "user", "content": "a new first prompt"}]]
+    assert everything(again)["messages"].to_list() == [[{"role": "user", "content": "a new first prompt"}]]
     assert first.prompts == 36 and "changed since its prompt index was built" in again.rebuilt
     blocks = [k for k in store.list("b7_sharegpt") if "/_index/" in k and k.endswith(".parquet")]
     assert blocks and all(again.summary.digest in k for k in blocks)  # the old build's blocks are gone
@@ -182,7 +198,7 @@ def test_an_s3_source_is_keyed_by_its_etag(tmp_path: Path, s3_endpoint: str, s3_
 def test_a_one_shard_run_reads_only_its_own_block_of_the_index(tmp_path: Path):
     """The index is saved in blocks of shard_size prompts: with every other block gone, shard 2 still reads."""
     spec, store = SPECS["b7_sharegpt"], ShardStore(str(tmp_path))
-    whole = load_index(spec, store).frame
+    whole = everything(load_index(spec, store))
     blocks = [k for k in store.list("b7_sharegpt") if "/_index/" in k and k.endswith(".parquet")]
     assert len(blocks) == 4
     for key in blocks:
@@ -195,7 +211,7 @@ def test_a_one_shard_run_reads_only_its_own_block_of_the_index(tmp_path: Path):
 def test_a_smaller_shard_size_cuts_the_same_prompts_across_blocks(tmp_path: Path):
     """Blocks follow the shard size the index was built with; another shard size slices across them."""
     store = ShardStore(str(tmp_path))
-    whole = load_index(SPECS["b7_sharegpt"], store).frame
+    whole = everything(load_index(SPECS["b7_sharegpt"], store))
     spec = SPECS["b7_sharegpt"].model_copy(update={"shard_size": 7})
     shards = [load_index(spec, store).shard(spec, key) for key in spec.partition_keys]
     assert [s.height for s in shards] == [7, 7, 7, 7, 7, 1]

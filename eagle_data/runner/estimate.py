@@ -7,7 +7,7 @@ tokens and dollars are projected from a small sample run and the model's per-tok
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,26 +91,33 @@ def sample_avg_completion(sample: pl.DataFrame) -> float:
 
 
 def estimate_generation(
-    prompts: pl.DataFrame,
+    blocks: Iterable[pl.DataFrame],
     spec: DatasetSpec,
-    count_tokens: Callable[[str], int],
+    count_tokens: Callable[[list[str]], list[int]],
     sample: pl.DataFrame,
     usd_per_prompt_token: float,
     usd_per_completion_token: float,
 ) -> Estimate:
-    """Project tokens and dollars for `prompts` (a prompts frame) under `spec`'s turn policy."""
+    """Project tokens and dollars for the prompts in `blocks` (prompts frames, read one at a time so a
+    million prompts never sit in memory together) under `spec`'s turn policy. `count_tokens` counts a
+    batch of texts at once (a batch encode is many times faster than one text at a time)."""
     avg = sample_avg_completion(sample)
-    turns = prompt_tokens = 0
-    for messages in prompts["messages"].to_list():
-        context = 0
-        for k, segment in enumerate(plan_turns(messages, spec.regenerate, spec.max_turns)):
-            context += sum(count_tokens(m["content"]) + TEMPLATE_TOKENS_PER_MESSAGE for m in segment)
-            prompt_tokens += context + round(k * (avg + TEMPLATE_TOKENS_PER_MESSAGE))
-            turns += 1
+    prompts = turns = prompt_tokens = 0
+    for block in blocks:
+        plans = [plan_turns(messages, spec.regenerate, spec.max_turns) for messages in block["messages"].to_list()]
+        texts = list({m["content"]: None for segments in plans for segment in segments for m in segment})
+        tokens = dict(zip(texts, count_tokens(texts), strict=True))
+        for segments in plans:
+            context = 0
+            for k, segment in enumerate(segments):
+                context += sum(tokens[m["content"]] + TEMPLATE_TOKENS_PER_MESSAGE for m in segment)
+                prompt_tokens += context + round(k * (avg + TEMPLATE_TOKENS_PER_MESSAGE))
+                turns += 1
+        prompts += block.height
     completion_tokens = round(turns * avg)
     return Estimate(
         dataset=spec.name,
-        prompts=prompts.height,
+        prompts=prompts,
         turns=turns,
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
