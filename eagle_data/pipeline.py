@@ -20,14 +20,14 @@ from typing import Any
 import polars as pl
 
 from eagle_data import exports, layout, quality, report, sources
-from eagle_data.catalog import DatasetSpec, shard_index
+from eagle_data.catalog import DatasetSpec, shard_index, shard_key
 from eagle_data.drafter.decontam import contamination
 from eagle_data.drafter.evalsets import benchmark_index
 from eagle_data.drafter.settings import load_drafter_settings
 from eagle_data.engines.truncation import ReplyLengths, truncation_report
 from eagle_data.quality.verdicts import ENGINE_SIDE_REJECTIONS
 from eagle_data.runner import Estimate, RunnerSettings, estimate_generation, mixture, run_generation
-from eagle_data.runner.resultlog import ResultLog
+from eagle_data.runner.resultlog import ResultLog, resume_key, reusable
 from eagle_data.storage import ShardStore
 from eagle_data.targets import build_training_rows, load_target
 from eagle_data.types import Engine
@@ -60,6 +60,14 @@ def write_prompts(
         stale = sorted(set(shards_written(store, spec.name, prompts_asset(spec))) - set(partitions))
         redo = f"; re-materialize the {len(stale)} {prompts_asset(spec)} partitions cut from the old one"
         warn(f"{spec.name}: {index.rebuilt}; rebuilt it" + (f"{redo} ({stale[0]}...{stale[-1]})" if stale else ""))
+    filled = -(-index.prompts // spec.shard_size)  # partitions the source's prompts fill
+    empty = [key for key in partitions if shard_index(key) >= filled]
+    if empty:
+        raise sources.SourceError(
+            f"dataset {spec.name!r}: the source yields {index.prompts:,} prompts, which fill partitions "
+            f"{shard_key(0)}-{shard_key(filled - 1)}; {len(empty)} asked for ({empty[0]}...{empty[-1]}) would be "
+            f"empty: set max_prompts to {index.prompts} for {spec.name} in the catalog and reload the definitions"
+        )
     dataset_figures = {
         "prompts_in_source": index.prompts,
         "rows_read": index.rows_read,
@@ -171,13 +179,14 @@ def estimate(
     index = sources.load_index(spec, store)
     sample = index.shard(spec, first).head(sample_prompts)
     run_generation(engine, spec, {first: sample}, store, settings=settings, log=log, write_shards=False, run_id=run_id)
-    rows = ResultLog(store, spec.name, first).load().filter(pl.col("prompt_id").is_in(sample["prompt_id"].implode()))
+    stored = reusable(ResultLog(store, spec.name, first).load(), resume_key(engine.config(), spec))
+    rows = stored.filter(pl.col("prompt_id").is_in(sample["prompt_id"].implode()))  # this config's, latest
     tokenizer = load_target(spec.target).text_encoder
     return estimate_generation(
         index.blocks(),
         spec,
         lambda texts: [len(e.ids) for e in tokenizer.encode_batch(texts, add_special_tokens=False)],
-        rows.unique("prompt_id", keep="last"),
+        rows,
         usd_per_prompt_token,
         usd_per_completion_token,
     )

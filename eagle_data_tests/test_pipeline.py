@@ -3,6 +3,7 @@
 from pathlib import Path
 
 from eagle_data import pipeline
+from eagle_data.catalog import load_catalog
 from eagle_data.engines import make_engine
 from eagle_data.runner import RunnerSettings
 from eagle_data.storage import ShardStore
@@ -57,3 +58,25 @@ def test_generate_reads_each_prompt_shard_only_when_the_runner_reaches_it(tmp_pa
     for k, (_, written) in enumerate(reads):
         assert {f"{i:05d}" for i in range(k - 2)} <= written, f"shard {k} read before shard {k - 3} was written"
     assert sum(r.figures["ok"] for r in reports.values()) == 120
+
+
+def test_the_estimate_projects_from_this_configs_sample_not_from_rows_of_an_earlier_config(tmp_path: Path):
+    """A shard generated under an earlier config (replies of 10 tokens) must not stand in for this
+    config's sample (replies of 50): the budget check would be judged on another model's lengths."""
+    spec = load_catalog(profile="demo")["b7_sharegpt"].model_copy(update={"token_budget": 0, "cost_budget_usd": 0.0})
+    store, settings = ShardStore(str(tmp_path)), RunnerSettings(progress_bar=False)
+    pipeline.write_prompts(spec, store, ["00000"], warn=lambda _: None)
+    server = FakeOpenAI(Faults(reply_tokens=(10, 10)))
+    server.start()
+    try:
+        url = f"http://127.0.0.1:{server.port}/v1"
+        earlier = make_engine("openai", base_url=url, model="earlier")
+        pipeline.generate(spec, store, ["00000"], earlier, log=lambda _: None, settings=settings)
+        server.faults = Faults(reply_tokens=(50, 50))
+        estimate = pipeline.estimate(
+            spec, store, make_engine("openai", base_url=url, model="now"), sample_prompts=4,
+            usd_per_prompt_token=0.0, usd_per_completion_token=0.0, log=lambda _: None, settings=settings,
+        )  # fmt: skip
+    finally:
+        server.stop()
+    assert estimate.sample_rows == 4 and estimate.avg_completion_tokens == 50

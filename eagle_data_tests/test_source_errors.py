@@ -17,6 +17,7 @@ import pytest
 from eagle_data.catalog import load_catalog
 from eagle_data.defs.assets import build_dataset_assets
 from eagle_data.defs.resources import StorageResource
+from eagle_data.pipeline import shards_written
 from eagle_data.storage import ShardStore, StorageError
 
 SPEC = load_catalog(profile="demo")["b7_sharegpt"]
@@ -86,6 +87,15 @@ def test_a_changed_source_file_at_the_same_path_is_read_again(tmp_path: Path):
     assert result.success
     shard = ShardStore(str(tmp_path / "out")).read_shard("b7_sharegpt", "b7_sharegpt_prompts", "00000")
     assert shard["source_id"].to_list() == [f"r{i}" for i in range(100, 110)]
+
+
+def test_a_partition_past_the_sources_prompts_fails_instead_of_going_green_empty(tmp_path: Path):
+    source = write_jsonl(tmp_path / "src.jsonl", sharegpt_rows(25))  # fills partitions 00000-00002 (10 a shard)
+    assert materialize_prompts(tmp_path / "out", source, partition="00002").success
+    message = failure(materialize_prompts(tmp_path / "out", source, partition="00003"))
+    assert "yields 25 prompts, which fill partitions 00000-00002" in message
+    assert "set max_prompts to 25 for b7_sharegpt" in message and "\n" not in message
+    assert shards_written(ShardStore(str(tmp_path / "out")), "b7_sharegpt", "b7_sharegpt_prompts") == ["00002"]
 
 
 @pytest.mark.parametrize("cut", ["truncated", "empty"])
