@@ -5,9 +5,11 @@
 - A training mix across datasets with per-dataset weights, reproducible from a seed.
 
 Only shards the gate admitted are read (the caller decides which: the Dagster layer admits a shard when
-every blocking check passed on its latest materialization), and of those only the rows the quality
-verdicts keep (quality.KEPT) that also pass a second look at their tokens on the way out (`verify`), so
-no export can hold a zero-mask row whatever happened upstream.
+every blocking check passed on its latest materialization), only if their bytes are the ones those checks
+judged (`Admission.digests`), and of those only the rows that pass three looks on the way out: the verdict
+stored at validation, a fresh verdict under today's catalog thresholds (both must keep the row; a
+threshold tightened since validation takes effect without re-validating), and a look at the tokens
+themselves (`verify`), so no export can hold a zero-mask row whatever happened upstream.
 
 Everything streams, so memory stays flat from ten thousand rows to a million: a dataset's files are
 written one shard at a time, and the mix, whose rows go out in a seeded random order, is written in
@@ -30,7 +32,9 @@ import polars as pl
 from polars.io.plugins import register_io_source
 
 from eagle_data import provenance
-from eagle_data.quality import split_rows
+from eagle_data.catalog import DatasetSpec
+from eagle_data.quality import KEPT, row_verdicts, split_rows
+from eagle_data.quality.verdicts import REQUIRED_COLUMNS as JUDGED_COLUMNS
 
 TRAINING_COLUMNS = ("prompt_id", "dataset", "input_ids", "loss_mask")
 TRAINING_SCHEMA: dict[str, pl.DataType] = {  # what train.parquet and the mix hold, in this order
@@ -41,7 +45,7 @@ TRAINING_SCHEMA: dict[str, pl.DataType] = {  # what train.parquet and the mix ho
     **{column: pl.String() for column in provenance.COLUMNS},
 }
 STRUCTURE_FLAGS = ("structure_ok", "roundtrip_ok", "prefix_ok")  # False: the ids are not the target's
-REQUIRED_COLUMNS = (*TRAINING_COLUMNS, "messages", "verdict", "target_error", *STRUCTURE_FLAGS)
+REQUIRED_COLUMNS = tuple(dict.fromkeys((*TRAINING_COLUMNS, "messages", "verdict", *JUDGED_COLUMNS)))
 ROW_GROUP_ROWS = 1024  # parquet row groups of the exports: small enough that writing them stays flat
 BUCKET_BYTES = 8 << 20  # rows of the mix held at once while writing it, in bytes of token lists
 
@@ -56,6 +60,9 @@ class Admission:
 
     admitted: tuple[str, ...] = ()
     excluded: Mapping[str, str] = field(default_factory=dict)  # partition -> reason
+    # partition -> sha256 of the shard bytes the checks judged; an admitted shard whose bytes differ now
+    # (rewritten by a validation run that stopped part-way, or by hand) is left out
+    digests: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -70,6 +77,13 @@ class Written:
 def passed(validated: pl.DataFrame) -> pl.DataFrame:
     """The rows the quality verdicts keep for training ("pass", and "truncated": the model's own tokens)."""
     return split_rows(validated)[0]
+
+
+def rejudged(rows: pl.DataFrame, spec: DatasetSpec) -> tuple[pl.DataFrame, Counter[str]]:
+    """`rows` (kept at validation) without those today's thresholds would set aside, and how many, by verdict."""
+    fresh = row_verdicts(rows, spec.checks, spec.generation.thinking)["verdict"]
+    keep = fresh.is_in(list(KEPT))
+    return rows.filter(keep), Counter(dict(fresh.filter(~keep).value_counts().iter_rows()))
 
 
 def _false(column: str) -> pl.Expr:
@@ -90,9 +104,6 @@ def verify(rows: pl.DataFrame, min_loss_tokens: int) -> tuple[pl.DataFrame, Coun
 
     Checked on the token lists themselves, not on the columns the verdicts read: structure flags, ids
     and mask of equal length, loss-mask sum above `min_loss_tokens`."""
-    missing = [c for c in REQUIRED_COLUMNS if c not in rows.columns]
-    if missing:
-        raise ExportError(f"validated shard lacks column(s) {', '.join(missing)}: re-materialize it with this version")
     reason: pl.Expr = pl.lit(None, pl.String)
     for name, condition in reversed(_refusals(min_loss_tokens)):
         reason = pl.when(condition).then(pl.lit(name)).otherwise(reason)
@@ -102,9 +113,15 @@ def verify(rows: pl.DataFrame, min_loss_tokens: int) -> tuple[pl.DataFrame, Coun
     return kept, Counter(dict(refused.iter_rows()))
 
 
-def exportable(validated: pl.DataFrame, min_loss_tokens: int) -> tuple[pl.DataFrame, Counter[str]]:
-    """The rows of a validated shard that go to training: kept by the verdicts, then verified."""
-    return verify(passed(validated), min_loss_tokens)
+def exportable(validated: pl.DataFrame, spec: DatasetSpec) -> tuple[pl.DataFrame, Counter[str]]:
+    """The rows of a validated shard that go to training: kept by the stored verdicts and by fresh ones,
+    then verified; with the count of rows the stored verdicts kept but the last two looks refused."""
+    missing = [c for c in REQUIRED_COLUMNS if c not in validated.columns]
+    if missing:
+        raise ExportError(f"validated shard lacks column(s) {', '.join(missing)}: re-materialize it with this version")
+    rows, refused = rejudged(passed(validated), spec)
+    rows, bad_tokens = verify(rows, spec.checks.min_loss_tokens)
+    return rows, refused + bad_tokens
 
 
 def to_specforge_jsonl(rows: pl.DataFrame) -> bytes:
@@ -139,14 +156,14 @@ def sink(frames: Iterable[pl.DataFrame], schema: Mapping[str, pl.DataType], path
     register_io_source(source, schema=pl.Schema(schema)).sink_parquet(path, row_group_size=ROW_GROUP_ROWS)
 
 
-def write_dataset(shards: Iterable[pl.DataFrame], min_loss_tokens: int, jsonl: Path, parquet: Path) -> Written:
+def write_dataset(shards: Iterable[pl.DataFrame], spec: DatasetSpec, jsonl: Path, parquet: Path) -> Written:
     """One dataset's conversations JSONL and training parquet, shard by shard, in shard order."""
     written = Written()
 
     def training() -> Iterator[pl.DataFrame]:
         with jsonl.open("wb") as out:
             for validated in shards:
-                rows, dropped = exportable(validated, min_loss_tokens)
+                rows, dropped = exportable(validated, spec)
                 out.write(to_specforge_jsonl(rows))
                 written.rows += rows.height
                 written.tokens += int(rows["input_ids"].list.len().sum() or 0)

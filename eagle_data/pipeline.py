@@ -14,6 +14,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ProcessPoolExecutor
 from contextlib import ExitStack
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ from eagle_data.engines.truncation import ReplyLengths, truncation_report
 from eagle_data.quality.verdicts import ENGINE_SIDE_REJECTIONS
 from eagle_data.runner import Estimate, RunnerSettings, estimate_generation, mixture, run_generation
 from eagle_data.runner.resultlog import ResultLog, resume_key, reusable
-from eagle_data.storage import ShardStore
+from eagle_data.storage import ShardStore, digest, parquet_bytes
 from eagle_data.targets import build_training_rows, load_target
 from eagle_data.types import Engine
 
@@ -228,6 +229,16 @@ def cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+@dataclass
+class Validation:
+    """What a validation run wrote, per partition: the quality record, and the sha256 of the shard's bytes
+    (its materialization carries it, so the export reads only the bytes the checks judged)."""
+
+    records: dict[str, quality.ShardRecord] = field(default_factory=dict)
+    digests: dict[str, str] = field(default_factory=dict)
+    report: str = ""  # the dataset report's URI
+
+
 def validate(
     spec: DatasetSpec,
     store: ShardStore,
@@ -236,9 +247,9 @@ def validate(
     *,
     workers: int | None = None,
     log: Log = print,
-) -> tuple[dict[str, quality.ShardRecord], str]:
+) -> Validation:
     """Build and write the validated shards and their HTML quality reports; returns each partition's
-    quality record (summary, figures and check results) and the dataset report's URI.
+    quality record (summary, figures and check results) and shard digest, and the dataset report's URI.
 
     Shards are built in a pool of `workers` processes (default: every core, for runs of POOL_MIN_PROMPTS
     prompts or more) while this process reads and writes them, at most two shards per worker in flight;
@@ -246,12 +257,13 @@ def validate(
     `previous_avg_completion_tokens` (the last materialization's) feeds the length-shift check.
     """
     inputs = report.inputs_for(spec, previous_avg_completion_tokens)
-    records: dict[str, quality.ShardRecord] = {}
+    done = Validation()
 
     def keep(rows: pl.DataFrame, record: quality.ShardRecord) -> None:
-        store.write_shard(spec.name, validated_asset(spec), record.partition, rows)
+        data = parquet_bytes(rows)
+        store.write_bytes(layout.shard(spec.name, validated_asset(spec), record.partition), data)
         report.write_shard_report(spec, store, record)
-        records[record.partition] = record
+        done.records[record.partition], done.digests[record.partition] = record, digest(data)
 
     if workers is None:
         workers = cores() if len(partitions) * spec.shard_size >= POOL_MIN_PROMPTS else 1
@@ -268,7 +280,8 @@ def validate(
                     keep(*pending.popleft().result())
             while pending:
                 keep(*pending.popleft().result())
-    return records, report.write_dataset_report(spec, store, log)
+    done.report = report.write_dataset_report(spec, store, log)
+    return done
 
 
 ADDITIVE = (
@@ -324,29 +337,32 @@ def export(
                 for key, reason in sorted(admissions.get(spec.name, exports.Admission()).excluded.items())]  # fmt: skip
     for name, key, reason in excluded:
         log(f"WARNING {name} shard {key} left out of the export: {reason}")
-    figures["excluded_shards"] = len(excluded)
-    if excluded:
-        figures["excluded"] = excluded_table(excluded)
     with tempfile.TemporaryDirectory(prefix="eagle-export-") as spill, ExitStack() as staged:
         trains: dict[str, Path] = {}
         written: dict[str, exports.Written] = {}
         for spec in specs:
-            admitted = admissions.get(spec.name, exports.Admission()).admitted
+            admission = admissions.get(spec.name, exports.Admission())
             keys = export_keys(spec)
-            if not admitted:
+            if not admission.admitted:
                 for key in keys:
                     store.delete(key)
                 continue
             jsonl, trains[spec.name] = (staged.enter_context(store.staged(key)) for key in keys)
-            shards = (store.read_shard(spec.name, validated_asset(spec), key) for key in admitted)
-            done = written[spec.name] = exports.write_dataset(
-                shards, spec.checks.min_loss_tokens, jsonl, trains[spec.name]
-            )
-            figures.update({f"{spec.name}_rows": done.rows, f"{spec.name}_shards": len(admitted)})
+            changed: list[tuple[str, str, str]] = []
+            shards = admitted_shards(spec, store, admission, changed)
+            done = written[spec.name] = exports.write_dataset(shards, spec, jsonl, trains[spec.name])
+            for name, key, reason in changed:
+                log(f"WARNING {name} shard {key} left out of the export: {reason}")
+            excluded += changed
+            shards_read = len(admission.admitted) - len(changed)
+            figures.update({f"{spec.name}_rows": done.rows, f"{spec.name}_shards": shards_read})
             figures.update({f"{spec.name}_refused_{reason}": n for reason, n in sorted(done.dropped.items())})
             if done.dropped:
-                log(f"WARNING {spec.name}: {sum(done.dropped.values())} rows kept by the verdicts were refused "
+                log(f"WARNING {spec.name}: {sum(done.dropped.values())} rows kept at validation were refused "
                     f"on the way out ({dict(done.dropped)}); re-validate those shards")  # fmt: skip
+        figures["excluded_shards"] = len(excluded)
+        if excluded:
+            figures["excluded"] = excluded_table(excluded)
         if not sum(done.rows for done in written.values()):
             store.delete(layout.mix())
             raise exports.ExportError(nothing_to_take(written, excluded))
@@ -358,6 +374,21 @@ def export(
         figures["mix_rows"] = exports.write_mix(trains, plan, mix_file, Path(spill), size)
     figures["mix_path"] = store.uri(layout.mix())
     return figures
+
+
+def admitted_shards(
+    spec: DatasetSpec, store: ShardStore, admission: exports.Admission, changed: list[tuple[str, str, str]]
+) -> Iterator[pl.DataFrame]:
+    """The admitted validated shards of `spec`, in order, each read when reached; a shard whose bytes are not
+    the ones its checks judged is skipped and noted in `changed` as (dataset, partition, reason)."""
+    for key in admission.admitted:
+        data = store.shard_bytes(spec.name, validated_asset(spec), key)
+        expected = admission.digests.get(key)
+        if expected is not None and digest(data) != expected:
+            changed.append((spec.name, key, "its bytes changed since its checks ran (a validation run that "
+                            "stopped part-way rewrote it); re-materialize it"))  # fmt: skip
+            continue
+        yield pl.read_parquet(io.BytesIO(data))
 
 
 def nothing_to_take(written: Mapping[str, exports.Written], excluded: list[tuple[str, str, str]]) -> str:

@@ -10,6 +10,7 @@ single-run partition ranges, and dagster-polars breaks on polars 2.
 from __future__ import annotations
 
 import errno
+import hashlib
 import io
 import os
 import shutil
@@ -42,6 +43,18 @@ WRITE_FAILURES = {
     errno.EDQUOT: "is over its disk quota",
     errno.ENOTDIR: "is not a folder (a file is in the way)",
 }
+
+
+def parquet_bytes(frame: pl.DataFrame) -> bytes:
+    """A frame as every shard and index block is stored: zstd parquet with column statistics."""
+    buf = io.BytesIO()
+    frame.write_parquet(buf, compression="zstd", statistics=True)
+    return buf.getvalue()
+
+
+def digest(data: bytes) -> str:
+    """The sha256 of stored bytes: what a check judged, compared with what an export reads."""
+    return hashlib.sha256(data).hexdigest()
 
 
 def write_failure(root: str, key: str, exc: OSError) -> StorageError:
@@ -94,9 +107,7 @@ class ShardStore:
 
     # ---- frames ----------------------------------------------------------------------------------
     def write_frame(self, key: str, frame: pl.DataFrame) -> str:
-        buf = io.BytesIO()
-        frame.write_parquet(buf, compression="zstd", statistics=True)
-        return self.write_bytes(key, buf.getvalue())
+        return self.write_bytes(key, parquet_bytes(frame))
 
     def read_frame(self, key: str) -> pl.DataFrame:
         return pl.read_parquet(io.BytesIO(self.read_bytes(key)))
@@ -105,13 +116,14 @@ class ShardStore:
         return self.write_frame(self.shard_key(dataset, asset, partition), frame)
 
     def read_shard(self, dataset: str, asset: str, partition: str) -> pl.DataFrame:
+        return pl.read_parquet(io.BytesIO(self.shard_bytes(dataset, asset, partition)))
+
+    def shard_bytes(self, dataset: str, asset: str, partition: str) -> bytes:
+        """A shard's stored bytes (a parquet file), or a one-line error naming what to materialize."""
         key = self.shard_key(dataset, asset, partition)
         if not self.exists(key):
-            raise StorageError(
-                f"{self.uri(key)} does not exist: materialize {asset if asset != dataset else dataset} "
-                f"partition {partition} first"
-            )
-        return self.read_frame(key)
+            raise StorageError(f"{self.uri(key)} does not exist: materialize {asset} partition {partition} first")
+        return self.read_bytes(key)
 
     def shard_exists(self, dataset: str, asset: str, partition: str) -> bool:
         return self.exists(self.shard_key(dataset, asset, partition))

@@ -1,7 +1,8 @@
 """Synthetic `{ds}_validated` shards for the export tests, and digests of what an export wrote.
 
 The shards are deterministic (seeded), shaped like the validation stage's output: token ids and loss
-masks, verification flags, a per-row verdict, and the conversation the JSONL export reads. The digests
+masks, verification flags, the columns the verdicts read, a per-row verdict, and the conversation the
+JSONL export reads. The digests
 let a test compare an export with outputs frozen from an earlier implementation without storing them.
 """
 
@@ -15,7 +16,7 @@ from pathlib import Path
 import polars as pl
 
 from eagle_data import layout
-from eagle_data.catalog import Adapter, DatasetSpec
+from eagle_data.catalog import Adapter, DatasetSpec, Generation
 from eagle_data.storage import ShardStore
 from eagle_data.targets.rows import MESSAGE_DTYPE
 
@@ -27,7 +28,8 @@ SHARD_ROWS = 500
 def fixture_specs() -> list[DatasetSpec]:
     return [
         DatasetSpec(name=name, title=name, adapter=Adapter(prompt_field="q"), max_prompts=shards * SHARD_ROWS,
-                    shard_size=SHARD_ROWS, mix_weight=weight, target="qwen3-test")
+                    shard_size=SHARD_ROWS, mix_weight=weight, target="qwen3-test",
+                    generation=Generation(thinking=False))
         for name, (shards, weight) in FIXTURE_DATASETS.items()
     ]  # fmt: skip
 
@@ -41,6 +43,7 @@ def validated_shard(dataset: str, shard: int, rows: int = SHARD_ROWS) -> pl.Data
         answer = rng.randint(17, n - 4)  # loss-mask sum above the default min_loss_tokens (16)
         verdict = rng.choices(["pass", "truncated", "short_loss", "failed"], weights=[85, 7, 5, 3])[0]
         content = f"answer {dataset} {shard} {i} " + "é" * rng.randint(0, 3)
+        status = {"truncated": "truncated", "failed": "failed"}.get(verdict, "ok")
         records.append(
             {
                 "prompt_id": f"{dataset}-{shard:05d}-{i:04d}",
@@ -50,6 +53,13 @@ def validated_shard(dataset: str, shard: int, rows: int = SHARD_ROWS) -> pl.Data
                     {"role": "user", "content": f"question {i} <|im_end|>?", "reasoning": None, "output_ids": None},
                     {"role": "assistant", "content": content, "reasoning": "think" * (i % 3), "output_ids": None},
                 ],
+                "status": status,
+                "finish_reason": "length" if status == "truncated" else "stop",
+                "content": content,
+                "reasoning": "think" * (i % 3),
+                "completion_tokens": answer,
+                "special_in_text": 0,
+                "ids_match": True,
                 "input_ids": [rng.randrange(151_000) for _ in range(n)],
                 "loss_mask": [0] * (n - answer) + [1] * answer,
                 "num_tokens": n,

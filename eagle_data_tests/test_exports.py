@@ -13,6 +13,7 @@ import polars as pl
 import pytest
 
 from eagle_data import layout, pipeline, provenance
+from eagle_data.catalog import Checks, Generation
 from eagle_data.exports import (
     Admission,
     ExportError,
@@ -23,16 +24,22 @@ from eagle_data.exports import (
     verify,
     write_mix,
 )
-from eagle_data.storage import ShardStore
+from eagle_data.storage import ShardStore, digest
 from eagle_data.targets import build_training_rows, load_target
 from eagle_data.targets.rows import MESSAGE_DTYPE
-from eagle_data_tests.fixtures_exports import FIXTURE_DATASETS, export_digests, validated_shard, write_fixture
+from eagle_data_tests.fixtures_exports import (
+    FIXTURE_DATASETS,
+    export_digests,
+    fixture_specs,
+    validated_shard,
+    write_fixture,
+)
 
 CONVERSATIONS = [
     [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4", "reasoning": "Add them."}],
     [
         {"role": "system", "content": "Réponds en français."},
-        {"role": "user", "content": "Bonjour <|im_end|>"},
+        {"role": "user", "content": "Bonjour « ça va » ?"},
         {"role": "assistant", "content": "Salut ! 你好", "reasoning": ""},
     ],
     [{"role": "user", "content": "Write code."}, {"role": "assistant", "content": "print(1)", "reasoning": "Easy."}],
@@ -48,6 +55,9 @@ def validated() -> pl.DataFrame:
             "dataset": "b7_sharegpt",
             "status": "ok",
             "finish_reason": "stop",
+            "content": [c[-1]["content"] for c in CONVERSATIONS],
+            "reasoning": [c[-1]["reasoning"] for c in CONVERSATIONS],
+            "completion_tokens": [4, 8, 6],
             "messages": pl.Series(CONVERSATIONS, dtype=pl.List(MESSAGE_DTYPE)),
         }
     )
@@ -56,10 +66,14 @@ def validated() -> pl.DataFrame:
 
 
 GOLDEN = Path(__file__).parent / "golden" / "exports_5k.json"
+# a fixture dataset judging as the `validated` rows were: any loss-mask sum, reasoning not required
+LENIENT = fixture_specs()[0].model_copy(
+    update={"checks": Checks(min_loss_tokens=0), "generation": Generation(thinking=False)}
+)
 
 
 def test_specforge_jsonl_loads_with_json_and_polars(validated: pl.DataFrame) -> None:
-    data = to_specforge_jsonl(exportable(validated, min_loss_tokens=0)[0])
+    data = to_specforge_jsonl(exportable(validated, LENIENT)[0])
     records = [json.loads(line) for line in data.decode().splitlines()]
     assert len(records) == pl.read_ndjson(io.BytesIO(data)).height == 2  # the passing rows
     assert records[0] == {
@@ -69,13 +83,13 @@ def test_specforge_jsonl_loads_with_json_and_polars(validated: pl.DataFrame) -> 
             {"role": "assistant", "content": "4", "reasoning": "Add them."},
         ],
     }
-    assert records[1]["conversations"][1] == {"role": "user", "content": "Bonjour <|im_end|>"}
+    assert records[1]["conversations"][1] == {"role": "user", "content": "Bonjour « ça va » ?"}
     assert records[1]["conversations"][2]["reasoning"] == ""
 
 
 def test_training_parquet_round_trips_ids_and_masks(validated: pl.DataFrame, tmp_path: Path) -> None:
     path = tmp_path / "train.parquet"
-    to_training_parquet(exportable(validated, min_loss_tokens=0)[0]).write_parquet(path)
+    to_training_parquet(exportable(validated, LENIENT)[0]).write_parquet(path)
     back = pl.read_parquet(path)
     assert back.columns == ["prompt_id", "dataset", "input_ids", "loss_mask", *provenance.COLUMNS]
     assert back.schema["input_ids"] == pl.List(pl.Int32) and back.schema["loss_mask"] == pl.List(pl.UInt8)
@@ -218,3 +232,35 @@ def test_export_to_s3_equals_the_local_export(tmp_path: Path, s3_endpoint: str, 
         ] + [store.read_frame(k) for k in (layout.export_file("b93_gamma", layout.TRAIN_FILE), layout.mix())]
     first, second = outputs.values()
     assert first[0] == second[0] and first[1].equals(second[1]) and first[2].equals(second[2])
+
+
+def test_export_judges_rows_again_under_todays_thresholds(tmp_path: Path) -> None:
+    """Rows validated under a lenient lost_text_tolerance keep their stored verdict "pass" after the catalog
+    tightened it; the export sets them aside all the same (old main exported them), and counts them."""
+    store = ShardStore(str(tmp_path))
+    spec = write_fixture(store)[2]  # b93_gamma, mix weight 1
+    shard = validated_shard(spec.name, 0, rows=6).with_columns(
+        verdict=pl.lit("pass"), status=pl.lit("ok"), finish_reason=pl.lit("stop"), eot_ok=pl.lit(True),
+        completion_tokens=pl.lit(100, pl.Int64), reply_turns=pl.lit(1, pl.Int32),
+        reply_tokens=pl.Series([50, 50, 100, 100, 100, 100], dtype=pl.Int32),  # the first two lost half their text
+    )  # fmt: skip
+    store.write_shard(spec.name, layout.validated_asset(spec.name), "00000", shard)
+    figures = pipeline.export([spec], store, {spec.name: Admission(("00000",))}, seed=0)
+    train = pl.read_parquet(tmp_path / layout.export_file(spec.name, layout.TRAIN_FILE))
+    assert train["prompt_id"].to_list() == shard["prompt_id"].to_list()[2:]
+    assert figures[f"{spec.name}_refused_lost_text"] == 2
+
+
+def test_export_leaves_out_an_admitted_shard_whose_bytes_are_not_the_judged_ones(tmp_path: Path) -> None:
+    store = ShardStore(str(tmp_path))
+    spec = write_fixture(store)[1]  # b92_beta: shards 00000..00002
+    asset = layout.validated_asset(spec.name)
+    judged = {key: digest(store.shard_bytes(spec.name, asset, key)) for key in ("00000", "00001")}
+    store.write_shard(spec.name, asset, "00001", validated_shard(spec.name, 1, rows=20))  # rewritten since
+    lines: list[str] = []
+    figures = pipeline.export([spec], store, {spec.name: Admission(("00000", "00001"), digests=judged)}, seed=0,
+                              log=lines.append)  # fmt: skip
+    train = pl.read_parquet(tmp_path / layout.export_file(spec.name, layout.TRAIN_FILE))
+    assert set(train["prompt_id"].str.slice(9, 5)) == {"00000"} and figures[f"{spec.name}_shards"] == 1
+    assert figures["excluded_shards"] == 1 and "| b92_beta | 00001 | its bytes changed" in figures["excluded"]
+    assert any(line.startswith("WARNING b92_beta shard 00001 left out of the export: its bytes") for line in lines)

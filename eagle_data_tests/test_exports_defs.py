@@ -13,7 +13,7 @@ import dagster as dg
 import polars as pl
 import pytest
 
-from eagle_data import layout
+from eagle_data import layout, pipeline
 from eagle_data.catalog import Adapter, DatasetSpec
 from eagle_data.defs.assets import build_dataset_assets
 from eagle_data.defs.checks import build_checks
@@ -122,3 +122,23 @@ def test_after_a_range_run_the_export_takes_the_shards_it_passed_and_leaves_out_
     assert set(train["prompt_id"].str.slice(0, 5)) == {"00000", "00002"}
     table = result.asset_materializations_for_node("training_mix")[0].metadata["excluded"].value
     assert "| b9_range | 00001 | empty_response failed in run " in table and "00000" not in table
+
+
+def test_a_shard_rewritten_after_its_checks_passed_is_left_out(tmp_path: Path) -> None:
+    """A validation run that stopped part-way (killed, or failed on a later partition) leaves a shard with
+    new bytes and no new materialization; the checks that passed judged the old bytes. Old main exported
+    the new rows; now the export compares the shard's digest with the one its materialization recorded."""
+    ds, store = spec("b9_stopped", 2), ShardStore(str(tmp_path))
+    defs = definitions(ds, tmp_path)
+    with dg.DagsterInstance.ephemeral() as instance:
+        for key in ("00000", "00001"):
+            store.write_shard(ds.name, ds.name, key, shard_frame(ds.name, key, 0.0))
+            assert run(instance, defs, f"{ds.name}_validated", key).success
+        store.write_shard(ds.name, ds.name, "00000", shard_frame(ds.name, "00000", 0.87))
+        pipeline.validate(ds, store, ["00000"], log=lambda _: None)  # the stopped run: shard written, no event
+        result = run(instance, defs, "training_mix")
+    assert result.success
+    train = pl.read_parquet(tmp_path / layout.export_file(ds.name, layout.TRAIN_FILE))
+    assert set(train["prompt_id"].str.slice(0, 5)) == {"00001"}
+    table = result.asset_materializations_for_node("training_mix")[0].metadata["excluded"].value
+    assert "| b9_stopped | 00000 | its bytes changed since its checks ran" in table

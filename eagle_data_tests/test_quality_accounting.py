@@ -56,7 +56,7 @@ def stripped_replies(n: int, dataset: str) -> pl.DataFrame:
 def test_stripped_replies_are_lost_text_and_none_is_kept(tmp_path: Path) -> None:
     spec, store = spec_for("b9_strip"), ShardStore(str(tmp_path))
     store.write_shard(spec.name, spec.name, "00000", stripped_replies(20, spec.name))
-    records, _ = pipeline.validate(spec, store, ["00000"], workers=1)
+    records = pipeline.validate(spec, store, ["00000"], workers=1).records
     rows = store.read_shard(spec.name, pipeline.validated_asset(spec), "00000")
     assert rows["verdict"].unique().to_list() == ["lost_text"]
     # reported 64; rebuilt 2 (the think block the template opens: "<think>", "\n"); 4 tokens of slack
@@ -79,7 +79,7 @@ def test_healthy_replies_account_for_what_the_engine_reported(tmp_path: Path) ->
         for r, c in zip(frame["reasoning"], frame["content"], strict=True)
     ]
     store.write_shard(spec.name, spec.name, "00000", frame.with_columns(completion_tokens=pl.Series(counts)))
-    records, _ = pipeline.validate(spec, store, ["00000"], workers=1)
+    records = pipeline.validate(spec, store, ["00000"], workers=1).records
     rows = store.read_shard(spec.name, pipeline.validated_asset(spec), "00000")
     assert rows["verdict"].unique().to_list() == ["pass"]
     assert rows["token_ratio"].min() == pytest.approx(1.0, abs=0.02)
@@ -124,7 +124,7 @@ def test_one_worker_and_two_workers_write_the_same_ids_masks_verdicts_and_record
     for store in stores.values():
         for i, key in enumerate(keys):
             store.write_shard(spec.name, spec.name, key, generation_frame(20, empty_share=0.1 * i, dataset=key))
-    records = {n: pipeline.validate(spec, store, keys, workers=n)[0] for n, store in stores.items()}
+    records = {n: pipeline.validate(spec, store, keys, workers=n).records for n, store in stores.items()}
     assert records[1] == records[2]
     one, two = (_validated_bytes(stores[n], spec, keys) for n in (1, 2))
     for a, b in zip(one, two, strict=True):

@@ -98,6 +98,9 @@ def previous_figure(instance: dg.DagsterInstance, key: dg.AssetKey, run_id: str)
         cursor = page.cursor
 
 
+SHARD_DIGEST = "shard_sha256"  # a validated partition's metadata: the sha256 of the shard bytes it judged
+
+
 def shard_metadata(record: quality.ShardRecord) -> dict[str, Any]:
     """One partition's event metadata: its own shard's figures only, so an event's size never grows with
     the run's range (dataset-wide tables live in the HTML report)."""
@@ -221,16 +224,17 @@ def build_dataset_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
     def validated(context: dg.AssetExecutionContext, storage: StorageResource) -> dg.MaterializeResult:
         previous = previous_figure(context.instance, context.asset_key, context.run.run_id)
         store = storage.store()
-        records, report_uri = pipeline.validate(spec, store, context.partition_keys, previous, log=context.log.warning)
+        done = pipeline.validate(spec, store, context.partition_keys, previous, log=context.log.warning)
         verdicts: Counter[str] = Counter()
-        for key, record in records.items():
+        for key, record in done.records.items():
             page = dg.MetadataValue.url(store.link(layout.quality_page(ds, key)))
-            context.add_asset_metadata({**shard_metadata(record), "shard_report": page}, partition_key=key)
+            shard = {**shard_metadata(record), "shard_report": page, SHARD_DIGEST: done.digests[key]}
+            context.add_asset_metadata(shard, partition_key=key)
             verdicts.update(record.summary.verdicts)
-        context.log.info(f"{ds}: verdicts {dict(sorted(verdicts.items()))}; quality report {report_uri}")
+        context.log.info(f"{ds}: verdicts {dict(sorted(verdicts.items()))}; quality report {done.report}")
         metadata = {
             "quality_report": dg.MetadataValue.url(store.link(layout.quality_index(ds))),  # opens in a browser
-            "quality_report_location": dg.MetadataValue.path(report_uri),
+            "quality_report_location": dg.MetadataValue.path(done.report),
         }
         return dg.MaterializeResult(metadata=metadata)
 

@@ -16,7 +16,7 @@ from dagster._core.storage.asset_check_execution_record import AssetCheckPartiti
 
 from eagle_data import exports, pipeline
 from eagle_data.catalog import DatasetSpec
-from eagle_data.defs.assets import catalog_labels
+from eagle_data.defs.assets import SHARD_DIGEST, catalog_labels
 from eagle_data.defs.checks import validated_key
 from eagle_data.defs.resources import StorageResource
 from eagle_data.storage import ShardStore
@@ -92,7 +92,8 @@ def admission(
     instance: dg.DagsterInstance, store: ShardStore, spec: DatasetSpec, blocking: Sequence[dg.AssetCheckKey]
 ) -> exports.Admission:
     """Which validated shards of `spec` the export may read: written, materialized in this instance, and
-    passed by the latest evaluation of every `blocking` check on that very materialization."""
+    passed by the latest evaluation of every `blocking` check on that very materialization; with the
+    digest of the bytes that materialization judged, which the export compares with what it reads."""
     key = validated_key(spec)
     on_storage = set(pipeline.shards_written(store, spec.name, pipeline.validated_asset(spec)))
     materialized = instance.get_materialized_partitions(key)
@@ -114,7 +115,26 @@ def admission(
             excluded[partition] = "; ".join(reasons)
         else:
             admitted.append(partition)
-    return exports.Admission(tuple(admitted), excluded)
+    latest = {partition: info.latest_materialization_storage_id for (_, partition), info in infos.items()}
+    digests = judged_digests(instance, key, [latest[p] for p in admitted if latest.get(p) is not None])
+    for partition in [p for p in admitted if p not in digests]:
+        excluded[partition] = "its materialization has no shard digest (an older version made it); re-materialize it"
+        admitted.remove(partition)
+    return exports.Admission(tuple(admitted), excluded, digests)
+
+
+def judged_digests(instance: dg.DagsterInstance, key: dg.AssetKey, storage_ids: Sequence[int]) -> dict[str, str]:
+    """partition -> the shard digest its materialization (one of `storage_ids`) recorded."""
+    digests = {}
+    for start in range(0, len(storage_ids), 500):  # bounded IN lists for the event log's SQL
+        ids = storage_ids[start : start + 500]
+        found = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=key, storage_ids=ids), limit=len(ids))
+        for record in found.records:
+            materialization = record.asset_materialization
+            value = materialization.metadata.get(SHARD_DIGEST) if materialization else None
+            if materialization and materialization.partition and value is not None:
+                digests[materialization.partition] = str(value.value)
+    return digests
 
 
 def build_exports(specs: Sequence[DatasetSpec], checks: Sequence[dg.AssetChecksDefinition]) -> dg.AssetsDefinition:
