@@ -29,13 +29,23 @@ def busy_run() -> list[str]:
         lines += [line("INFO", f"{step} - {step}: heartbeat: 4 in flight, oldest 30 s, {i}/900 done")
                   for i in range(300)]  # fmt: skip
         lines += [line("INFO", f"{step} - b7_sharegpt {i:05d}: 10 ok, 0 truncated, 0 failed") for i in range(90)]
-        lines.append(line("DEBUG", f"25768 - {step} - STEP_SUCCESS - Finished execution of step \"{step}\" in 1.2s."))
+        lines.append(line("DEBUG", f'25768 - {step} - STEP_SUCCESS - Finished execution of step "{step}" in 1.2s.'))
     for name in ("empty_response", "token_structure", "truncation_rate", "failed_rate", "reasoning_present"):
-        lines.append(line("DEBUG", f"32391 - b7_sharegpt_quality_checks - ASSET_CHECK_EVALUATION - Asset check "
-                                   f"'{name}' on 'b7_sharegpt_validated' passed. Description: 'all 4 shards pass'"))
-    lines.append(line("DEBUG", "32391 - b7_sharegpt_quality_checks - ASSET_CHECK_EVALUATION - Asset check "
-                               "'length_shift' on 'b7_sharegpt_validated' failed. Description: 'shard 00001: +80%'"))
-    return [*lines, line("DEBUG", "25370 - RUN_SUCCESS - Finished execution of run for \"__ASSET_JOB\".")]
+        lines.append(
+            line(
+                "DEBUG",
+                f"32391 - b7_sharegpt_quality_checks - ASSET_CHECK_EVALUATION - Asset check "
+                f"'{name}' on 'b7_sharegpt_validated' passed. Description: 'all 4 shards pass'",
+            )
+        )
+    lines.append(
+        line(
+            "DEBUG",
+            "32391 - b7_sharegpt_quality_checks - ASSET_CHECK_EVALUATION - Asset check "
+            "'length_shift' on 'b7_sharegpt_validated' failed. Description: 'shard 00001: +80%'",
+        )
+    )
+    return [*lines, line("DEBUG", '25370 - RUN_SUCCESS - Finished execution of run for "__ASSET_JOB".')]
 
 
 def test_a_long_run_stays_within_the_line_budget(tmp_path: Path):
