@@ -15,9 +15,9 @@ import pytest
 
 from eagle_data.catalog import DatasetSpec, catalog
 from eagle_data.defs.assets import WITHIN_BUDGET, build_dataset_assets
-from eagle_data.defs.catalog_order import ORDER_TAG, catalog_order_sensor
+from eagle_data.defs.catalog_order import ORDER_TAG, catalog_order_sensor, waits_on
 from eagle_data.defs.checks import build_checks
-from eagle_data.defs.resources import EngineResource, StorageResource, generation_pool
+from eagle_data.defs.resources import EngineResource, StorageResource
 from eagle_data.storage import ShardStore
 from eagle_data_tests.servers.openai_fake import FakeOpenAI, Faults
 
@@ -70,6 +70,7 @@ def test_datasets_run_one_after_the_other_in_catalog_order(
     base_url = server.start()
     monkeypatch.setenv("EAGLE_TEST_KEY", "k")
     monkeypatch.setenv("EAGLE_DATA_ENGINE", "openai")  # the code location's engine: its pool holds generation
+    monkeypatch.delenv("EAGLE_DATA_POOL", raising=False)  # ... named after it
     defs = dg.Definitions(
         assets=[asset for spec in demo_specs for asset in build_dataset_assets(spec)],
         asset_checks=build_checks(demo_specs),
@@ -110,8 +111,8 @@ def _walk(defs: dg.Definitions, instance: dg.DagsterInstance, server: FakeOpenAI
     [done] = results
     assert done.success
     assert all(store.shard_exists(first.name, first.name, key) for key in first.partition_keys)
-    assert generation_pool() in instance.event_log_storage.get_concurrency_keys()  # generation claimed its pool's slot
-    assert defs.get_assets_def(dg.AssetKey(first.name)).op.pool == generation_pool()
+    assert "openai" in instance.event_log_storage.get_concurrency_keys()  # generation claimed its pool's slot
+    assert defs.get_assets_def(dg.AssetKey(first.name)).op.pool == "openai"
 
     tick = _tick(defs, instance, tick.cursor)
     [request] = tick.run_requests
@@ -124,6 +125,30 @@ def _walk(defs: dg.Definitions, instance: dg.DagsterInstance, server: FakeOpenAI
 
     last = _tick(defs, instance, tick.cursor)  # a run stopped at its budget has ended: the walk is over
     assert last.run_requests == [] and "every dataset" in (last.skip_message or "")
+
+
+@pytest.mark.parametrize(
+    ("status", "failed_checks", "waits"),
+    [
+        (dg.DagsterRunStatus.STARTED, [], "is STARTED; the next dataset waits"),
+        (dg.DagsterRunStatus.SUCCESS, [], None),
+        (dg.DagsterRunStatus.FAILURE, [WITHIN_BUDGET], None),  # at its budget: as done as it gets
+        (dg.DagsterRunStatus.FAILURE, ["decontamination"], None),  # a quality gate: a person looks at it
+        (dg.DagsterRunStatus.FAILURE, ["failed_rate"], "failed on failed_rate"),  # a re-execution fixes it
+        (dg.DagsterRunStatus.FAILURE, ["empty_response", "failed_rate"], "failed on failed_rate"),
+        (dg.DagsterRunStatus.FAILURE, [], "FAILURE; re-execute it to go on"),  # an error, not a check
+    ],
+)
+def test_the_walk_moves_on_only_from_a_run_that_is_as_done_as_it_gets(
+    status: dg.DagsterRunStatus, failed_checks: list[str], waits: str | None
+):
+    """A shard whose requests mostly failed is not done: the walk stops on it instead of moving on."""
+    run = dg.DagsterRun(job_name="b3_magicoder_run", run_id="r1", status=status)
+    why = waits_on("b3_magicoder", run, failed_checks)
+    if waits is None:
+        assert why is None
+    else:
+        assert why is not None and why.startswith("b3_magicoder: run r1 ") and waits in why
 
 
 def test_definitions_load_when_datasets_have_different_partition_counts():

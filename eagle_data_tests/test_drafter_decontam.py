@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import tomllib
 from pathlib import Path
 
 import dagster as dg
@@ -13,7 +14,7 @@ import polars as pl
 import pytest
 
 from eagle_data import exports, layout, pipeline
-from eagle_data.catalog import SAMPLES_DIR, load_catalog
+from eagle_data.catalog import CATALOG_PATH, SAMPLES_DIR, load_catalog
 from eagle_data.defs.assets import partitions
 from eagle_data.defs.drafter import DECONTAMINATION, decontamination_check
 from eagle_data.defs.resources import StorageResource
@@ -127,13 +128,57 @@ def test_folder_file_without_the_text_field_fails_with_one_line(tmp_path: Path) 
         evalsets.load_items(Decontamination(folder=str(tmp_path)))
 
 
-def test_catalog_names_the_benchmarks_and_reads_only_packaged_ones_offline() -> None:
+def test_the_packaged_catalog_lists_only_benchmarks_it_reads_offline() -> None:
     settings = load_drafter_settings().decontamination
-    assert {"humaneval", "mbpp", "gsm8k", "math500", "mt_bench"} <= set(settings.benchmarks)
     assert settings.use_hub is False and settings.ngram == 13
     items, sources = evalsets.load_items(settings)  # offline: no hub read
-    assert set(items["benchmark"]) == {"humaneval"}
-    assert sources["mt_bench"].startswith("not read")
+    assert set(items["benchmark"]) == set(settings.benchmarks) == {"humaneval"}
+    assert evalsets.unread(sources) == []  # so the default runs' check is green honestly
+
+
+def test_the_hub_benchmarks_left_commented_in_the_catalog_are_valid_settings() -> None:
+    """What the catalog tells a user to copy (with use_hub = true) must load as it stands."""
+    lines = CATALOG_PATH.read_text().splitlines()
+    commented = [line.removeprefix("# ") for line in lines if line.startswith("# ") and "hub_id = " in line]
+    benchmarks = tomllib.loads("\n".join(commented))
+    assert set(benchmarks) == {"mbpp", "gsm8k", "math500", "mt_bench"}
+    settings = Decontamination(use_hub=True, benchmarks=benchmarks)
+    assert all(s.hub_id and not s.package for s in settings.benchmarks.values())
+
+
+def test_a_configured_benchmark_not_read_fails_the_check_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hub-only benchmark with use_hub = false used to pass as "0 of N rows overlap a benchmark"."""
+    user = tmp_path / "catalog.toml"
+    user.write_text('[drafter.decontamination.benchmarks]\ngsm8k = { hub_id = "openai/gsm8k", config = "main", '
+                    'fields = ["question", "answer"] }\n')  # fmt: skip
+    monkeypatch.setenv("EAGLE_DATA_CATALOG", str(user))
+    spec = load_catalog(profile="demo")["b7_sharegpt"]
+    shard = conversations([("Hello there, how are you?", "Fine.")]).with_columns(verdict=pl.lit("pass"))
+    settings = load_drafter_settings().decontamination
+    index, sources = evalsets.benchmark_index(settings)
+    assert evalsets.unread(sources) == ["gsm8k"] and set(index.items) == {"humaneval"}
+
+    @dg.asset(name=layout.validated_asset(spec.name), partitions_def=partitions(spec))
+    def validated(context, storage: StorageResource) -> None:  # context unannotated: string annotations here
+        storage.store().write_frame(layout.shard(spec.name, context.asset_key.path[-1], context.partition_key), shard)
+
+    result = dg.materialize(
+        [validated, decontamination_check(spec)],
+        partition_key="00000",
+        resources={"storage": StorageResource(root=str(tmp_path / "out"))},
+        instance=dg.DagsterInstance.ephemeral(),
+        raise_on_error=False,
+    )
+    [evaluation] = result.get_asset_check_evaluations()
+    message = evaluation.description or ""
+    assert not evaluation.passed and not result.success and evaluation.metadata["figure"].value == 0  # no row leaked
+    assert message.startswith("benchmark(s) gsm8k configured but not read") and "use_hub = true" in message
+    assert "folder" in message and "\n" not in message
+    assert evaluation.metadata["unread_benchmarks"].value == ["gsm8k"]
+    store = ShardStore(str(tmp_path / "out"))
+    assert decontamination_report(spec.name, store, ["00000"], index).passed  # with every benchmark read: green
 
 
 def shard_with(verdicts: list[str], pairs: list[tuple[str, str]]) -> pl.DataFrame:

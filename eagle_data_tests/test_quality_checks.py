@@ -29,7 +29,7 @@ def test_specs_declare_what_the_issue_asks() -> None:
         "token_structure": ("ERROR", True),
         "lost_text": ("ERROR", True),
         "truncation_rate": ("WARN", False),
-        "failed_rate": ("WARN", False),
+        "failed_rate": ("ERROR", True),
         "reasoning_present": ("ERROR", False),
         "length_shift": ("WARN", False),
     }
@@ -108,11 +108,22 @@ def test_truncation_rate_warns_above_the_limit(clean: pl.DataFrame) -> None:
     assert check(clean, "truncation_rate").passed
 
 
-def test_failed_rate_warns_above_the_limit(clean: pl.DataFrame) -> None:
+def test_failed_rate_blocks_above_the_limit_and_says_what_to_do(clean: pl.DataFrame) -> None:
     r = check(set_rows(clean, [20, 21, 22, 23], status="failed"), "failed_rate")
-    assert (r.passed, r.severity) == (False, "WARN")
-    assert r.message == "2.5% of 200 requests failed (limit 2%)"
+    assert (r.passed, r.severity, r.blocking, r.alerts) == (False, "ERROR", True, True)
+    assert r.message == (
+        "2.5% of 200 requests failed (limit 2%); re-materialize the shard's generation: failed rows are "
+        "requested again, answered ones reused"
+    )
     assert check(clean, "failed_rate").passed
+
+
+def test_a_shard_where_most_requests_failed_fails_a_blocking_check(clean: pl.DataFrame) -> None:
+    """499 failed rows and 1 good one used to pass every blocking gate: the others judge answered rows only."""
+    mostly_failed = set_rows(clean, list(range(1, clean.height)), status="failed")  # row 0 is a good reply
+    results = run_checks(mostly_failed, Inputs(THRESHOLDS, True))
+    assert [r.name for r in results if r.blocking and not r.passed] == ["failed_rate"]
+    assert next(r for r in results if r.name == "failed_rate").figure == pytest.approx(199 / 200)
 
 
 def test_failed_rate_ignores_rows_never_sent_for_budget(clean: pl.DataFrame) -> None:

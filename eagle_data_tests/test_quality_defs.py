@@ -15,17 +15,19 @@ import dagster as dg
 import polars as pl
 import pytest
 
-from eagle_data import quality
+from eagle_data import layout, quality
 from eagle_data.alerts import WEBHOOK_ENV
 from eagle_data.catalog import Adapter, DatasetSpec, catalog
 from eagle_data.defs.assets import build_dataset_assets, previous_figure
 from eagle_data.defs.checks import build_checks, check_keys
+from eagle_data.defs.drafter import build_decontamination_checks
 from eagle_data.defs.exports import build_exports
 from eagle_data.defs.resources import EngineResource, StorageResource
 from eagle_data.defs.schedules import build_schedules, consecutive_ranges
 from eagle_data.defs.sensors import UI_URL_ENV, build_sensors
 from eagle_data.report import inputs_for, write_shard_report
 from eagle_data.storage import ShardStore
+from eagle_data.targets.rows import MESSAGE_DTYPE
 from eagle_data_tests.fixtures_quality import Receiver, clean_frame, generation_frame, regression_frame
 
 SPEC = DatasetSpec(
@@ -123,6 +125,7 @@ def test_build_checks_declares_every_gate_of_every_catalog_dataset() -> None:
     assert len(declared) == len(specs) * len(quality.CHECKS)
     assert declared[("b7_sharegpt_validated", "empty_response")] is True
     assert declared[("b7_sharegpt_validated", "truncation_rate")] is False
+    assert declared[("b7_sharegpt_validated", "failed_rate")] is True
     assert check_keys(SPEC)[0] == dg.AssetCheckKey(VALIDATED, "empty_response")
 
 
@@ -282,6 +285,44 @@ def test_through_the_real_validation_stage_the_regression_stops_the_training_mix
     assert len(receiver.bodies) == 1
     assert "empty_response failed on b9_real [00000]" in receiver.bodies[0]["text"]
     assert "87.0% of 200 answered rows have loss-mask sum" in receiver.bodies[0]["text"]
+
+
+def test_a_failed_decontamination_check_is_announced_once_as_a_check(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A blocking check outside the quality gates (here decontamination) that stops a run is announced by
+    `quality_alerts` with its figures, and `run_failure_alerts` leaves that run alone: one message. It used
+    to reach the receiver only as a generic "Run failed"."""
+    spec = SPEC.model_copy(update={"name": "b9_leak"})
+    benchmark_item = "def has_close_elements(numbers: List[float], threshold: float) -> bool: Check if in given list"
+    shard = pl.DataFrame(
+        {"prompt_id": ["p0"], "verdict": ["pass"],
+         "messages": pl.Series([[{"role": "user", "content": benchmark_item}, {"role": "assistant", "content": "ok"}]],
+                               dtype=pl.List(MESSAGE_DTYPE))}
+    )  # fmt: skip
+
+    @dg.asset(name="b9_leak_validated", partitions_def=dg.StaticPartitionsDefinition(spec.partition_keys))
+    def validated(context, storage: StorageResource) -> None:  # context unannotated: string annotations here
+        storage.store().write_frame(layout.shard(spec.name, context.asset_key.path[-1], context.partition_key), shard)
+
+    defs = dg.Definitions(
+        assets=[validated],
+        asset_checks=build_decontamination_checks([spec]),
+        sensors=build_sensors([spec]),
+        resources={"storage": StorageResource(root=str(tmp_path))},
+    )
+    with dg.instance_for_test() as instance, Receiver() as receiver:
+        monkeypatch.setenv(WEBHOOK_ENV, receiver.url)
+        cursors = {name: tick(defs, instance, name, None).cursor for name in ("quality_alerts", "run_failure_alerts")}
+        job = defs.resolve_implicit_global_asset_job_def()
+        result = job.execute_in_process(partition_key="00000", instance=instance, raise_on_error=False)
+        skips = [tick(defs, instance, name, cursor).skip_message for name, cursor in cursors.items()]
+    assert not result.success
+    assert [a["blocks"][0]["text"]["text"] for a in receiver.bodies] == [
+        "ERROR check decontamination failed on b9_leak [00000]"
+    ]
+    assert "1 row(s) kept for training overlap a benchmark" in receiver.bodies[0]["text"]
+    assert "failed on check(s) decontamination: already announced" in (skips[1] or "")
 
 
 def test_previous_figure_pages_past_the_current_runs_own_materializations() -> None:

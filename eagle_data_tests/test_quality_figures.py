@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import polars as pl
 import pytest
 
 from eagle_data.catalog import Checks
-from eagle_data.quality import Inputs, ShardRecord, figures, rollup, row_verdicts, shard_record
-from eagle_data.quality.figures import EDGES, histogram, markdown_table
+from eagle_data.quality import Inputs, ShardRecord, figures, rollup, row_verdicts, shard_record, summarize
+from eagle_data.quality.figures import EDGES, count_numbers, histogram, markdown_table
 from eagle_data_tests.fixtures_quality import clean_frame, regression_frame, set_rows
 
 THRESHOLDS = Checks()
@@ -43,21 +45,7 @@ def test_numbers_are_plain_numbers_and_tables_are_markdown() -> None:
     assert fig.numbers["p50_completion_tokens"] <= fig.numbers["p90_completion_tokens"]
     assert fig.numbers["max_completion_tokens"] == clean_frame()["completion_tokens"].max()
     assert all(t.startswith("| ") and "\n|---|" in t for t in fig.tables.values())
-    assert "shards" not in fig.tables and fig.shards == []  # no shard column: no trends
-
-
-def test_per_shard_trends_follow_shard_order() -> None:
-    frame = pl.concat(
-        [
-            clean_frame(50, seed=2, dataset="a").with_columns(shard=pl.lit("00001")),
-            regression_frame(50, dataset="b").with_columns(shard=pl.lit("00002")),
-            clean_frame(50, seed=1, dataset="c").with_columns(shard=pl.lit("00000")),
-        ]
-    )
-    fig = figures(verdicted(frame), THRESHOLDS)
-    assert [r["shard"] for r in fig.shards] == ["00000", "00001", "00002"]
-    assert [r["short_share"] for r in fig.shards] == [0.0, 0.0, 0.88]  # 44 of 50 rounds to 88%
-    assert fig.tables["shards"].splitlines()[0].startswith("| shard | rows | train_rows |")
+    assert "shards" not in fig.tables and fig.shards == []  # one frame: trends come from the roll-up
 
 
 def test_engine_id_mismatches_are_counted_not_rejected() -> None:
@@ -97,6 +85,32 @@ def test_rollup_of_shard_records_adds_up_like_the_whole_frame() -> None:
     by_name = {r.name: r for r in results}
     assert by_name["empty_response"].message.startswith("shard 00001: 87.5% of 80 answered rows")
     assert by_name["token_structure"].message.startswith("all 3 shards pass; closest, shard 00000: ")
+
+
+def test_rollup_numbers_are_the_count_figures_of_the_summed_counts() -> None:
+    """The roll-up adds the shards' counts and reads them through count_numbers, as one frame would."""
+    shards = {
+        "00000": verdicted(clean_frame(120, seed=1, dataset="a")),
+        "00001": verdicted(set_rows(clean_frame(80, seed=3, dataset="b"), list(range(30)), status="failed")),
+        "00002": verdicted(regression_frame(60, dataset="c")),
+    }
+    records = [shard_record(k, f, Inputs(THRESHOLDS, True)) for k, f in shards.items()]
+    numbers = rollup(records)[0].numbers
+    whole = count_numbers(summarize(pl.concat(list(shards.values())), THRESHOLDS))
+    additive = {k: v for k, v in whole.items() if k not in ("top_loss_share", "repeat_share", "avg_completion_tokens")}
+    assert {k: numbers[k] for k in additive} == additive  # exactly: shares of the same integer counts
+    assert numbers["avg_completion_tokens"] == pytest.approx(whole["avg_completion_tokens"])
+    assert set(numbers) - set(whole) == {"shards", "top_loss_share_worst_shard", "repeat_share_worst_shard",
+                                         "loss_tokens_total", "max_completion_tokens"}  # fmt: skip
+    assert numbers["failed_share"] == 31 / 260 and numbers["shards"] == 3
+
+
+def test_a_record_judged_by_other_check_definitions_is_stale() -> None:
+    """A record stored while failed_rate only warned must not keep it non-blocking: it is rebuilt."""
+    record = shard_record("00000", verdicted(clean_frame()), Inputs(THRESHOLDS, True))
+    assert ShardRecord.from_json(record.to_json()) == record
+    warned = [replace(r, severity="WARN", blocking=False) if r.name == "failed_rate" else r for r in record.results]
+    assert ShardRecord.from_json(replace(record, results=warned).to_json()) is None
 
 
 def test_rollup_without_records_says_what_to_do() -> None:

@@ -11,7 +11,7 @@ import polars as pl
 
 from eagle_data import layout
 from eagle_data.catalog import Adapter, Checks, DatasetSpec
-from eagle_data.quality import Inputs, figures, row_verdicts, run_checks, shard_record
+from eagle_data.quality import Inputs, figures, rollup, row_verdicts, run_checks, shard_record
 from eagle_data.report import (
     bar_chart,
     inputs_for,
@@ -45,17 +45,17 @@ def test_regression_report_shows_the_failed_check_and_the_spike() -> None:
 
 def test_charts_are_well_formed_svg_with_one_bar_per_bin() -> None:
     charts = SVG.findall(report(clean_frame()))
-    assert len(charts) == 3  # completion tokens, loss-mask sums, token accounting; no shard column: no trends
+    assert len(charts) == 3  # completion tokens, loss-mask sums, token accounting; one frame: no trends
     for svg, bins in zip(charts, (12, 12, 9), strict=True):
         root = ET.fromstring(svg)
         assert len(root.findall("{http://www.w3.org/2000/svg}rect")) == bins
 
 
-def test_per_shard_trend_charts_appear_with_a_shard_column() -> None:
-    frame = pl.concat(
-        [clean_frame(40, seed=s, dataset=f"d{s}").with_columns(shard=pl.lit(f"0000{s}")) for s in range(3)]
-    )
-    page = report(frame)
+def test_per_shard_trend_charts_appear_in_the_roll_up_of_several_shards() -> None:
+    inputs = Inputs(THRESHOLDS, True)
+    records = [shard_record(f"0000{s}", row_verdicts(clean_frame(40, seed=s, dataset=f"d{s}"), THRESHOLDS, True),
+                            inputs) for s in range(3)]  # fmt: skip
+    page = render_report("b7_sharegpt quality", *rollup(records)).decode()
     charts = SVG.findall(page)
     assert len(charts) == 5
     trend = ET.fromstring(charts[3])

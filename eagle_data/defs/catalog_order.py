@@ -5,7 +5,8 @@ run it started last (tag `eagle_data/catalog_order`; a re-execution of that run 
 - still queued or running: wait;
 - succeeded, or failed only on a blocking check (the pre-flight `within_budget`, or a quality gate: that
   dataset is as done as it will get without a person): start the next dataset in catalog order;
-- failed otherwise (an engine down, a bug): stop, say so, and wait for that run to be re-executed.
+- failed on `failed_rate` (too many requests failed: an engine down, a key out of credit) or otherwise (a
+  bug): stop, say so, and wait for that run to be re-executed (failed rows are requested again).
 A dataset's run covers all its partitions in one run (single-run backfill policy) and selects
 `{ds}_prompts`, `{ds}_estimate` (blocking `within_budget`), `{ds}` (in its engine's pool) and
 `{ds}_validated` with its checks, so pools, blocking checks, alerts and run monitoring all apply.
@@ -21,6 +22,8 @@ from collections.abc import Sequence
 import dagster as dg
 
 from eagle_data.catalog import DatasetSpec
+from eagle_data.defs.checks import failed_blocking_checks
+from eagle_data.quality.gates import FAILED_RATE
 
 ORDER_TAG = "eagle_data/catalog_order"  # the dataset a run walks
 ROUND_TAG = "eagle_data/catalog_round"  # which walk of the catalog (a fresh cursor starts a new one)
@@ -47,11 +50,18 @@ def dataset_run(spec: DatasetSpec, round_id: str) -> dg.RunRequest:
     )
 
 
-def ended_on_checks(instance: dg.DagsterInstance, run_id: str) -> bool:
-    """Whether a failed run was stopped by a failed blocking check (budget or quality), not by an error."""
-    events = instance.all_logs(run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION)
-    return any(not e.dagster_event.event_specific_data.passed and e.dagster_event.event_specific_data.blocking
-               for e in events)  # fmt: skip
+def waits_on(dataset: str, run: dg.DagsterRun, failed_checks: Sequence[str]) -> str | None:
+    """Why the walk stays on this dataset's run (None: the run has ended and the next dataset starts).
+    `failed_checks` are the blocking checks that failed in the run."""
+    if not run.is_finished:
+        return f"{dataset}: run {run.run_id} is {run.status.value}; the next dataset waits"
+    if run.status == dg.DagsterRunStatus.SUCCESS:
+        return None
+    if not failed_checks:
+        return f"{dataset}: run {run.run_id} {run.status.value}; re-execute it to go on"
+    if FAILED_RATE in failed_checks:  # not as done as it gets: a re-execution requests the failed rows again
+        return f"{dataset}: run {run.run_id} failed on {FAILED_RATE} (too many requests failed); re-execute it to go on"
+    return None
 
 
 def latest_run(instance: dg.DagsterInstance, dataset: str, round_id: str) -> dg.DagsterRun | None:
@@ -80,10 +90,9 @@ def catalog_order_sensor(specs: Sequence[DatasetSpec]) -> dg.SensorDefinition:
             run = latest_run(context.instance, dataset, round_id)
             if run is None:
                 return dg.SkipReason(f"waiting for the run of {dataset} to be created")
-            if not run.is_finished:
-                return dg.SkipReason(f"{dataset}: run {run.run_id} is {run.status.value}; the next dataset waits")
-            if run.status != dg.DagsterRunStatus.SUCCESS and not ended_on_checks(context.instance, run.run_id):
-                return dg.SkipReason(f"{dataset}: run {run.run_id} {run.status.value}; re-execute it to go on")
+            failed = failed_blocking_checks(context.instance, run.run_id) if run.is_failure_or_canceled else []
+            if why := waits_on(dataset, run, failed):
+                return dg.SkipReason(why)
         if index + 1 >= len(order):
             return dg.SkipReason(f"every dataset of the catalog has had its run ({len(order)})")
         spec = by_name[order[index + 1]]

@@ -4,8 +4,9 @@ Validation evaluates every gate once per shard and stores the results in the sha
 one multi-asset check per dataset reports those stored results (rebuilding a stale record from its
 shard), so a check re-run never re-reads token ids. A range run is judged shard by shard (one bad shard
 cannot hide among good ones).
-`empty_response` and `token_structure` are blocking: when one fails, the run fails and the exports
-downstream do not run. Check metadata carries `figure`, `threshold` and `partitions`, which alerts quote.
+The blocking gates (`empty_response`, `token_structure`, `lost_text`, `failed_rate`) fail the run when
+one fails, and the exports downstream do not run. Check metadata carries `figure`, `threshold` and
+`partitions`, which alerts quote.
 
 The check can run a subset of its gates (`can_subset`), which is what lets the UI re-run checks from the
 asset's Checks tab ("Execute all"). That button launches a run without a partition, where Dagster 1.13
@@ -51,6 +52,14 @@ def _outcome(key: dg.AssetKey, r: quality.CheckResult, partitions: str) -> dict[
 
 def to_result(key: dg.AssetKey, r: quality.CheckResult, partitions: str) -> dg.AssetCheckResult:
     return dg.AssetCheckResult(**_outcome(key, r, partitions))
+
+
+def failed_blocking_checks(instance: dg.DagsterInstance, run_id: str) -> list[str]:
+    """Names of the blocking checks that failed in a run, by each evaluation's own blocking flag: every
+    blocking check counts (the quality gates, the pre-flight `within_budget`, `decontamination`)."""
+    events = instance.all_logs(run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION)
+    evaluations = [e.dagster_event.event_specific_data for e in events]
+    return [e.check_name for e in evaluations if e.blocking and not e.passed]
 
 
 def materialization_of(instance: dg.DagsterInstance, key: dg.AssetKey, partition: str) -> Any:

@@ -14,7 +14,7 @@ from eagle_data.catalog import DatasetSpec
 from eagle_data.defs.assets import catalog_labels, partitions
 from eagle_data.defs.resources import StorageResource
 from eagle_data.drafter.decontam import BenchmarkIndex
-from eagle_data.drafter.evalsets import benchmark_index
+from eagle_data.drafter.evalsets import benchmark_index, unread
 from eagle_data.drafter.outputs import (
     PLAN_ASSET,
     DecontamReport,
@@ -75,20 +75,15 @@ def _outcome(
     key: dg.AssetKey, report: DecontamReport, index: BenchmarkIndex, sources: dict[str, str], partitions: str
 ) -> dict[str, Any]:
     """What a check result and a check evaluation share."""
-    message = (
-        f"{report.leaked} row(s) kept for training overlap a benchmark: re-materialize {key.to_user_string()} "
-        "to set them aside"
-        if report.leaked
-        else f"{report.matched} of {report.rows} rows overlap a benchmark, all set aside"
-    )
     return {
         "asset_key": key,
         "check_name": DECONTAMINATION,
         "passed": report.passed,
         "severity": dg.AssetCheckSeverity.ERROR,
-        "description": message,
+        "description": report.message(key.to_user_string()),
         "metadata": {
             "figure": report.leaked,
+            "unread_benchmarks": dg.MetadataValue.json(report.unread),
             "threshold": 0,
             "partitions": partitions,
             "rows": report.rows,
@@ -118,10 +113,10 @@ def decontamination_check(spec: DatasetSpec) -> dg.AssetChecksDefinition:
     @dg.multi_asset_check(name=f"{spec.name}_decontamination", specs=[check_spec], can_subset=True)
     def check(context: dg.AssetCheckExecutionContext, storage: StorageResource):
         index, sources = benchmark_index(load_drafter_settings().decontamination)
-        store = storage.store()
+        store, missing = storage.store(), unread(sources)
         if context.has_partition_key or context.has_partition_key_range:
             keys = list(context.partition_keys)
-            report = decontamination_report(spec.name, store, keys, index)
+            report = decontamination_report(spec.name, store, keys, index, missing)
             yield dg.AssetCheckResult(**_outcome(key, report, index, sources, partition_label(keys)))
             return
         # A checks-only run without a partition (the Checks tab): each materialized shard on its own.
@@ -130,7 +125,7 @@ def decontamination_check(spec: DatasetSpec) -> dg.AssetChecksDefinition:
             raise dg.Failure(f"no partition of {key.to_user_string()} is materialized yet: materialize one first")
         leaked = []
         for partition in keys:
-            report = decontamination_report(spec.name, store, [partition], index)
+            report = decontamination_report(spec.name, store, [partition], index, missing)
             outcome = _outcome(key, report, index, sources, partition)
             yield dg.AssetCheckEvaluation(**outcome, blocking=True, partition=partition)
             leaked += [partition] if not report.passed else []

@@ -1,8 +1,9 @@
 """Alert sensors: open-source Dagster announces neither failed checks nor failed runs, so these do.
 
-`quality_alerts` posts once per failed ERROR check evaluation of any catalog dataset (cursor: the last
-check execution id it handled). `run_failure_alerts` posts once per failed run (Dagster keeps its
-cursor), except runs whose failure was a failed ERROR check: that check was already announced, so a
+`quality_alerts` posts once per failed ERROR check evaluation of any catalog dataset: the ERROR quality
+gates, the pre-flight `within_budget` and `decontamination` (cursor: the last check execution it
+handled). `run_failure_alerts` posts once per failed run (Dagster keeps its cursor), except runs a
+failed blocking check stopped: every blocking check is an ERROR one `quality_alerts` announces, so a
 regression gives exactly one message. The webhook URL comes only from $EAGLE_DATA_ALERT_WEBHOOK; with it
 unset both sensors skip (and still move their cursors, so setting it later does not replay history).
 """
@@ -17,7 +18,9 @@ import dagster as dg
 
 from eagle_data import alerts, quality, settings
 from eagle_data.catalog import DatasetSpec
-from eagle_data.defs.checks import validated_key
+from eagle_data.defs.assets import WITHIN_BUDGET, estimate_asset
+from eagle_data.defs.checks import failed_blocking_checks, validated_key
+from eagle_data.defs.drafter import DECONTAMINATION
 
 if TYPE_CHECKING:
     from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecord
@@ -33,13 +36,14 @@ def ui_url() -> str:
 
 
 def _error_checks(specs: Sequence[DatasetSpec]) -> dict[dg.AssetCheckKey, str]:
-    """ERROR-severity check keys -> dataset name."""
-    return {
-        dg.AssetCheckKey(validated_key(s), d.name): s.name
-        for s in specs
-        for d in quality.CHECKS
-        if d.severity == "ERROR"
-    }
+    """ERROR-severity check keys -> dataset name: the ERROR quality gates, and the blocking checks that
+    live elsewhere (the estimate's `within_budget`, `decontamination`), which are always ERROR."""
+    keys = {}
+    for s in specs:
+        names = [d.name for d in quality.CHECKS if d.severity == "ERROR"] + [DECONTAMINATION]
+        keys |= {dg.AssetCheckKey(validated_key(s), name): s.name for name in names}
+        keys[dg.AssetCheckKey(dg.AssetKey(estimate_asset(s)), WITHIN_BUDGET)] = s.name
+    return keys
 
 
 def _number(metadata: Mapping[str, dg.MetadataValue], name: str) -> float | None:
@@ -89,17 +93,6 @@ def _partition_of(run: dg.DagsterRun) -> str | None:
     return f"{start}...{end}" if start and end else None
 
 
-def _failed_blocking_checks(instance: dg.DagsterInstance, run_id: str) -> list[str]:
-    """Names of the blocking checks that failed in a run: those failures are what stopped it."""
-    blocking = {d.name for d in quality.CHECKS if d.blocking}
-    events = instance.all_logs(run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION)
-    return [
-        e.dagster_event.event_specific_data.check_name
-        for e in events
-        if not e.dagster_event.event_specific_data.passed and e.dagster_event.event_specific_data.check_name in blocking
-    ]
-
-
 def build_sensors(specs: Sequence[DatasetSpec]) -> list[dg.SensorDefinition]:
     checks = _error_checks(specs)
     datasets = {s.name for s in specs}
@@ -108,7 +101,8 @@ def build_sensors(specs: Sequence[DatasetSpec]) -> list[dg.SensorDefinition]:
         name="quality_alerts",
         minimum_interval_seconds=30,
         default_status=dg.DefaultSensorStatus.RUNNING,
-        description=f"Posts each failed ERROR quality check to ${alerts.WEBHOOK_ENV} (Slack format).",
+        description=f"Posts each failed ERROR check (quality gates, within_budget, decontamination) to "
+        f"${alerts.WEBHOOK_ENV} (Slack format).",
     )
     def quality_alerts(context: dg.SensorEvaluationContext) -> dg.SkipReason:
         storage = context.instance.event_log_storage
@@ -148,7 +142,7 @@ def build_sensors(specs: Sequence[DatasetSpec]) -> list[dg.SensorDefinition]:
         url = alerts.webhook_url()
         if not url:
             return dg.SkipReason(f"alerts off: ${alerts.WEBHOOK_ENV} is not set")
-        if covered := _failed_blocking_checks(context.instance, run.run_id):
+        if covered := failed_blocking_checks(context.instance, run.run_id):
             return dg.SkipReason(f"run {run.run_id} failed on check(s) {', '.join(covered)}: already announced")
         steps = context.get_step_failure_events()
         error = _root_error(steps[0].event_specific_data.error) if steps else context.failure_event.message

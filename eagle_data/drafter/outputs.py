@@ -80,9 +80,12 @@ class DecontamReport:
     """What the decontamination check found over a range of validated shards.
 
     `leaked` counts overlapping rows still kept for training (verdict pass or truncated): the check
-    fails on any, since validation sets overlapping rows aside with the verdict `contaminated`.
+    fails on any, since validation sets overlapping rows aside with the verdict `contaminated`. It also
+    fails when a configured benchmark was not read (`unread`): "no overlap" with a benchmark never
+    compared would be a false green.
     """
 
+    unread: list[str] = field(default_factory=list)
     rows: int = 0
     matched: int = 0
     leaked: int = 0
@@ -107,7 +110,21 @@ class DecontamReport:
 
     @property
     def passed(self) -> bool:
-        return self.leaked == 0
+        return self.leaked == 0 and not self.unread
+
+    def message(self, asset: str) -> str:
+        """The check's one line: what failed and what to do, or what passed."""
+        if self.unread:
+            return (
+                f"benchmark(s) {', '.join(self.unread)} configured but not read (hub only, use_hub = false): set "
+                "use_hub = true in [drafter.decontamination], or put their {name}.jsonl files in its folder, or "
+                "drop them from [drafter.decontamination.benchmarks]"
+            )
+        if self.leaked:
+            return (
+                f"{self.leaked} row(s) kept for training overlap a benchmark: re-materialize {asset} to set them aside"
+            )
+        return f"{self.matched} of {self.rows} rows overlap a benchmark, all set aside"
 
 
 def read_for_decontam(store: ShardStore, dataset: str, asset: str, partition: str) -> pl.DataFrame:
@@ -119,10 +136,15 @@ def read_for_decontam(store: ShardStore, dataset: str, asset: str, partition: st
 
 
 def decontamination_report(
-    dataset: str, store: ShardStore, partitions: Sequence[str], index: decontam.BenchmarkIndex
+    dataset: str,
+    store: ShardStore,
+    partitions: Sequence[str],
+    index: decontam.BenchmarkIndex,
+    unread: Sequence[str] = (),
 ) -> DecontamReport:
-    """Scan each validated shard of the range against the benchmark index, one shard in memory at a time."""
-    report = DecontamReport()
+    """Scan each validated shard of the range against the benchmark index, one shard in memory at a time;
+    `unread` names the configured benchmarks the index lacks (evalsets.unread)."""
+    report = DecontamReport(unread=list(unread))
     asset = layout.validated_asset(dataset)
     for key in partitions:
         shard = read_for_decontam(store, dataset, asset, key)

@@ -11,7 +11,7 @@ from itertools import pairwise
 
 import polars as pl
 
-from eagle_data.catalog import Checks, shard_key
+from eagle_data.catalog import Checks
 from eagle_data.quality.summary import Summary, share, summarize
 from eagle_data.quality.verdicts import is_answered
 
@@ -21,7 +21,6 @@ EDGES = (0, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 # Token accounting, in percent of the engine's reported tokens: healthy rows sit at 95-104%; a server
 # that strips special tokens or a reasoning field not read shows up in the low bins.
 RATIO_EDGES = (0, 25, 50, 75, 90, 95, 100, 105, 125)
-SHARD_COLUMN = "shard"  # optional; when present, per-shard trends are reported
 
 Bins = list[tuple[str, int]]
 
@@ -114,9 +113,7 @@ def tables(
     out = {
         "completion_tokens_histogram": markdown_table(["completion tokens", "rows"], list(map(list, completion_hist))),
         "loss_tokens_histogram": markdown_table(["loss-mask sum", "rows"], list(map(list, loss_hist))),
-        "token_ratio_histogram": markdown_table(
-            ["rebuilt tokens, % of reported", "rows"], list(map(list, ratio_hist))
-        ),
+        "token_ratio_histogram": markdown_table(["rebuilt tokens, % of reported", "rows"], list(map(list, ratio_hist))),
         "top_loss_sums": markdown_table(
             ["loss-mask sum", "rows", "share of replies"], [[v, n, f"{share(n, replies):.1%}"] for v, n in top_loss]
         ),
@@ -133,19 +130,15 @@ def ratio_histogram(frame: pl.DataFrame) -> Bins:
 
 
 def figures(frame: pl.DataFrame, checks: Checks, summary: Summary | None = None) -> Figures:
-    """All report figures of a verdicted frame (one shard, or several with a `shard` column); pass the
-    frame's `summary` when it is already at hand, so the frame is summarized once."""
+    """All report figures of a verdicted frame; pass the frame's `summary` when it is already at hand, so
+    the frame is summarized once. Per-shard trends come from the roll-up of shard records (rollup.py)."""
     s = summary or summarize(frame, checks)
     answered = frame.filter(is_answered())
     completion_hist = histogram(answered["completion_tokens"])
     loss_hist = histogram(answered["loss_tokens"])
     ratio_hist = ratio_histogram(frame)
     top_loss = answered.group_by("loss_tokens").len().sort(["len", "loss_tokens"], descending=[True, False])
-    shards = []
-    if SHARD_COLUMN in frame.columns and frame[SHARD_COLUMN].n_unique() > 1:  # a trend needs two shards
-        parts = sorted(frame.partition_by(SHARD_COLUMN, as_dict=True).items())
-        shards = [shard_row(shard_key(int(key)), summarize(part, checks)) for (key,), part in parts]
     top = list(top_loss.head(5).iter_rows())
-    md = tables(completion_hist, loss_hist, ratio_hist, s.verdicts, shards, top, answered.height)
+    md = tables(completion_hist, loss_hist, ratio_hist, s.verdicts, [], top, answered.height)
     numbers = count_numbers(s) | _token_numbers(answered)
-    return Figures(numbers, md, completion_hist, loss_hist, shards, s.verdicts, ratio_hist)
+    return Figures(numbers, md, completion_hist, loss_hist, [], s.verdicts, ratio_hist)

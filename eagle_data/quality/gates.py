@@ -20,6 +20,7 @@ Severity = Literal["ERROR", "WARN"]
 # A loss-mask sum or a completion shared by two rows is chance in a small shard, not a regression.
 MIN_DOMINANT_ROWS = 3
 Figure = float | int | str
+FAILED_RATE = "failed_rate"  # the gate a re-run can fix: failed rows are requested again
 
 
 @dataclass(frozen=True)
@@ -162,10 +163,13 @@ def _truncation_rate(d: CheckDef, s: Summary, i: Inputs) -> CheckResult:
 
 
 def _failed_rate(d: CheckDef, s: Summary, i: Inputs) -> CheckResult:
+    """Blocking: the other gates judge only answered rows, so a shard of failures would otherwise pass and
+    export its few good rows as if it were done."""
     figure, lim = share(s.failed, s.requested), i.checks.max_failed_share
-    return _result(
-        d, figure <= lim, figure, lim, f"{pct(figure)} of {s.requested} requests failed (limit {limit(lim)})"
-    )
+    text = f"{pct(figure)} of {s.requested} requests failed (limit {limit(lim)})"
+    if figure > lim:
+        text += "; re-materialize the shard's generation: failed rows are requested again, answered ones reused"
+    return _result(d, figure <= lim, figure, lim, text)
 
 
 def _reasoning_present(d: CheckDef, s: Summary, i: Inputs) -> CheckResult:
@@ -234,7 +238,16 @@ _REGISTRY: tuple[tuple[CheckDef, _Impl], ...] = (
         _lost_text,
     ),
     (CheckDef("truncation_rate", "WARN", False, "Share of replies cut at max_tokens."), _truncation_rate),
-    (CheckDef("failed_rate", "WARN", False, "Share of requests that failed after retries."), _failed_rate),
+    (
+        CheckDef(
+            FAILED_RATE,
+            "ERROR",
+            True,
+            "Share of requests that failed after retries: a shard of failures is not done, however good "
+            "its few answered rows.",
+        ),
+        _failed_rate,
+    ),
     (
         CheckDef("reasoning_present", "ERROR", False, "Replies carry reasoning when thinking is on."),
         _reasoning_present,

@@ -3,8 +3,9 @@
 A dataset report over hundreds of shards must not re-read their token ids, and an asset check must not
 recompute what validation already found: each validated shard leaves one record of its summary, report
 figures and check results, and the roll-up and the asset checks read that. The record is JSON with a
-`version`; a record of another version, or one that no longer reads as this type, is stale and is
-rebuilt from its shard by the caller (report.py), which says so in one line. Fields added later get
+`version`; a record of another version, one that no longer reads as this type, or one whose results
+were judged by other check definitions (a gate added, or made blocking) is stale and is rebuilt from its
+shard by the caller (report.py), which says so in one line. Fields added later get
 defaults, so a record written before them still reads.
 """
 
@@ -17,7 +18,7 @@ import polars as pl
 from pydantic import TypeAdapter, ValidationError
 
 from eagle_data.quality.figures import Bins, Figures, figures, tables
-from eagle_data.quality.gates import CheckResult, Inputs, evaluate
+from eagle_data.quality.gates import CHECKS, CheckResult, Inputs, evaluate
 from eagle_data.quality.summary import Summary, summarize
 from eagle_data.quality.verdicts import is_answered
 
@@ -54,14 +55,17 @@ class ShardRecord:
 
     @staticmethod
     def from_json(data: bytes) -> ShardRecord | None:
-        """The record, or None when it is stale (another version, or no longer this type's shape)."""
+        """The record, or None when it is stale (another version, no longer this type's shape, or judged by
+        other check definitions: a stored result must not keep a gate non-blocking once it blocks)."""
         try:
             raw = json.loads(data)
             if not isinstance(raw, dict) or raw.get("version") != SCHEMA_VERSION:
                 return None
-            return _ADAPTER.validate_python(raw)
+            record = _ADAPTER.validate_python(raw)
         except (ValueError, ValidationError):
             return None
+        judged_by = [(r.name, r.severity, r.blocking) for r in record.results]
+        return record if judged_by == [(d.name, d.severity, d.blocking) for d in CHECKS] else None
 
 
 _ADAPTER = TypeAdapter(ShardRecord)

@@ -10,15 +10,17 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from eagle_data.quality.figures import Bins, Figures, shard_row, tables
+from eagle_data.quality.figures import Bins, Figures, count_numbers, shard_row, tables
 from eagle_data.quality.gates import CheckResult, combine
 from eagle_data.quality.records import ShardRecord
-from eagle_data.quality.summary import share
+from eagle_data.quality.summary import Summary
 
 _SUMMED = (
     "rows", "requested", "failed", "answered", "truncated", "completed", "short", "missing_reasoning",
     "ids_checked", "ids_mismatch", "train_rows", "lost_text", "accounted", "engine_tokens", "reply_tokens",
 )  # fmt: skip
+# Figures of one value dominating a shard: they do not add up (the roll-up reports the worst shard instead).
+_PER_SHARD = ("top_loss_share", "repeat_share")
 
 
 def _add_bins(bins: Sequence[Bins]) -> Bins:
@@ -26,32 +28,40 @@ def _add_bins(bins: Sequence[Bins]) -> Bins:
     return [(label, sum(b[i][1] for b in bins)) for i, label in enumerate(labels)]
 
 
-def _numbers(records: Sequence[ShardRecord]) -> dict[str, float | int]:
-    summaries = [r.summary for r in records]
-    total = {k: sum(getattr(s, k) for s in summaries) for k in _SUMMED}
-    passed = sum(s.verdicts.get("pass", 0) for s in summaries)
+def _total(summaries: Sequence[Summary]) -> Summary:
+    """The summed counts of several shards; what does not add up (the dominant value, the repeated text,
+    a bad row's id) is left empty, and the average completion length is weighted by answered rows."""
+    verdicts: Counter[str] = Counter()
+    structure: Counter[str] = Counter()
+    for s in summaries:
+        verdicts.update(s.verdicts)
+        structure.update(s.structure)
     weighted = [(s.avg_completion_tokens, s.answered) for s in summaries if s.avg_completion_tokens is not None]
+    answered = sum(n for _, n in weighted)
+    return Summary(
+        **{k: sum(getattr(s, k) for s in summaries) for k in _SUMMED},
+        top_loss_value=None,
+        top_loss_rows=0,
+        prompts=0,
+        top_repeat_text="",
+        top_repeat_prompts=0,
+        structure=dict(structure),
+        first_bad_prompt="",
+        avg_completion_tokens=sum(avg * n for avg, n in weighted) / answered if weighted else None,
+        verdicts=dict(verdicts),
+    )
+
+
+def _numbers(records: Sequence[ShardRecord]) -> dict[str, float | int]:
+    counted = {k: v for k, v in count_numbers(_total([r.summary for r in records])).items() if k not in _PER_SHARD}
     numbers: dict[str, float | int] = {
         "shards": len(records),
-        "rows": total["rows"],
-        "train_rows": total["train_rows"],
-        "rejected_rows": total["rows"] - total["train_rows"],
-        "pass_share": share(passed, total["rows"]),
-        "truncated_share": share(total["truncated"], total["answered"]),
-        "failed_share": share(total["failed"], total["requested"]),
-        "short_share": share(total["short"], total["answered"]),
-        "missing_reasoning_share": share(total["missing_reasoning"], total["completed"]),
-        "ids_mismatch_share": share(total["ids_mismatch"], total["ids_checked"]),
-        "lost_text_share": share(total["lost_text"], total["answered"]),
+        **counted,
         "top_loss_share_worst_shard": max(r.numbers["top_loss_share"] for r in records),
         "repeat_share_worst_shard": max(r.numbers["repeat_share"] for r in records),
         "loss_tokens_total": sum(r.numbers["loss_tokens_total"] for r in records),
     }
-    if total["accounted"]:
-        numbers["token_ratio"] = share(total["reply_tokens"], total["engine_tokens"])
-    if weighted:
-        answered = sum(n for _, n in weighted)
-        numbers["avg_completion_tokens"] = sum(avg * n for avg, n in weighted) / answered
+    if "avg_completion_tokens" in numbers:
         numbers["max_completion_tokens"] = max(r.numbers.get("max_completion_tokens", 0) for r in records)
     return numbers
 
