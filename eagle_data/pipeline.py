@@ -157,8 +157,7 @@ def settings_used(spec: DatasetSpec, store: ShardStore, partitions: list[str]) -
     names: list[str] = []
     for key in partitions:
         if store.shard_exists(spec.name, spec.name, key):
-            data = io.BytesIO(store.read_bytes(layout.shard(spec.name, spec.name, key)))
-            names += pl.read_parquet(data, columns=["sampling_setting"])["sampling_setting"].to_list()
+            names += store.read_shard(spec.name, spec.name, key, ["sampling_setting"])["sampling_setting"].to_list()
     return names
 
 

@@ -7,18 +7,15 @@ dataset next to the data.
 
 from __future__ import annotations
 
-import io
 from collections.abc import Callable, Sequence
 from html import escape
-
-import polars as pl
 
 from eagle_data import layout
 from eagle_data.catalog import DatasetSpec
 from eagle_data.quality import CHECK_COLUMNS, Inputs, ShardRecord, rollup, row_verdicts, shard_record
 from eagle_data.quality.figures import Bins, Figures
 from eagle_data.quality.gates import CheckResult
-from eagle_data.storage import ShardStore, StorageError
+from eagle_data.storage import ShardStore
 
 Log = Callable[[str], None]
 
@@ -165,18 +162,6 @@ def write_shard_report(spec: DatasetSpec, store: ShardStore, record: ShardRecord
     return store.write_bytes(layout.quality_page(spec.name, record.partition), page)
 
 
-def _check_frame(spec: DatasetSpec, store: ShardStore, key: str) -> pl.DataFrame:
-    """A validated shard without token lists and conversations (the checks never read them)."""
-    asset = layout.validated_asset(spec.name)
-    path = layout.shard(spec.name, asset, key)
-    if not store.exists(path):
-        raise StorageError(f"{store.uri(path)} does not exist: materialize {asset} partition {key} first")
-    data = io.BytesIO(store.read_bytes(path))
-    columns = [c for c in pl.read_parquet_schema(data) if c in CHECK_COLUMNS]
-    data.seek(0)
-    return pl.read_parquet(data, columns=columns)
-
-
 def read_record(spec: DatasetSpec, store: ShardStore, key: str, log: Log = print) -> ShardRecord:
     """A shard's stored record. One that is stale (older schema, or judged with other thresholds than the
     catalog's now) is rebuilt from the validated shard, stored, and announced in one line."""
@@ -186,7 +171,8 @@ def read_record(spec: DatasetSpec, store: ShardStore, key: str, log: Log = print
         return record
     why = "judged with other thresholds" if record else "missing or of an older schema"
     previous = record.inputs.previous_avg_completion_tokens if record else None
-    frame = row_verdicts(_check_frame(spec, store, key), spec.checks, spec.generation.thinking)
+    checked = store.read_shard(spec.name, layout.validated_asset(spec.name), key, CHECK_COLUMNS)  # no token lists
+    frame = row_verdicts(checked, spec.checks, spec.generation.thinking)
     log(f"{spec.name} shard {key}: quality record {why}; rebuilt from the validated shard")
     rebuilt = shard_record(key, frame, inputs_for(spec, previous))
     write_shard_report(spec, store, rebuilt)

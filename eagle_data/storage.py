@@ -15,7 +15,7 @@ import io
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -115,8 +115,16 @@ class ShardStore:
     def write_shard(self, dataset: str, asset: str, partition: str, frame: pl.DataFrame) -> str:
         return self.write_frame(self.shard_key(dataset, asset, partition), frame)
 
-    def read_shard(self, dataset: str, asset: str, partition: str) -> pl.DataFrame:
-        return pl.read_parquet(io.BytesIO(self.shard_bytes(dataset, asset, partition)))
+    def read_shard(
+        self, dataset: str, asset: str, partition: str, columns: Sequence[str] | None = None
+    ) -> pl.DataFrame:
+        """A shard; with `columns`, only those of them the file has (a reader that skips the token lists)."""
+        data = io.BytesIO(self.shard_bytes(dataset, asset, partition))
+        if columns is None:
+            return pl.read_parquet(data)
+        present = pl.read_parquet_schema(data)
+        data.seek(0)
+        return pl.read_parquet(data, columns=[c for c in columns if c in present])
 
     def shard_bytes(self, dataset: str, asset: str, partition: str) -> bytes:
         """A shard's stored bytes (a parquet file), or a one-line error naming what to materialize."""

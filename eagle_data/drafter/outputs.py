@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -16,7 +15,7 @@ from eagle_data.drafter import decontam, hidden_states, vocab
 from eagle_data.drafter.mixfile import content_hash, local_mix, mix_target
 from eagle_data.drafter.settings import HiddenStateRecipe
 from eagle_data.quality import KEPT
-from eagle_data.storage import ShardStore, StorageError
+from eagle_data.storage import ShardStore
 from eagle_data.targets import load_target
 
 Log = Callable[[str], None]
@@ -127,14 +126,6 @@ class DecontamReport:
         return f"{self.matched} of {self.rows} rows overlap a benchmark, all set aside"
 
 
-def read_for_decontam(store: ShardStore, dataset: str, asset: str, partition: str) -> pl.DataFrame:
-    """A validated shard's ids, conversations and verdicts only (not its token lists)."""
-    key = layout.shard(dataset, asset, partition)
-    if not store.exists(key):
-        raise StorageError(f"{store.uri(key)} does not exist: materialize {asset} partition {partition} first")
-    return pl.read_parquet(io.BytesIO(store.read_bytes(key)), columns=["prompt_id", "messages", "verdict"])
-
-
 def decontamination_report(
     dataset: str,
     store: ShardStore,
@@ -147,6 +138,6 @@ def decontamination_report(
     report = DecontamReport(unread=list(unread))
     asset = layout.validated_asset(dataset)
     for key in partitions:
-        shard = read_for_decontam(store, dataset, asset, key)
+        shard = store.read_shard(dataset, asset, key, ["prompt_id", "messages", "verdict"])  # no token lists
         report.add(shard, decontam.scan(shard, index))
     return report
