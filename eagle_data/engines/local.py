@@ -31,21 +31,22 @@ class LocalEngine(Engine):
     def __init__(
         self, model_path: str | Path, generation: Generation, *, device: str = "cpu", demo: bool = False
     ) -> None:
-        self.model_path = Path(model_path).expanduser()
+        self.model_path = Path(model_path).expanduser().resolve()
         if not (self.model_path / "config.json").is_file():
             raise FatalError(
                 f"local engine: no checkpoint at {self.model_path}; run `eagle-data demo-model` to build the demo "
                 "checkpoint, or set EAGLE_DATA_MODEL to a transformers model folder",
                 kind="config",
             )
-        self.model = self.model_path.name
+        self.model = self.model_path.name  # the short label rows carry; config() names the whole path
         self.generation = generation
         self.device, self.demo = device, demo
         self._lock = threading.Lock()
         self._loaded: tuple[Any, Any] | None = None
 
     def config(self) -> dict[str, Any]:
-        return {"engine": self.name, "model": self.model, **self.generation.model_dump()}
+        """The resolved checkpoint path, not its folder name: `/runs/a/final` and `/runs/b/final` are two models."""
+        return {"engine": self.name, "model": str(self.model_path), **self.generation.model_dump()}
 
     def _load(self) -> tuple[Any, Any]:
         if self._loaded is None:
