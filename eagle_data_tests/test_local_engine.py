@@ -66,7 +66,8 @@ def test_missing_checkpoint_is_a_one_line_error(tmp_path: Path):
 
 def test_the_demo_model_says_so_in_what_it_reports(demo_model: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("EAGLE_DATA_DEMO_MODEL", str(demo_model))
-    demo = make_engine("local", **GEN.model_dump())
+    demo = make_engine("local", model=str(demo_model), **GEN.model_dump())
     assert demo.describe() == "local (demo model, random weights)"
     assert "demo model, random weights" in (line := asyncio.run(demo.check())) and "text is meaningless" in line
-    assert make_engine("local", model=str(demo_model), **GEN.model_dump()).describe() == f"local {demo_model}"
+    monkeypatch.setenv("EAGLE_DATA_DEMO_MODEL", str(demo_model.parent / "elsewhere"))
+    assert make_engine("local", model=str(demo_model), **GEN.model_dump()).describe() == f"local {demo_model.resolve()}"

@@ -126,13 +126,15 @@ def _to_completion(tokenizer: Any, output_ids: list[int], prompt_tokens: int) ->
     )
 
 
-def make_local(*, model: str = "", device: str = "cpu", **generation: Any) -> LocalEngine:
-    """A local engine from keyword arguments: a checkpoint folder (default: the demo model) and the
-    catalog's generation fields."""
-    from eagle_data.demo import ensure_demo_model
+def make_local(*, model: str, device: str = "cpu", **generation: Any) -> LocalEngine:
+    """A local engine from keyword arguments: a checkpoint folder and the catalog's generation fields. The
+    demo checkpoint's folder (which only the demo profile fills in) is built on first use and reported as such."""
+    from eagle_data.demo import demo_model_path, ensure_demo_model
 
     sampling = Generation(**{k: v for k, v in generation.items() if k in Generation.model_fields})
-    return LocalEngine(model or ensure_demo_model(), sampling, device=device, demo=not model)
+    path = Path(model).expanduser().resolve()
+    demo = path == demo_model_path().resolve()
+    return LocalEngine(ensure_demo_model(path) if demo else path, sampling, device=device, demo=demo)
 
 
 def _build(settings: EngineSettings, spec: DatasetSpec) -> LocalEngine:
@@ -140,6 +142,8 @@ def _build(settings: EngineSettings, spec: DatasetSpec) -> LocalEngine:
 
 
 register(EngineKind(
-    name="local", build=_build, make=make_local, summary="a transformers checkpoint in this process (the demo model)",
+    name="local", build=_build, make=make_local, summary="a transformers checkpoint in this process",
+    required={"model": "set EAGLE_DATA_MODEL to a transformers checkpoint folder "
+                       "(or EAGLE_DATA_PROFILE=demo for the random-weight demo model)"},
     max_in_flight=4, ramp=False, demo=True,  # one model in this process: a short queue keeps the log honest
 ))  # fmt: skip
