@@ -163,7 +163,8 @@ def measure(stage: str, root: Path, source: Path, prompts: int, url: str) -> dic
            "--prompts", str(prompts), "--url", url]  # fmt: skip
     parallel = "true" if stage == "raw_encode" else os.environ.get("TOKENIZERS_PARALLELISM", "true")
     started = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=REPO, env=_env(TOKENIZERS_PARALLELISM=parallel))
+    env = _env(TOKENIZERS_PARALLELISM=parallel, EAGLE_DATA_ENGINE="openai")  # the engine kind comes from here only
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=REPO, env=env)
     assert proc.stdout is not None
     out = proc.stdout.read()
     _, status, usage = os.wait4(proc.pid, 0)

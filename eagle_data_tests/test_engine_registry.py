@@ -8,12 +8,13 @@ import pytest
 from eagle_data.catalog import PROFILE_ENV, load_catalog
 from eagle_data.defs.assets import build_dataset_assets
 from eagle_data.defs.resources import ENGINE_ENV, POOL_ENV, EngineResource, StorageResource
+from eagle_data.demo import DEMO_MODEL_ENV
 from eagle_data.engines import EngineKind, EngineSettings, kinds, lookup, register
 from eagle_data.types import Completion, Engine, FatalError, Message
-from eagle_data_tests.servers.openai_fake import spec_for_tests
+from eagle_data_tests.servers.openai_fake import FakeOpenAI, spec_for_tests
 
-ENV = (ENGINE_ENV, POOL_ENV, PROFILE_ENV, "EAGLE_DATA_MODEL", "EAGLE_DATA_BASE_URL", "EAGLE_DATA_TIMEOUT_S",
-       "EAGLE_DATA_CONNECT_TIMEOUT_S", "EAGLE_DATA_MAX_IN_FLIGHT", "EAGLE_DATA_PROVIDER",
+ENV = (ENGINE_ENV, POOL_ENV, PROFILE_ENV, DEMO_MODEL_ENV, "EAGLE_DATA_MODEL", "EAGLE_DATA_BASE_URL",
+       "EAGLE_DATA_TIMEOUT_S", "EAGLE_DATA_CONNECT_TIMEOUT_S", "EAGLE_DATA_MAX_IN_FLIGHT", "EAGLE_DATA_PROVIDER",
        "EAGLE_DATA_REASONING")  # fmt: skip
 
 
@@ -85,19 +86,53 @@ def test_no_engine_chosen_is_a_one_line_error_and_the_demo_profile_runs_the_loca
         EngineResource().settings()
     assert "\n" not in str(err.value)
     env.setenv(PROFILE_ENV, "demo")
-    assert EngineResource().settings().kind == "local"
+    env.setenv(DEMO_MODEL_ENV, "/opt/demo-model")
+    assert EngineResource().settings() == EngineSettings(kind="local", model="/opt/demo-model")
+    env.setenv(ENGINE_ENV, "local")  # .env.example's demo: the kind named, no model
+    assert EngineResource().settings().model == "/opt/demo-model"
+    assert EngineResource(model="/ckpt").settings().model == "/ckpt"
 
 
-def test_a_run_config_kind_in_another_pool_fails_before_any_request_saying_what_to_set(env, tmp_path) -> None:
+def test_the_local_kind_without_a_model_off_the_demo_profile_stops_instead_of_running_the_demo_model(env) -> None:
+    env.setenv(ENGINE_ENV, "local")
+    wanted = r"^engine local needs model: set EAGLE_DATA_MODEL .*EAGLE_DATA_PROFILE=demo"
+    with pytest.raises(FatalError, match=wanted) as err:
+        EngineResource().make(spec_for_tests())
+    assert "\n" not in str(err.value) and err.value.kind == "config"
+
+
+def test_a_run_config_kind_other_than_the_environments_is_refused_in_one_line_even_with_a_pool_named(env) -> None:
     env.setenv(ENGINE_ENV, "echo")
+    env.setenv(POOL_ENV, "shared")  # every kind's generation steps would sit in this pool: no pool tells them apart
+    env.setenv("EAGLE_DATA_MODEL", "echo-1")
+    other = EngineResource(kind="openai", model="m", base_url="http://127.0.0.1:9/v1")
+    for ask in (other.settings, other.runner_settings, lambda: other.make(spec_for_tests())):
+        with pytest.raises(FatalError, match=f"asks for engine openai, but this code location runs echo: set "
+                                             f"{ENGINE_ENV}=openai and restart the code server") as err:  # fmt: skip
+            ask()
+        assert "\n" not in str(err.value) and err.value.kind == "config"
+    assert EngineResource(kind="echo").settings().kind == "echo"  # repeating the environment's kind is fine
+    env.delenv(ENGINE_ENV)
+    with pytest.raises(FatalError, match="runs none: set EAGLE_DATA_ENGINE=openai"):
+        other.settings()
+
+
+@pytest.mark.parametrize("pool", ["", "shared"])
+def test_a_run_config_kind_in_another_pool_fails_estimate_and_generation_before_any_request(
+    env, tmp_path, server: FakeOpenAI, pool: str
+) -> None:
+    env.setenv(ENGINE_ENV, "echo")
+    env.setenv(POOL_ENV, pool)
     spec = load_catalog(profile="demo")["b7_sharegpt"]
-    prompts, _, generation, _ = build_dataset_assets(spec)  # the estimate is not needed
-    engine = EngineResource(kind="openai", model="m", base_url="http://127.0.0.1:9/v1")
-    result = dg.materialize([prompts, generation], partition_key="00000", raise_on_error=False,
-                            resources={"storage": StorageResource(root=str(tmp_path)), "engine": engine})  # fmt: skip
-    assert not result.success
-    failure = next(e for e in result.all_events if e.is_step_failure).step_failure_data.error.to_string()
-    assert f"set {ENGINE_ENV}=openai" in failure and "(pool openai)" in failure
+    prompts, estimate, generation, _ = build_dataset_assets(spec)
+    engine = EngineResource(kind="openai", model="m", base_url=f"http://127.0.0.1:{server.port}/v1", api_key_env="")
+    resources = {"storage": StorageResource(root=str(tmp_path)), "engine": engine}
+    for step in (estimate, generation):
+        result = dg.materialize([prompts, step], partition_key="00000", raise_on_error=False, resources=resources)
+        assert not result.success
+        failure = next(e for e in result.all_events if e.is_step_failure).step_failure_data.error.to_string()
+        assert f"set {ENGINE_ENV}=openai and restart the code server" in failure
+    assert server.received == 0
 
 
 def test_runner_defaults_come_from_the_record_and_a_low_ceiling_is_no_contradiction() -> None:

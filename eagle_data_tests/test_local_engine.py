@@ -6,7 +6,9 @@ import pytest
 from eagle_data.catalog import Generation
 from eagle_data.engines import make_engine
 from eagle_data.engines.local import LocalEngine, _to_completion
+from eagle_data.runner.resultlog import resume_key
 from eagle_data.types import FatalError
+from eagle_data_tests.servers.openai_fake import spec_for_tests
 
 GEN = Generation(max_tokens=40, min_tokens=8, temperature=0.8, top_p=0.95, thinking=False)
 CHAT = [{"role": "user", "content": "Write a haiku about compilers."}]
@@ -45,10 +47,15 @@ def test_reasoning_is_split_at_the_think_end_token(engine: LocalEngine):
     assert cut.finish_reason == "length" and cut.truncated
 
 
-def test_config_carries_sampling_but_not_paths(engine: LocalEngine):
-    config = engine.config()
-    assert config["max_tokens"] == 40 and config["model"] == engine.model_path.name
-    assert str(engine.model_path.parent) not in str(config)
+def test_two_checkpoints_with_the_same_folder_name_never_share_a_resume_key(tmp_path: Path):
+    for run in ("a", "b"):
+        (tmp_path / run / "final").mkdir(parents=True)
+        (tmp_path / run / "final" / "config.json").write_text("{}")  # only the folder's presence is checked here
+    a, b = (make_engine("local", model=str(tmp_path / run / "final"), **GEN.model_dump()) for run in ("a", "b"))
+    spec = spec_for_tests()
+    assert resume_key(a.config(), spec).config_hash != resume_key(b.config(), spec).config_hash
+    assert a.config()["model"] == str((tmp_path / "a" / "final").resolve()) and a.config()["max_tokens"] == 40
+    assert a.model == b.model == "final"  # the rows' short label
 
 
 def test_missing_checkpoint_is_a_one_line_error(tmp_path: Path):
@@ -59,7 +66,8 @@ def test_missing_checkpoint_is_a_one_line_error(tmp_path: Path):
 
 def test_the_demo_model_says_so_in_what_it_reports(demo_model: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("EAGLE_DATA_DEMO_MODEL", str(demo_model))
-    demo = make_engine("local", **GEN.model_dump())
+    demo = make_engine("local", model=str(demo_model), **GEN.model_dump())
     assert demo.describe() == "local (demo model, random weights)"
     assert "demo model, random weights" in (line := asyncio.run(demo.check())) and "text is meaningless" in line
-    assert make_engine("local", model=str(demo_model), **GEN.model_dump()).describe() == f"local {demo_model}"
+    monkeypatch.setenv("EAGLE_DATA_DEMO_MODEL", str(demo_model.parent / "elsewhere"))
+    assert make_engine("local", model=str(demo_model), **GEN.model_dump()).describe() == f"local {demo_model.resolve()}"

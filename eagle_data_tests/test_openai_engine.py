@@ -12,6 +12,7 @@ import pytest
 
 from eagle_data.engines import make_engine
 from eagle_data.engines.openai_compat import OpenAICompatEngine, check_credit, http_error, parse_response
+from eagle_data.engines.served import ModelMismatchError
 from eagle_data.runner import RunnerSettings, run_generation
 from eagle_data.secrets import mask_url, redact
 from eagle_data.storage import ShardStore
@@ -273,3 +274,33 @@ def test_openrouter_preflight_reports_credit_and_refuses_an_empty_key(
         run_generation(engine, spec_for_tests(), prompt_shards(1, 3), ShardStore(str(tmp_path / "b")),
                        settings=settings, log=lines.append)  # fmt: skip
     assert server.received == sent  # nothing spent once the credit is gone
+
+
+# ---- the served model --------------------------------------------------------------------------------
+def test_an_openai_server_serving_another_model_stops_the_run_before_sending(server: FakeOpenAI, tmp_path: Path):
+    server.faults = Faults(served_models=("meta-llama/Llama-3.1-8B", "a", "b", "c"))
+    engine = make_engine("openai", model="Qwen/Qwen3-8B", base_url=f"http://u:pw-secret@127.0.0.1:{server.port}/v1")
+    with pytest.raises(ModelMismatchError) as err:
+        run_generation(engine, spec_for_tests(), prompt_shards(1, 3), ShardStore(str(tmp_path)),
+                       settings=RunnerSettings(progress_bar=False), log=lambda line: None)  # fmt: skip
+    message = str(err.value)
+    assert "\n" not in message and "pw-secret" not in message and f"http://***@127.0.0.1:{server.port}/v1" in message
+    assert "'meta-llama/Llama-3.1-8B', 'a', 'b' and 1 more, not 'Qwen/Qwen3-8B'" in message
+    assert "EAGLE_DATA_MODEL" in message and server.received == 0
+
+
+@pytest.mark.parametrize("served", [(), ("/models/Qwen3-8B",), ("other", "Qwen/Qwen3-8B")])
+def test_an_openai_server_listing_the_model_or_none_is_accepted(server: FakeOpenAI, served: tuple[str, ...]):
+    server.faults = Faults(served_models=served)
+    engine = make_engine("openai", model="Qwen/Qwen3-8B", base_url=f"http://127.0.0.1:{server.port}/v1")
+    assert asyncio.run(engine.check()).endswith("reachable, model Qwen/Qwen3-8B")
+
+
+def test_openrouter_takes_routing_variants_its_model_list_leaves_out(
+    server: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EAGLE_TEST_KEY", SECRET)
+    server.faults = Faults(served_models=("qwen/qwen3-8b",))
+    base = f"http://127.0.0.1:{server.port}/api/v1"
+    engine = make_engine("openrouter", model="qwen/qwen3-8b:nitro", base_url=base, api_key_env="EAGLE_TEST_KEY")
+    assert "credit left" in asyncio.run(engine.check())

@@ -16,6 +16,7 @@ import pytest
 from aiohttp import web
 
 from eagle_data.engines.launcher import LaunchConfig, Launcher
+from eagle_data.engines.served import ModelMismatchError, model_matches
 from eagle_data.engines.sglang import (
     Codec,
     SGLangEngine,
@@ -24,7 +25,7 @@ from eagle_data.engines.sglang import (
     normalize_finish,
     split_reasoning,
 )
-from eagle_data.engines.sglang_fleet import ModelMismatchError, model_matches, stats_line
+from eagle_data.engines.sglang_fleet import stats_line
 from eagle_data.targets import load_target
 from eagle_data.targets.vocab import qwen_tokenizer
 from eagle_data.types import FatalError, Message, RetryableError

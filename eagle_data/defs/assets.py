@@ -15,13 +15,11 @@ from eagle_data import layout, pipeline, quality
 from eagle_data.catalog import DatasetSpec
 from eagle_data.defs.pools import tie_to_run_worker
 from eagle_data.defs.resources import (
-    ENGINE_ENV,
     EngineResource,
     StorageResource,
     environment_kind,
     generation_pool,
 )
-from eagle_data.types import FatalError
 
 
 class PromptsConfig(dg.Config):
@@ -191,15 +189,7 @@ def build_dataset_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
         context: dg.AssetExecutionContext, config: GenerationConfig, storage: StorageResource, engine: EngineResource
     ) -> dg.MaterializeResult:
         tie_to_run_worker(context)  # a killed run stops paying for requests
-        settings = engine.settings()
-        if (wanted := generation_pool(settings.kind)) != pool:
-            raise FatalError(
-                f"{ds}: run config asks for engine {settings.kind} (pool {wanted}), but this code location's "
-                f"generation steps sit in pool {pool}: set {ENGINE_ENV}={settings.kind} where the code location "
-                "starts instead",
-                kind="config",
-            )
-        backend = engine.make(spec)
+        backend = engine.make(spec)  # refuses a run-config kind other than the one the pool was fixed from
         context.log.info(f"{ds}: engine {backend.describe()}")
         figures, _ = pipeline.generate(
             spec,

@@ -12,6 +12,7 @@ from pydantic import Field
 
 from eagle_data import settings
 from eagle_data.catalog import PROFILE_ENV, DatasetSpec
+from eagle_data.demo import demo_model_path
 from eagle_data.engines import EngineSettings, build_engine, demo_kind, kinds, lookup
 from eagle_data.runner import RunnerSettings
 from eagle_data.storage import ShardStore, default_root
@@ -40,9 +41,13 @@ class StorageResource(dg.ConfigurableResource):
 class EngineResource(dg.ConfigurableResource):
     """The generation backend, kind-neutral: every field is optional and resolved at run time, field by
     field: a value given in run config wins, else the environment's (`engine_environment`), else the
-    kind's default. The kind stays the environment's unless run config names one."""
+    kind's default. The kind is always the environment's: run config may repeat it, never change it."""
 
-    kind: str | None = Field(None, description="Engine kind (EAGLE_DATA_ENGINE): one of the registered kinds.")
+    kind: str | None = Field(
+        None,
+        description="Engine kind: set by EAGLE_DATA_ENGINE where the code location starts; run config may "
+        "only repeat it.",
+    )
     model: str | None = Field(None, description="Served model name (EAGLE_DATA_MODEL); local: a checkpoint folder.")
     base_url: str | None = Field(
         None, description="API base URL, or comma-separated server URLs (EAGLE_DATA_BASE_URL)."
@@ -63,18 +68,27 @@ class EngineResource(dg.ConfigurableResource):
     )
 
     def settings(self) -> EngineSettings:
-        """The resolved settings; a one-line error when no engine was chosen."""
+        """The resolved settings; a one-line error when no engine was chosen, or when run config names
+        another kind than the environment's (the generation step's pool was fixed from it at load). Only
+        the demo profile fills in a model for its kind: the demo checkpoint."""
         env = engine_environment()
+        kind = environment_kind()
         given = {name: value for name, value in self.model_dump().items() if value is not None}
-        values = {**{k: v for k, v in env.settings.items() if v is not None}, **given}
-        if not values.get("kind"):
-            if not env.demo:
-                raise FatalError(
-                    f"no engine chosen: set {ENGINE_ENV} to one of {', '.join(kinds())} "
-                    f"(or {PROFILE_ENV}=demo for the local demo model)",
-                    kind="config",
-                )
-            values["kind"] = demo_kind().name
+        if (asked := given.pop("kind", None)) and asked != kind:
+            raise FatalError(
+                f"run config asks for engine {asked}, but this code location runs {kind or 'none'}: set "
+                f"{ENGINE_ENV}={asked} and restart the code server, or remove kind from the run config",
+                kind="config",
+            )
+        if not kind:
+            raise FatalError(
+                f"no engine chosen: set {ENGINE_ENV} to one of {', '.join(kinds())} "
+                f"(or {PROFILE_ENV}=demo for the local demo model)",
+                kind="config",
+            )
+        values = {**{k: v for k, v in env.settings.items() if v is not None}, **given, "kind": kind}
+        if env.demo and kind == demo_kind().name and not values.get("model"):
+            values["model"] = str(demo_model_path())
         return EngineSettings(**values)
 
     def make(self, spec: DatasetSpec) -> Engine:
@@ -118,11 +132,11 @@ def environment_kind() -> str | None:
     return env.settings["kind"] or (demo_kind().name if env.demo else None)
 
 
-def generation_pool(kind: str | None = None) -> str:
-    """The Dagster pool of generation steps: $EAGLE_DATA_POOL, else the pool of `kind` (default: the
-    environment's). Dagster fixes an asset's pool when the definitions load, so the asset reads this
-    once then and checks the run's resolved kind against it."""
-    kind = kind or environment_kind()
+def generation_pool() -> str:
+    """The Dagster pool of generation steps: $EAGLE_DATA_POOL, else the pool of the environment's kind.
+    Dagster fixes an asset's pool when the definitions load, so the asset reads this once then;
+    `EngineResource.settings` refuses a run whose kind is not the environment's."""
+    kind = environment_kind()
     return engine_environment().pool or (lookup(kind).pool_name if kind else NO_ENGINE_POOL)
 
 
@@ -137,6 +151,7 @@ def _number_env(name: str, kind: type[int] | type[float]) -> Any:
     if value <= 0:
         raise ValueError(f"{name} must be > 0, got {text}")
     return value
+
 
 def _json_env(name: str) -> dict[str, Any] | None:
     text = settings.get(name)

@@ -31,21 +31,22 @@ class LocalEngine(Engine):
     def __init__(
         self, model_path: str | Path, generation: Generation, *, device: str = "cpu", demo: bool = False
     ) -> None:
-        self.model_path = Path(model_path).expanduser()
+        self.model_path = Path(model_path).expanduser().resolve()
         if not (self.model_path / "config.json").is_file():
             raise FatalError(
                 f"local engine: no checkpoint at {self.model_path}; run `eagle-data demo-model` to build the demo "
                 "checkpoint, or set EAGLE_DATA_MODEL to a transformers model folder",
                 kind="config",
             )
-        self.model = self.model_path.name
+        self.model = self.model_path.name  # the short label rows carry; config() names the whole path
         self.generation = generation
         self.device, self.demo = device, demo
         self._lock = threading.Lock()
         self._loaded: tuple[Any, Any] | None = None
 
     def config(self) -> dict[str, Any]:
-        return {"engine": self.name, "model": self.model, **self.generation.model_dump()}
+        """The resolved checkpoint path, not its folder name: `/runs/a/final` and `/runs/b/final` are two models."""
+        return {"engine": self.name, "model": str(self.model_path), **self.generation.model_dump()}
 
     def _load(self) -> tuple[Any, Any]:
         if self._loaded is None:
@@ -125,13 +126,15 @@ def _to_completion(tokenizer: Any, output_ids: list[int], prompt_tokens: int) ->
     )
 
 
-def make_local(*, model: str = "", device: str = "cpu", **generation: Any) -> LocalEngine:
-    """A local engine from keyword arguments: a checkpoint folder (default: the demo model) and the
-    catalog's generation fields."""
-    from eagle_data.demo import ensure_demo_model
+def make_local(*, model: str, device: str = "cpu", **generation: Any) -> LocalEngine:
+    """A local engine from keyword arguments: a checkpoint folder and the catalog's generation fields. The
+    demo checkpoint's folder (which only the demo profile fills in) is built on first use and reported as such."""
+    from eagle_data.demo import demo_model_path, ensure_demo_model
 
     sampling = Generation(**{k: v for k, v in generation.items() if k in Generation.model_fields})
-    return LocalEngine(model or ensure_demo_model(), sampling, device=device, demo=not model)
+    path = Path(model).expanduser().resolve()
+    demo = path == demo_model_path().resolve()
+    return LocalEngine(ensure_demo_model(path) if demo else path, sampling, device=device, demo=demo)
 
 
 def _build(settings: EngineSettings, spec: DatasetSpec) -> LocalEngine:
@@ -139,6 +142,8 @@ def _build(settings: EngineSettings, spec: DatasetSpec) -> LocalEngine:
 
 
 register(EngineKind(
-    name="local", build=_build, make=make_local, summary="a transformers checkpoint in this process (the demo model)",
+    name="local", build=_build, make=make_local, summary="a transformers checkpoint in this process",
+    required={"model": "set EAGLE_DATA_MODEL to a transformers checkpoint folder "
+                       "(or EAGLE_DATA_PROFILE=demo for the random-weight demo model)"},
     max_in_flight=4, ramp=False, demo=True,  # one model in this process: a short queue keeps the log honest
 ))  # fmt: skip

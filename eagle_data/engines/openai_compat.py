@@ -23,6 +23,7 @@ import aiohttp
 from eagle_data import settings
 from eagle_data.engines import EngineKind, EngineSettings, lookup, register
 from eagle_data.engines.replies import reply_text
+from eagle_data.engines.served import ModelMismatchError, model_matches
 from eagle_data.runner.retry import parse_retry_after
 from eagle_data.secrets import mask_url, redact, strip_credentials, url_parts
 from eagle_data.types import PROMPT_ID_HEADER, Completion, Engine, EngineError, FatalError, Message, RetryableError
@@ -45,6 +46,7 @@ ERROR_TEXT_CHARS = 300
 TIMEOUT_S = 600.0  # read timeout: a long reasoning reply can take minutes
 CONNECT_TIMEOUT_S = 10.0  # a dead host fails fast
 CHECK_TIMEOUT_S = 30.0
+SHOWN_IDS = 3  # served ids a mismatch error names
 
 
 def _server_error(body: bytes) -> tuple[str, dict[str, Any]]:
@@ -119,6 +121,19 @@ def _checked(name: str, value: dict[str, Any] | None, allowed: frozenset[str]) -
     return dict(value) if value else None
 
 
+def served_ids(status: int, body: bytes) -> list[str]:
+    """The model ids an OpenAI-style `GET /models` answer lists (`{data: [{id}]}`); [] for any other answer."""
+    if status != 200:
+        return []
+    try:
+        data = json.loads(body).get("data")
+    except (ValueError, AttributeError):
+        return []
+    if not isinstance(data, list):
+        return []
+    return [str(entry["id"]) for entry in data if isinstance(entry, dict) and entry.get("id")]
+
+
 def checked_base_url(base_url: str) -> str:
     """`base_url` if it is an absolute http(s) URL with a host, else a one-line config error."""
     if url_parts(base_url) is None:
@@ -155,12 +170,14 @@ class OpenAICompatEngine(Engine):
         max_connections: int = 4096,
         reasoning_request: bool = False,
         reports_credit: bool = False,
+        checks_model: bool = True,
     ) -> None:
         """`reasoning_request`: the API takes OpenRouter's `reasoning` request field, so the thinking
         switch goes there (else into `chat_template_kwargs`); `reports_credit`: it answers GET /key with
-        the key's credit, checked before anything is sent."""
+        the key's credit, checked before anything is sent; `checks_model`: GET /models lists every model
+        the server serves, so a model missing from a non-empty list is refused before anything is sent."""
         self.name, self.model = name, model
-        self.reasoning_request, self.reports_credit = reasoning_request, reports_credit
+        self.reasoning_request, self.reports_credit, self.checks_model = reasoning_request, reports_credit, checks_model
         base, user, password = strip_credentials(checked_base_url(base_url))
         self.base = base.rstrip("/")
         self.url = self.base + "/chat/completions"
@@ -226,27 +243,29 @@ class OpenAICompatEngine(Engine):
     def _open(self) -> aiohttp.ClientSession:
         headers = {"Content-Type": "application/json", **self._auth()}
         connector = aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=0, ttl_dns_cache=300)
-        return aiohttp.ClientSession(
-            connector=connector, headers=headers, timeout=self._timeout(self.timeout_s)
-        )
+        return aiohttp.ClientSession(connector=connector, headers=headers, timeout=self._timeout(self.timeout_s))
 
     async def check(self) -> str:
-        """Any HTTP answer from `{base_url}/models` proves the server is there; OpenRouter also reports
-        the key's credit (GET /key) and refuses to start with none left. A missing key fails here,
-        before any prompt is sent."""
+        """Any HTTP answer from `{base_url}/models` proves the server is there; when it lists model ids,
+        one must name the model asked for (unless `checks_model` is off), else nothing is sent. OpenRouter
+        also reports the key's credit (GET /key) and refuses to start with none left. A missing key fails
+        here, before any prompt is sent."""
         auth = self._auth()
         timeout = self._timeout(min(self.timeout_s, CHECK_TIMEOUT_S))
         try:
-            async with aiohttp.ClientSession(timeout=timeout, headers=auth) as session, session.get(
-                f"{self.base}/models"
-            ) as resp:
-                await resp.read()
+            async with (
+                aiohttp.ClientSession(timeout=timeout, headers=auth) as session,
+                session.get(f"{self.base}/models") as resp,
+            ):
+                served = served_ids(resp.status, await resp.read())
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise FatalError(
                 f"cannot reach the {self.name} engine at {self.shown} ({type(exc).__name__}): start the server, "
                 "or fix EAGLE_DATA_BASE_URL / the engine resource's base_url",
                 kind="unreachable",
             ) from None
+        if self.checks_model and served and not any(model_matches(name, self.model) for name in served):
+            raise self._scrubbed(self._mismatch(served))
         if not self.reports_credit:
             return f"{self.name} engine at {self.shown}: reachable, model {self.model}"
         try:
@@ -258,6 +277,14 @@ class OpenAICompatEngine(Engine):
         if info.remaining_usd is not None and info.remaining_usd <= 0:
             raise FatalError(f"{info.line()}: add credit or raise the key's limit before running", kind="no_credit")
         return info.line()
+
+    def _mismatch(self, served: list[str]) -> ModelMismatchError:
+        more = f" and {len(served) - SHOWN_IDS} more" if len(served) > SHOWN_IDS else ""
+        names = ", ".join(repr(name) for name in served[:SHOWN_IDS])
+        return ModelMismatchError(
+            f"the {self.name} engine at {self.shown} serves {names}{more}, not {self.model!r}: set EAGLE_DATA_MODEL "
+            "to the id the server lists, or point EAGLE_DATA_BASE_URL at a server of that model"
+        )
 
     async def complete(
         self, messages: list[Message], *, prompt_id: str, sampling: SamplingSetting | None = None
@@ -379,8 +406,15 @@ def make_openai(*, base_url: str = "", **arguments: Any) -> OpenAICompatEngine:
 
 
 def make_openrouter(*, api_key_env: str = OPENROUTER_KEY_ENV, **arguments: Any) -> OpenAICompatEngine:
+    """OpenRouter's /models is a catalogue, not every id it takes (routing variants like `:nitro` are not
+    listed), so the served model is not checked there: the server refuses an unknown id on each request."""
     return OpenAICompatEngine(
-        name=OPENROUTER, api_key_env=api_key_env, reasoning_request=True, reports_credit=True, **arguments
+        name=OPENROUTER,
+        api_key_env=api_key_env,
+        reasoning_request=True,
+        reports_credit=True,
+        checks_model=False,
+        **arguments,
     )
 
 

@@ -16,11 +16,11 @@ from typing import Any
 
 import aiohttp
 
+from eagle_data.engines.served import ModelMismatchError, model_matches
 from eagle_data.secrets import mask_url
 from eagle_data.types import FatalError, RetryableError
 
 log = logging.getLogger(__name__)
-
 
 
 class ServerGoneError(Exception):
@@ -29,29 +29,11 @@ class ServerGoneError(Exception):
 
 # What a dead or dying server looks like from the client: refused, reset, cut off, timed out.
 SERVER_GONE_ERRORS: tuple[type[BaseException], ...] = (
-    aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError, ServerGoneError,
+    aiohttp.ClientConnectionError,
+    aiohttp.ClientPayloadError,
+    asyncio.TimeoutError,
+    ServerGoneError,
 )
-
-
-class ModelMismatchError(FatalError):
-    """The server serves another model than the one configured."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message, kind="model_mismatch")
-
-
-def model_matches(served: str, wanted: str) -> bool:
-    """True when SGLang's `model_path` names the configured model.
-
-    Servers often load a local copy: `/models/Qwen3-8B` or an HF cache snapshot
-    (`…/models--Qwen--Qwen3-8B/snapshots/<sha>`) serve `Qwen/Qwen3-8B`.
-    """
-    served, wanted = served.rstrip("/"), wanted.rstrip("/")
-    if served == wanted or served.endswith("/" + wanted):
-        return True
-    if "models--" + wanted.replace("/", "--") + "/" in served + "/":
-        return True
-    return served.rsplit("/", 1)[-1] == wanted.rsplit("/", 1)[-1]
 
 
 @dataclass
@@ -84,9 +66,15 @@ class Server:
     def stats(self, now: float) -> dict[str, Any]:
         elapsed = max(now - self.started_at, 1e-9)
         return {
-            "url": self.shown, "up": self.up, "running": self.running, "requests": self.requests,
-            "failures": self.failures, "resent": self.resent, "completion_tokens": self.completion_tokens,
-            "tok_s": round(self.completion_tokens / elapsed, 1), "down_reason": self.down_reason,
+            "url": self.shown,
+            "up": self.up,
+            "running": self.running,
+            "requests": self.requests,
+            "failures": self.failures,
+            "resent": self.resent,
+            "completion_tokens": self.completion_tokens,
+            "tok_s": round(self.completion_tokens / elapsed, 1),
+            "down_reason": self.down_reason,
         }
 
 
@@ -144,8 +132,14 @@ class Fleet:
     it, so figures add up across event loops (one `asyncio.run` per `run_generation` call)."""
 
     def __init__(
-        self, servers: list[Server], *, model: str, cap: int | None, session: aiohttp.ClientSession,
-        probe_timeout_s: float, reprobe_s: float,
+        self,
+        servers: list[Server],
+        *,
+        model: str,
+        cap: int | None,
+        session: aiohttp.ClientSession,
+        probe_timeout_s: float,
+        reprobe_s: float,
     ) -> None:
         self.model, self.session, self.servers = model, session, servers
         self.probe_timeout_s, self.reprobe_s = probe_timeout_s, reprobe_s
@@ -170,8 +164,9 @@ class Fleet:
                 self._set_info(server, result)
         if not any(s.up for s in self.servers):
             reasons = "; ".join(f"{s.shown}: {s.down_reason}" for s in self.servers)
-            raise FatalError(f"no SGLang server is reachable ({reasons}): start them or fix the URLs",
-                             kind="server_down")
+            raise FatalError(
+                f"no SGLang server is reachable ({reasons}): start them or fix the URLs", kind="server_down"
+            )
 
     def _set_info(self, server: Server, info: dict[str, Any]) -> None:
         """Default cap: twice the server's --max-running-requests, so its queue never runs dry."""
@@ -203,8 +198,7 @@ class Fleet:
     async def mark_down(self, server: Server, reason: str) -> None:
         """Stop sending to `server` and re-probe it every `reprobe_s` until it answers again."""
         if server.up:
-            log.warning("SGLang server %s is down (%s); re-probing every %gs",
-                        server.shown, reason, self.reprobe_s)
+            log.warning("SGLang server %s is down (%s); re-probing every %gs", server.shown, reason, self.reprobe_s)
         server.up, server.down_reason = False, reason
         server.failures += 1
         if server.url not in self._reprobes or self._reprobes[server.url].done():

@@ -1,7 +1,7 @@
 """A fault-injecting OpenAI-compatible server on 127.0.0.1 (aiohttp), in a thread or a subprocess.
 
-Serves `POST {/v1,/api/v1}/chat/completions`, `GET /api/v1/key`, and for tests `GET /_stats`,
-`POST /_faults`. Replies are deterministic per prompt: the natural length of a prompt's reply is
+Serves `POST {/v1,/api/v1}/chat/completions`, `GET {/v1,/api/v1}/models`, `GET /api/v1/key`, and for
+tests `GET /_stats`, `POST /_faults`. Replies are deterministic per prompt: the natural length of a prompt's reply is
 fixed by its id, so raising max_tokens un-truncates exactly the rows that hit the old cap. Requests
 are counted per prompt and turn (prompt id from the `X-Eagle-Prompt-Id` header, else `user`), and
 successful answers separately, so a test can prove no finished prompt was paid for twice.
@@ -60,6 +60,7 @@ class Faults:
     reply_tokens: tuple[int, int] = (20, 60)  # natural reply length range, fixed per prompt
     shape: str = "split"  # how the reply's text comes back: one of SHAPES
     echo_auth: bool = False  # error bodies repeat the Authorization header received (a careless server)
+    served_models: tuple[str, ...] = ()  # the ids GET /models lists (none: an empty list, which no engine checks)
     cost_per_token: float = 1e-6
     key_limit: float = 100.0
     key_usage: float = 12.5
@@ -88,6 +89,7 @@ class FakeOpenAI:
         app = web.Application()
         for prefix in ("/v1", "/api/v1"):
             app.router.add_post(f"{prefix}/chat/completions", self.chat)
+            app.router.add_get(f"{prefix}/models", self.models)
         app.router.add_get("/api/v1/key", self.key)
         app.router.add_get("/_stats", self.stats_view)
         app.router.add_post("/_faults", self.set_faults)
@@ -108,6 +110,10 @@ class FakeOpenAI:
     async def set_faults(self, request: web.Request) -> web.Response:
         self.faults = Faults(**{**dataclasses.asdict(self.faults), **await request.json()})
         return web.json_response({"ok": True})
+
+    async def models(self, request: web.Request) -> web.Response:
+        data = [{"id": name, "object": "model", "owned_by": "fake"} for name in self.faults.served_models]
+        return web.json_response({"object": "list", "data": data})
 
     async def key(self, request: web.Request) -> web.Response:
         self.auth_headers.add(request.headers.get("Authorization", ""))
