@@ -134,7 +134,7 @@ def demo(dataset: str = DEMO_DATASET) -> int:
     spec = get_dataset(dataset)
     model = ensure_demo_model()
     keys = spec.partition_keys
-    selection = f"{dataset}_prompts,{dataset},{dataset}_validated"
+    selection = ",".join((layout.prompts_asset(dataset), dataset, layout.validated_asset(dataset)))
     cmd = [
         sys.executable, "-m", "dagster", "asset", "materialize", "-m", "eagle_data.definitions",
         "--select", selection, "--partition-range", f"{keys[0]}...{keys[-1]}",
