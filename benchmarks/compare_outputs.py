@@ -242,7 +242,9 @@ def main(argv: list[str] | None = None) -> int:
         if not compare(first, again):
             print("demo generation is not deterministic across runs: comparison skipped\nRESULT identical skipped")
             return 1
-        same = compare(load(run_checkout(old_tree, work / "old", "", 0, "")), first)
+        old = load(run_checkout(old_tree, work / "old", "", 0, ""))
+        print("comparison: old vs new")
+        same = compare(old, first)
         print(f"RESULT identical {str(same).lower()}")
         return 0
     from bench_scale import write_source
