@@ -15,8 +15,9 @@ os.wait4 on that process (ru_maxrss: the largest single process of its tree).
 
     python benchmarks/bench_scale.py [--sizes 10000 200000] [--million] [--keep DIR]
     pytest benchmarks/bench_scale.py -m benchmark
-Last lines: `RESULT memory_flatness <min over stages of peak RSS at the smallest size / at the largest>`
-(target >= 0.67) and `RESULT validate_vs_raw_parallel <validation rows/s / raw encode_batch rows/s>`
+Last lines: `RESULT memory_flatness <min over stages of peak RSS at the smallest size / at 200k, or at the
+largest size when 200k was not run>` (target >= 0.67; the heaviest stage at the largest size is printed
+above it, target < 4 GB at 1M) and `RESULT validate_vs_raw_parallel <validation rows/s / raw encode_batch rows/s>`
 (target >= 0.6, measured at the largest size).
 """
 
@@ -38,6 +39,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 STAGES = ("prompts", "prompts_one", "estimate", "generation", "validation", "export")
+FLATNESS_SIZE = 200_000  # memory_flatness compares the smallest size with this one (the issue's definition)
 RAW_SAMPLE_ROWS = 20_000  # rows the raw encode baseline times (a rate, so a sample is enough)
 VOCABULARY = (
     "draft model target token verify accept reject speculative decoding batch cache layer head attention "
@@ -204,7 +206,11 @@ def report(results: dict[int, dict[str, dict[str, Any]]]) -> tuple[float, float]
             c = results[n][stage]
             print(f"| {stage} | {n:,} | {c['cpu_s']:.1f} | {c['wall_s']:.1f} | {c['rss_gb']:.2f} | {c['rows']:,} |")
     small, large = sizes[0], sizes[-1]
-    flatness = min(results[small][s]["rss_gb"] / results[large][s]["rss_gb"] for s in STAGES)
+    compared = FLATNESS_SIZE if FLATNESS_SIZE in results and small != FLATNESS_SIZE else large
+    flatness = min(results[small][s]["rss_gb"] / results[compared][s]["rss_gb"] for s in STAGES)
+    print(f"memory flatness: peak RSS at {small:,} / at {compared:,} prompts, the least flat stage")
+    heaviest = max(STAGES, key=lambda s: results[large][s]["rss_gb"])
+    print(f"heaviest stage at {large:,} prompts: {heaviest}, {results[large][heaviest]['rss_gb']:.2f} GB (target < 4)")
     validation = results[large]["validation"]
     validate_rate = validation["rows"] / validation["wall_s"]
     raw_rate = results[large]["raw_encode"]["rows_per_s"]

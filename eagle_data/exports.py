@@ -20,6 +20,7 @@ each bucket is read back, sorted and appended). The order is exactly that of shu
 
 from __future__ import annotations
 
+import array
 import io
 import json
 import random
@@ -28,6 +29,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 from polars.io.plugins import register_io_source
 
@@ -228,9 +230,9 @@ def plan_mix(heights: Mapping[str, int], weights: Mapping[str, float], seed: int
         extra = sorted(rng.sample(range(height), round(fraction * height)))
         parts.append(_Part(name, offset, height, int(whole), pl.Series(extra, dtype=pl.Int64)))
         offset += int(whole) * height + len(extra)
-    order = list(range(offset))
-    random.Random(seed).shuffle(order)
-    return MixPlan(tuple(parts), pl.Series(order, dtype=pl.Int64).arg_sort().cast(pl.Int64))
+    order = array.array("q", range(offset))  # 8 bytes a row; shuffle() uses only len and item swaps, so the
+    random.Random(seed).shuffle(order)  # permutation is exactly that of shuffling a list of row numbers
+    return MixPlan(tuple(parts), pl.Series(np.frombuffer(order, dtype=np.int64)).arg_sort().cast(pl.Int64))
 
 
 def write_mix(trains: Mapping[str, Path], plan: MixPlan, out: Path, spill: Path, bucket_rows: int) -> int:
