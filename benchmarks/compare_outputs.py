@@ -120,8 +120,7 @@ def run_checkout(checkout: Path, out: Path, source: str, prompts: int, url: str)
     dump.mkdir(parents=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("EAGLE_DATA_")}
     env.update(PYTHONPATH=str(checkout), OPENAI_API_KEY="compare")
-    if not source:
-        env["EAGLE_DATA_PROFILE"] = "demo"
+    env.update({"EAGLE_DATA_PROFILE": "demo"} if not source else {"EAGLE_DATA_ENGINE": "openai"})
     cmd = [sys.executable, __file__, "--child", str(checkout), "--root", str(root), "--dump", str(dump),
            "--source", source, "--prompts", str(prompts), "--url", url]  # fmt: skip
     done = subprocess.run(cmd, cwd=checkout, env=env, capture_output=True, text=True)
