@@ -14,7 +14,7 @@ import polars as pl
 import pytest
 
 from eagle_data import exports, layout, pipeline
-from eagle_data.catalog import CATALOG_PATH, SAMPLES_DIR, load_catalog
+from eagle_data.catalog import CATALOG_PATH, SAMPLES_DIR, DatasetSpec, load_catalog
 from eagle_data.defs.assets import partitions
 from eagle_data.defs.drafter import DECONTAMINATION, decontamination_check
 from eagle_data.defs.resources import StorageResource
@@ -160,17 +160,7 @@ def test_a_configured_benchmark_not_read_fails_the_check_in_one_line(
     index, sources = evalsets.benchmark_index(settings)
     assert evalsets.unread(sources) == ["gsm8k"] and set(index.items) == {"humaneval"}
 
-    @dg.asset(name=layout.validated_asset(spec.name), partitions_def=partitions(spec))
-    def validated(context, storage: StorageResource) -> None:  # context unannotated: string annotations here
-        storage.store().write_frame(layout.shard(spec.name, context.asset_key.path[-1], context.partition_key), shard)
-
-    result = dg.materialize(
-        [validated, decontamination_check(spec)],
-        partition_key="00000",
-        resources={"storage": StorageResource(root=str(tmp_path / "out"))},
-        instance=dg.DagsterInstance.ephemeral(),
-        raise_on_error=False,
-    )
+    result = check_in_dagster(spec, shard, tmp_path / "out")
     [evaluation] = result.get_asset_check_evaluations()
     message = evaluation.description or ""
     assert not evaluation.passed and not result.success and evaluation.metadata["figure"].value == 0  # no row leaked
@@ -179,6 +169,23 @@ def test_a_configured_benchmark_not_read_fails_the_check_in_one_line(
     assert evaluation.metadata["unread_benchmarks"].value == ["gsm8k"]
     store = ShardStore(str(tmp_path / "out"))
     assert decontamination_report(spec.name, store, ["00000"], index).passed  # with every benchmark read: green
+
+
+def check_in_dagster(spec: DatasetSpec, shard: pl.DataFrame, root: Path) -> dg.ExecuteInProcessResult:
+    """One run that writes `shard` as partition 00000 of `spec`'s validated asset and runs the blocking
+    decontamination check on it, with the catalog's benchmarks."""
+
+    @dg.asset(name=layout.validated_asset(spec.name), partitions_def=partitions(spec))
+    def validated(context, storage: StorageResource) -> None:  # context unannotated: string annotations here
+        storage.store().write_frame(layout.shard(spec.name, context.asset_key.path[-1], context.partition_key), shard)
+
+    return dg.materialize(
+        [validated, decontamination_check(spec)],
+        partition_key="00000",
+        resources={"storage": StorageResource(root=str(root))},
+        instance=dg.DagsterInstance.ephemeral(),
+        raise_on_error=False,
+    )
 
 
 def shard_with(verdicts: list[str], pairs: list[tuple[str, str]]) -> pl.DataFrame:
@@ -204,17 +211,7 @@ def test_blocking_check_fails_only_when_an_overlapping_row_is_kept(
     assert report.passed is passes and report.leaked_ids == ([] if passes else ["r1", "r2"])
 
     # Through Dagster with the catalog's benchmarks (HumanEval from the wheel), in the run that writes the shard.
-    @dg.asset(name=layout.validated_asset(spec.name), partitions_def=partitions(spec))
-    def validated(context, storage: StorageResource) -> None:  # context unannotated: string annotations here
-        storage.store().write_frame(layout.shard(spec.name, context.asset_key.path[-1], context.partition_key), shard)
-
-    result = dg.materialize(
-        [validated, decontamination_check(spec)],
-        partition_key="00000",
-        resources={"storage": StorageResource(root=str(tmp_path))},
-        instance=dg.DagsterInstance.ephemeral(),
-        raise_on_error=False,
-    )
+    result = check_in_dagster(spec, shard, tmp_path)
     evaluation = result.get_asset_check_evaluations()[0]
     assert evaluation.check_name == DECONTAMINATION and evaluation.passed is passes
     assert evaluation.metadata["figure"].value == (0 if passes else 1)
