@@ -1,6 +1,6 @@
 """Every stage at scale: peak memory, CPU and wall seconds per stage, at 10k and 200k prompts (1M with --million).
 
-A synthetic ShareGPT-schema JSONL source (1-2 user turns, ~1% bad rows), a local OpenAI-compatible server
+A synthetic ShareGPT-schema JSONL source (1-2 user turns, plus ~1% bad rows), a local OpenAI-compatible server
 that answers at once (its own process), and the stages through the same pipeline functions the assets
 call, over every partition in one call (as a single-run backfill does):
   prompts      pipeline.write_prompts (builds the prompt index, writes every prompts shard)
@@ -50,13 +50,18 @@ WORDS = VOCABULARY.split()
 
 # ---- the synthetic source and the server ----------------------------------------------------------
 def write_source(path: Path, prompts: int, seed: int = 0) -> Path:
-    """ShareGPT-schema JSONL: `{"id", "conversations": [{"from", "value"}, ...]}`, written streaming."""
+    """ShareGPT-schema JSONL: `{"id", "conversations": [{"from", "value"}, ...]}`, written streaming: `prompts`
+    good rows, with one bad row after every 99 (counted skips, like a real dump), so the prompts fill exactly
+    the partitions `max_prompts = prompts` makes."""
     rng = random.Random(seed)
     with path.open("w") as fh:
-        for i in range(prompts):
-            if i % 100 == 99:  # ~1% bad rows: counted skips, like a real dump
+        written, i = 0, -1
+        while written < prompts:
+            i += 1
+            if i % 100 == 99:
                 fh.write(json.dumps({"id": f"bad{i}", "conversations": [{"from": "gpt", "value": "orphan"}]}) + "\n")
                 continue
+            written += 1
             turns = [{"from": "human", "value": f"#{i} " + " ".join(rng.choices(WORDS, k=rng.randint(10, 120)))}]
             turns.append({"from": "gpt", "value": " ".join(rng.choices(WORDS, k=rng.randint(20, 200)))})
             if rng.random() < 0.25:
