@@ -25,7 +25,7 @@ from eagle_data.catalog import DatasetSpec, shard_index, shard_key
 from eagle_data.drafter.decontam import contamination
 from eagle_data.drafter.evalsets import benchmark_index
 from eagle_data.drafter.settings import load_drafter_settings
-from eagle_data.engines.truncation import ReplyLengths, truncation_report
+from eagle_data.quality.truncation import ReplyLengths, truncation_report
 from eagle_data.quality.verdicts import ENGINE_SIDE_REJECTIONS
 from eagle_data.runner import Estimate, RunnerSettings, estimate_generation, mixture, run_generation
 from eagle_data.runner.resultlog import ResultLog, resume_key, reusable

@@ -71,6 +71,22 @@ class FatalError(EngineError):
     """Retrying cannot help (bad request, auth, budget the server will never grant)."""
 
 
+class Sampling(Protocol):
+    """One prompt's sampling setting (a catalog mixture's `SamplingSetting`), sent in place of the engine's
+    own; a field left None keeps the engine's setting."""
+
+    @property
+    def temperature(self) -> float | None: ...
+    @property
+    def top_p(self) -> float | None: ...
+    @property
+    def min_p(self) -> float | None: ...
+    @property
+    def reasoning_effort(self) -> str | None: ...
+    @property
+    def thinking(self) -> bool | None: ...
+
+
 class Engine(Protocol):
     """A generation backend: send a conversation, get the next assistant turn back.
 
@@ -80,6 +96,7 @@ class Engine(Protocol):
 
     name: str  # the engine kind's registry name
     model: str
+    takes_sampling: bool = False  # `complete` honours a per-request `sampling` (catalog sampling mixtures)
 
     def config(self) -> dict[str, Any]:
         """Everything that changes the output (model, sampling, max tokens, reasoning, routing).
@@ -93,7 +110,12 @@ class Engine(Protocol):
         one-line FatalError saying what to fix (server unreachable, wrong model, no key, no credit)."""
         ...
 
-    async def complete(self, messages: list[Message], *, prompt_id: str) -> Completion: ...
+    async def complete(
+        self, messages: list[Message], *, prompt_id: str, sampling: Sampling | None = None
+    ) -> Completion:
+        """The next assistant turn. `sampling`: this prompt's setting, only for an engine that `takes_sampling`
+        (one that does not raises a FatalError when given one)."""
+        ...
 
     async def aclose(self) -> None: ...
 

@@ -10,6 +10,7 @@ from eagle_data.defs.assets import build_dataset_assets
 from eagle_data.defs.resources import ENGINE_ENV, POOL_ENV, EngineResource, StorageResource
 from eagle_data.demo import DEMO_MODEL_ENV
 from eagle_data.engines import EngineKind, EngineSettings, kinds, lookup, register
+from eagle_data.runner import RunnerSettings
 from eagle_data.types import Completion, Engine, FatalError, Message
 from eagle_data_tests.servers.openai_fake import FakeOpenAI, spec_for_tests
 
@@ -135,11 +136,15 @@ def test_a_run_config_kind_in_another_pool_fails_estimate_and_generation_before_
     assert server.received == 0
 
 
-def test_runner_defaults_come_from_the_record_and_a_low_ceiling_is_no_contradiction() -> None:
-    assert lookup("openrouter").runner_settings().initial_in_flight == 32
-    sglang = lookup("sglang").runner_settings(9)
+def test_runner_defaults_come_from_the_record_and_a_low_ceiling_is_no_contradiction(env) -> None:
+    env.setenv(ENGINE_ENV, "openrouter")
+    env.setenv("EAGLE_DATA_MODEL", "m")
+    assert EngineResource().runner_settings().initial_in_flight == 32
+    assert EngineResource().runner_settings().max_in_flight == lookup("openrouter").max_in_flight
+    env.setenv(ENGINE_ENV, "sglang")
+    sglang = EngineResource(max_in_flight=9).runner_settings()
     assert (sglang.max_in_flight, sglang.initial_in_flight) == (9, 9)
-    low = lookup("openai").runner_settings(8)  # used to fail: "got 4, 32, 8"
+    low = RunnerSettings.in_flight(8, ramp=True)  # used to fail: "got 4, 32, 8"
     assert (low.min_in_flight, low.initial_in_flight, low.max_in_flight) == (4, 8, 8)
     assert {"local", "openai", "openrouter", "sglang", "echo"} <= set(kinds())
 

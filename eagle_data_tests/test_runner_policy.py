@@ -9,17 +9,12 @@ import random
 import polars as pl
 import pytest
 
+from eagle_data.retry_after import MAX_RETRY_AFTER_S, parse_retry_after
 from eagle_data.runner.concurrency import AdaptiveLimiter
 from eagle_data.runner.estimate import estimate_generation
 from eagle_data.runner.progress import ProgressBar, Tally
 from eagle_data.runner.resultlog import resume_key, reusable
-from eagle_data.runner.retry import (
-    MAX_RETRY_AFTER_S,
-    backoff_delay,
-    parse_retry_after,
-    retry_delay,
-    should_retry,
-)
+from eagle_data.runner.retry import backoff_delay, retry_delay, should_retry
 from eagle_data.runner.rows import plan_turns, to_frame
 from eagle_data.runner.settings import RunnerSettings
 from eagle_data.types import FatalError, RetryableError

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from eagle_data.engines.truncation import ReplyLengths, truncation_report
+from eagle_data.quality.truncation import ReplyLengths, truncation_report
 
 
 def censored(lengths: list[int], cap: int) -> tuple[list[int], list[str]]:

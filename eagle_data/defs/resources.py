@@ -96,7 +96,8 @@ class EngineResource(dg.ConfigurableResource):
 
     def runner_settings(self) -> RunnerSettings:
         settings = self.settings()
-        return lookup(settings.kind).runner_settings(settings.max_in_flight)
+        kind = lookup(settings.kind)
+        return RunnerSettings.in_flight(settings.max_in_flight or kind.max_in_flight, ramp=kind.ramp)
 
 
 @dataclass(frozen=True)

@@ -18,11 +18,8 @@ from eagle_data.types import Engine, FatalError
 
 if TYPE_CHECKING:
     from eagle_data.catalog import DatasetSpec
-    from eagle_data.runner import RunnerSettings
 
 BUILTIN_MODULES = ("eagle_data.engines.local", "eagle_data.engines.openai_compat", "eagle_data.engines.sglang")
-RAMP_START = 32  # where a ramping kind's in-flight limit starts: never a cold-start 429 storm
-RAMP_FLOOR = 4
 
 
 @dataclass(frozen=True)
@@ -40,6 +37,9 @@ class EngineSettings:
         max_in_flight: ceiling of concurrent requests; None: the kind's default.
         provider: OpenRouter-style provider routing, for kinds that take it.
         reasoning: OpenRouter-style reasoning request, for kinds that take it.
+
+    `kind`, `model` and `max_in_flight` mean something to every kind; each other field only to the kinds
+    whose record lists it in `EngineKind.takes` (given to another kind, it is refused, never dropped).
     """
 
     kind: str
@@ -62,6 +62,15 @@ class EngineSettings:
         return {name: value for name, value in given.items() if value is not None}
 
 
+# The EngineSettings fields a kind may or may not take, with the environment variable each is read from
+# ("" : run config only).
+OPTIONAL_SETTINGS = {
+    "base_url": "EAGLE_DATA_BASE_URL", "api_key_env": "", "timeout_s": "EAGLE_DATA_TIMEOUT_S",
+    "connect_timeout_s": "EAGLE_DATA_CONNECT_TIMEOUT_S", "provider": "EAGLE_DATA_PROVIDER",
+    "reasoning": "EAGLE_DATA_REASONING",
+}  # fmt: skip
+
+
 @dataclass(frozen=True)
 class EngineKind:
     """Everything the project knows about one engine kind.
@@ -78,7 +87,8 @@ class EngineKind:
             at full width (servers we own).
         demo: the kind the demo profile runs when no engine is chosen.
         pool: the Dagster pool of its generation steps ("" : the name).
-        mixtures: its `complete` takes a per-request `sampling` setting (catalog sampling mixtures).
+        takes: the `EngineSettings` fields it uses beyond kind, model and max_in_flight; any other one set
+            (from the environment or run config) is refused in one line.
     """
 
     name: str
@@ -91,19 +101,11 @@ class EngineKind:
     ramp: bool = True
     demo: bool = False
     pool: str = ""
-    mixtures: bool = False
+    takes: frozenset[str] = frozenset()
 
     @property
     def pool_name(self) -> str:
         return self.pool or self.name
-
-    def runner_settings(self, max_in_flight: int | None = None) -> RunnerSettings:
-        """The runner's in-flight limits for this kind; `max_in_flight` overrides the ceiling."""
-        from eagle_data.runner import RunnerSettings
-
-        width = max_in_flight or self.max_in_flight
-        start = min(RAMP_START, width) if self.ramp else width
-        return RunnerSettings(max_in_flight=width, initial_in_flight=start, min_in_flight=min(RAMP_FLOOR, start))
 
     def missing(self, settings: EngineSettings) -> str | None:
         """One line saying which required setting is missing and how to set it, or None."""
@@ -112,12 +114,24 @@ class EngineKind:
                 return f"engine {self.name} needs {name}: {fix}"
         return None
 
+    def refused(self, settings: EngineSettings) -> str | None:
+        """One line naming a setting given that this kind does not take, or None."""
+        for name in sorted(OPTIONAL_SETTINGS.keys() - self.takes):
+            if getattr(settings, name) not in (None, ""):
+                where = f"unset {OPTIONAL_SETTINGS[name]} or " if OPTIONAL_SETTINGS[name] else ""
+                return f"engine {self.name} takes no {name} setting: {where}remove {name} from the engine's run config"
+        return None
+
 
 _KINDS: dict[str, EngineKind] = {}
 
 
 def register(kind: EngineKind) -> EngineKind:
     """Add (or replace) a kind; called at import time by the module that defines it."""
+    if unknown := kind.takes - OPTIONAL_SETTINGS.keys():
+        raise ValueError(
+            f"engine kind {kind.name} takes unknown settings {sorted(unknown)}: use {sorted(OPTIONAL_SETTINGS)}"
+        )
     _KINDS[kind.name] = kind
     return kind
 
@@ -151,8 +165,22 @@ def make_engine(kind: str, **arguments: Any) -> Engine:
 
 def build_engine(settings: EngineSettings, spec: DatasetSpec) -> Engine:
     """The engine the resolved `settings` ask for, set up for one dataset; a one-line error when a
-    required setting is missing."""
+    required setting is missing, a setting is given the kind does not take, or the entry has a sampling
+    mixture the engine cannot honour."""
     kind = lookup(settings.kind)
-    if problem := kind.missing(settings):
+    if problem := kind.missing(settings) or kind.refused(settings):
         raise FatalError(problem, kind="config")
-    return kind.build(settings, spec)
+    engine = kind.build(settings, spec)
+    if spec.generation.mixture and not engine.takes_sampling:
+        raise sampling_refused(kind.name, spec.name)
+    return engine
+
+
+def sampling_refused(kind: str, dataset: str = "") -> FatalError:
+    """The one-line error for a per-request sampling setting (a catalog sampling mixture) given to an engine
+    that cannot honour it."""
+    return FatalError(
+        f"{dataset + ': ' if dataset else ''}engine {kind} takes no per-request sampling settings; remove the "
+        "catalog entry's generation.mixture or use an OpenAI-compatible engine (openai, openrouter, vllm)",
+        kind="config",
+    )

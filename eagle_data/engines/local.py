@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from eagle_data.catalog import Generation
-from eagle_data.engines import EngineKind, EngineSettings, register
-from eagle_data.types import Completion, Engine, FatalError, Message
+from eagle_data.engines import EngineKind, EngineSettings, register, sampling_refused
+from eagle_data.types import Completion, Engine, FatalError, Message, Sampling
 
 if TYPE_CHECKING:
     from eagle_data.catalog import DatasetSpec
@@ -97,7 +97,11 @@ class LocalEngine(Engine):
                     "real runs set EAGLE_DATA_ENGINE to a served model")  # fmt: skip
         return f"local engine: {self.model_path} on {self.device}"
 
-    async def complete(self, messages: list[Message], *, prompt_id: str) -> Completion:
+    async def complete(
+        self, messages: list[Message], *, prompt_id: str, sampling: Sampling | None = None
+    ) -> Completion:
+        if sampling is not None:
+            raise sampling_refused(self.name)
         return await asyncio.to_thread(self._generate, messages, prompt_id)
 
     async def aclose(self) -> None:

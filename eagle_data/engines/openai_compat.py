@@ -24,12 +24,21 @@ from eagle_data import settings
 from eagle_data.engines import EngineKind, EngineSettings, lookup, register
 from eagle_data.engines.replies import reply_text
 from eagle_data.engines.served import ModelMismatchError, model_matches
-from eagle_data.runner.retry import parse_retry_after
+from eagle_data.retry_after import parse_retry_after
 from eagle_data.secrets import mask_url, redact, strip_credentials, url_parts
-from eagle_data.types import PROMPT_ID_HEADER, Completion, Engine, EngineError, FatalError, Message, RetryableError
+from eagle_data.types import (
+    PROMPT_ID_HEADER,
+    Completion,
+    Engine,
+    EngineError,
+    FatalError,
+    Message,
+    RetryableError,
+    Sampling,
+)
 
 if TYPE_CHECKING:
-    from eagle_data.catalog import DatasetSpec, SamplingSetting
+    from eagle_data.catalog import DatasetSpec
 
 OPENAI, OPENROUTER = "openai", "openrouter"
 OPENROUTER_URL = "https://openrouter.ai/api/v1"
@@ -150,6 +159,8 @@ class OpenAICompatEngine(Engine):
 
     Credentials in the base URL (`http://user:pass@host/v1`) are sent as basic auth instead of a key.
     """
+
+    takes_sampling = True
 
     def __init__(
         self,
@@ -287,7 +298,7 @@ class OpenAICompatEngine(Engine):
         )
 
     async def complete(
-        self, messages: list[Message], *, prompt_id: str, sampling: SamplingSetting | None = None
+        self, messages: list[Message], *, prompt_id: str, sampling: Sampling | None = None
     ) -> Completion:
         """`sampling`: this prompt's setting of a sampling mixture, sent in place of the engine's own."""
         try:
@@ -295,7 +306,7 @@ class OpenAICompatEngine(Engine):
         except EngineError as exc:
             raise self._scrubbed(exc) from None
 
-    def overrides(self, setting: SamplingSetting) -> dict[str, Any]:
+    def overrides(self, setting: Sampling) -> dict[str, Any]:
         """A mixture setting as request fields: sampling as is; reasoning effort and thinking in OpenRouter's
         `reasoning` object, or for other servers as `reasoning_effort` and the chat template's
         `enable_thinking`."""
@@ -419,12 +430,14 @@ def make_openrouter(*, api_key_env: str = OPENROUTER_KEY_ENV, **arguments: Any) 
 
 
 MODEL_FIX = "set EAGLE_DATA_MODEL (e.g. Qwen/Qwen3-8B)"
+HTTP_SETTINGS = frozenset({"base_url", "api_key_env", "timeout_s", "connect_timeout_s"})
+ROUTED_SETTINGS = HTTP_SETTINGS | {"provider", "reasoning"}  # OpenRouter's request fields (a gateway may take them)
 register(EngineKind(
     name=OPENAI, build=_build, make=make_openai, summary="any OpenAI-compatible server at EAGLE_DATA_BASE_URL",
-    key_env="OPENAI_API_KEY", mixtures=True,
+    key_env="OPENAI_API_KEY", takes=ROUTED_SETTINGS,
     required={"model": MODEL_FIX, "base_url": "set EAGLE_DATA_BASE_URL (e.g. http://host:30000/v1)"},
 ))  # fmt: skip
 register(EngineKind(
-    name=OPENROUTER, build=_build, make=make_openrouter, mixtures=True,
+    name=OPENROUTER, build=_build, make=make_openrouter, takes=ROUTED_SETTINGS,
     summary="OpenRouter's API", key_env=OPENROUTER_KEY_ENV, required={"model": MODEL_FIX},
 ))  # fmt: skip

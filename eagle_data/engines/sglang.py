@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import aiohttp
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
-from eagle_data.engines import EngineKind, EngineSettings, register
+from eagle_data.engines import EngineKind, EngineSettings, register, sampling_refused
 from eagle_data.engines.replies import reply_text
 from eagle_data.engines.sglang_fleet import (
     SERVER_GONE_ERRORS,
@@ -35,7 +35,7 @@ from eagle_data.engines.sglang_fleet import (
 )
 from eagle_data.secrets import mask_url
 from eagle_data.targets import Target, load_target, prompt_ids
-from eagle_data.types import PROMPT_ID_HEADER, Completion, Engine, FatalError, Message, RetryableError
+from eagle_data.types import PROMPT_ID_HEADER, Completion, Engine, FatalError, Message, RetryableError, Sampling
 
 if TYPE_CHECKING:
     from eagle_data.catalog import DatasetSpec
@@ -108,9 +108,7 @@ def normalize_finish(raw: Any) -> tuple[str, Any]:
     return (str(raw), None) if raw else ("stop", None)
 
 
-def split_reasoning(
-    ids: list[int], codec: Codec, *, thinking: bool, truncated: bool
-) -> tuple[str, str, int]:
+def split_reasoning(ids: list[int], codec: Codec, *, thinking: bool, truncated: bool) -> tuple[str, str, int]:
     """(reasoning, content, reasoning_tokens) of one reply, split at the `</think>` token id.
 
     Without `</think>` the reply is all reasoning when it opens with `<think>`, or when thinking is on
@@ -143,9 +141,15 @@ class SGLangEngine(Engine):
         """What changes the output: servers and caps do not, so they stay out of the resume key."""
         s = self.settings
         return {
-            "engine": self.name, "model": s.model, "mode": s.mode, "thinking": s.thinking,
-            "temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k,
-            "max_new_tokens": s.max_new_tokens, "min_new_tokens": s.min_new_tokens,
+            "engine": self.name,
+            "model": s.model,
+            "mode": s.mode,
+            "thinking": s.thinking,
+            "temperature": s.temperature,
+            "top_p": s.top_p,
+            "top_k": s.top_k,
+            "max_new_tokens": s.max_new_tokens,
+            "min_new_tokens": s.min_new_tokens,
             "stop_token_ids": list(s.stop_token_ids),
         }
 
@@ -164,8 +168,12 @@ class SGLangEngine(Engine):
             s = self.settings
             self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
             fleet = Fleet(
-                self.servers, model=s.model, cap=s.max_in_flight_per_server, session=self._session,
-                probe_timeout_s=s.probe_timeout_s, reprobe_s=s.reprobe_s,
+                self.servers,
+                model=s.model,
+                cap=s.max_in_flight_per_server,
+                session=self._session,
+                probe_timeout_s=s.probe_timeout_s,
+                reprobe_s=s.reprobe_s,
             )
             try:
                 await fleet.start()
@@ -180,7 +188,11 @@ class SGLangEngine(Engine):
         stats = self.stats()
         return f"SGLang: {stats['servers_up']}/{stats['servers']} servers up, serving {self.settings.model}"
 
-    async def complete(self, messages: list[Message], *, prompt_id: str) -> Completion:
+    async def complete(
+        self, messages: list[Message], *, prompt_id: str, sampling: Sampling | None = None
+    ) -> Completion:
+        if sampling is not None:
+            raise sampling_refused(self.name)
         await self.start()
         assert self._fleet is not None
         path, payload = self._request(messages, prompt_id)
@@ -212,16 +224,23 @@ class SGLangEngine(Engine):
         rid = f"{prompt_id}-{uuid.uuid4().hex[:8]}"
         if s.mode == "chat":
             return "/v1/chat/completions", {
-                "model": s.model, "rid": rid,
+                "model": s.model,
+                "rid": rid,
                 "messages": [{"role": m["role"], "content": m.get("content", "")} for m in messages],
-                "max_tokens": s.max_new_tokens, "temperature": s.temperature, "top_p": s.top_p,
-                "top_k": s.top_k, "min_tokens": s.min_new_tokens,
+                "max_tokens": s.max_new_tokens,
+                "temperature": s.temperature,
+                "top_p": s.top_p,
+                "top_k": s.top_k,
+                "min_tokens": s.min_new_tokens,
                 "stop_token_ids": list(s.stop_token_ids) or None,
-                "chat_template_kwargs": {"enable_thinking": s.thinking}, "separate_reasoning": True,
+                "chat_template_kwargs": {"enable_thinking": s.thinking},
+                "separate_reasoning": True,
             }
         assert self.codec is not None
         params: dict[str, Any] = {
-            "max_new_tokens": s.max_new_tokens, "temperature": s.temperature, "top_p": s.top_p,
+            "max_new_tokens": s.max_new_tokens,
+            "temperature": s.temperature,
+            "top_p": s.top_p,
             "top_k": s.top_k,
         }
         if s.min_new_tokens:
@@ -229,7 +248,9 @@ class SGLangEngine(Engine):
         if s.stop_token_ids:
             params["stop_token_ids"] = list(s.stop_token_ids)
         return "/generate", {
-            "input_ids": self.codec.prompt_ids(messages, s.thinking), "sampling_params": params, "rid": rid,
+            "input_ids": self.codec.prompt_ids(messages, s.thinking),
+            "sampling_params": params,
+            "rid": rid,
         }
 
     async def _post(self, url: str, payload: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
@@ -243,11 +264,15 @@ class SGLangEngine(Engine):
                 raise ServerGoneError(f"{shown} answered {resp.status}")
             text = await resp.text()
             if resp.status == 429 or resp.status >= 500:
-                raise RetryableError(f"{shown} answered {resp.status}: {text[:200]}",
-                                     kind=f"http_{resp.status}", throttle=resp.status == 429)
+                raise RetryableError(
+                    f"{shown} answered {resp.status}: {text[:200]}",
+                    kind=f"http_{resp.status}",
+                    throttle=resp.status == 429,
+                )
             if resp.status != 200:
-                raise FatalError(f"{shown} refused the request ({resp.status}): {text[:300]}",
-                                 kind=f"http_{resp.status}")
+                raise FatalError(
+                    f"{shown} refused the request ({resp.status}): {text[:300]}", kind=f"http_{resp.status}"
+                )
         try:
             body = json.loads(text)
         except ValueError as exc:
@@ -273,10 +298,14 @@ class SGLangEngine(Engine):
             text_ids, self.codec, thinking=self.settings.thinking, truncated=finish == "length"
         )
         return Completion(
-            content=content, reasoning=reasoning, finish_reason=finish,
+            content=content,
+            reasoning=reasoning,
+            finish_reason=finish,
             prompt_tokens=int(meta.get("prompt_tokens", 0)),
             completion_tokens=int(meta.get("completion_tokens", len(ids))),
-            reasoning_tokens=reasoning_tokens, provider="sglang", output_ids=ids,
+            reasoning_tokens=reasoning_tokens,
+            provider="sglang",
+            output_ids=ids,
         )
 
 
@@ -292,10 +321,13 @@ def _parse_chat(body: dict[str, Any]) -> Completion:
     details = usage.get("completion_tokens_details") or {}
     reasoning, content = reply_text(message)
     return Completion(
-        content=content, reasoning=reasoning,
-        finish_reason=finish, prompt_tokens=int(usage.get("prompt_tokens", 0)),
+        content=content,
+        reasoning=reasoning,
+        finish_reason=finish,
+        prompt_tokens=int(usage.get("prompt_tokens", 0)),
         completion_tokens=int(usage.get("completion_tokens", 0)),
-        reasoning_tokens=int(details.get("reasoning_tokens") or 0), provider="sglang",
+        reasoning_tokens=int(details.get("reasoning_tokens") or 0),
+        provider="sglang",
         served_model=body.get("model") or "",
     )
 
@@ -319,5 +351,5 @@ register(EngineKind(
     name="sglang", build=_build, make=make_sglang, summary="a fleet of SGLang servers (native /generate, token ids)",
     required={"model": "set EAGLE_DATA_MODEL (e.g. Qwen/Qwen3-8B)", "base_url": "set EAGLE_DATA_BASE_URL to "
               "comma-separated http://host:port URLs (or one sglang-router URL)"},
-    max_in_flight=512, ramp=False,
+    max_in_flight=512, ramp=False, takes=frozenset({"base_url", "timeout_s", "connect_timeout_s"}),
 ))  # fmt: skip

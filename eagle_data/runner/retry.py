@@ -7,34 +7,17 @@ The engine sorts failures into `RetryableError` (with `kind`, `retry_after`, `th
 from __future__ import annotations
 
 import random
-from email.utils import parsedate_to_datetime
 
 from eagle_data.runner.settings import RunnerSettings
 from eagle_data.types import EngineError, FatalError, RetryableError
 
 JITTER_SHARE = 0.5  # "equal jitter": wait between half and all of the exponential delay
-MAX_RETRY_AFTER_S = 600.0  # never trust a server to park us for longer than this
 
 
 def backoff_delay(attempt: int, base_s: float, cap_s: float, rand: float) -> float:
     """Delay before attempt `attempt + 1` (attempt counts from 1); `rand` is uniform in [0, 1)."""
     full = min(cap_s, base_s * 2 ** (attempt - 1))
     return full * (1 - JITTER_SHARE) + full * JITTER_SHARE * rand
-
-
-def parse_retry_after(value: str | None, now: float) -> float | None:
-    """Seconds to wait from a Retry-After header: delta-seconds (fractions accepted) or an HTTP date."""
-    if not value:
-        return None
-    value = value.strip()
-    try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            seconds = parsedate_to_datetime(value).timestamp() - now
-        except (TypeError, ValueError, IndexError):
-            return None
-    return min(max(seconds, 0.0), MAX_RETRY_AFTER_S)
 
 
 def should_retry(error: EngineError, attempts: int, throttle_waits: int, settings: RunnerSettings) -> bool:

@@ -25,8 +25,7 @@ import polars as pl
 
 from eagle_data import provenance
 from eagle_data.catalog import DatasetSpec
-from eagle_data.engines import lookup
-from eagle_data.engines.truncation import ReplyLengths
+from eagle_data.quality.truncation import ReplyLengths
 from eagle_data.runner import mixture
 from eagle_data.runner.budget import Budget
 from eagle_data.runner.concurrency import AdaptiveLimiter
@@ -156,10 +155,10 @@ class _Run:
         self.run_id = run_id or uuid.uuid4().hex
         self.key = resume_key(engine.config(), spec)
         self.sampling = provenance.sampling(engine.config())
-        if spec.generation.mixture and not lookup(engine.name).mixtures:
+        if spec.generation.mixture and not engine.takes_sampling:
             raise FatalError(
                 f"{spec.name}: engine {engine.name} takes no per-request sampling settings; remove the catalog "
-                "entry's generation.mixture or use an OpenAI-compatible engine (openai, openrouter)",
+                "entry's generation.mixture or use an OpenAI-compatible engine (openai, openrouter, vllm)",
                 kind="config",
             )
         self.leases = Leases(store, spec.name, self.run_id, settings.lease_ttl_s)

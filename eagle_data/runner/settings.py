@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+RAMP_START = 32  # where a ramping engine's in-flight limit starts: never a cold-start 429 storm
+RAMP_FLOOR = 4
+
 
 @dataclass(frozen=True)
 class RunnerSettings:
@@ -45,6 +48,13 @@ class RunnerSettings:
     heartbeat_every_s: float = 30.0
     lease_ttl_s: float = 60.0
     lease_wait_s: float = 3600.0
+
+    @classmethod
+    def in_flight(cls, max_in_flight: int, *, ramp: bool) -> RunnerSettings:
+        """Defaults for an engine this wide: a ramping one (a paid API) starts at RAMP_START, one we own at
+        full width (the engine kind's `max_in_flight` and `ramp`)."""
+        start = min(RAMP_START, max_in_flight) if ramp else max_in_flight
+        return cls(max_in_flight=max_in_flight, initial_in_flight=start, min_in_flight=min(RAMP_FLOOR, start))
 
     def __post_init__(self) -> None:
         if self.min_in_flight < 1:

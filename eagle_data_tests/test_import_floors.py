@@ -1,0 +1,104 @@
+"""Imports point one way, down the floors: read from the source with `ast` (function-level imports included,
+so a loop hidden inside a function is found too)."""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "eagle_data"
+# Top to bottom; a room may import its own floor or any floor below, never one above.
+FLOORS = (
+    {"cli", "definitions"},
+    {"defs"},
+    {"pipeline"},
+    {"runner", "drafter", "exports", "report", "alerts"},
+    {"engines", "quality"},
+    {"targets", "sources", "storage", "catalog", "demo"},
+    {"types", "settings", "layout", "secrets", "provenance", "retry_after", "procs"},
+)
+FLOOR = {room: level for level, rooms in enumerate(FLOORS) for room in rooms}
+WIRING = {"defs", "definitions"}  # the only rooms that know Dagster
+DAGSTER = "dagster"
+
+
+def room_of(module: str) -> str:
+    """`eagle_data.engines.sglang` -> `engines`; `eagle_data.types` -> `types`."""
+    return module.split(".")[1]
+
+
+def imported(path: Path) -> set[str]:
+    """Every eagle_data module (and `dagster`) a file imports, at any depth of its syntax tree."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0, f"{path}: relative import"
+            module = node.module or ""
+            names = [f"{module}.{a.name}" for a in node.names] if module == "eagle_data" else [module]
+        else:
+            continue
+        for name in names:
+            if name.startswith("eagle_data."):
+                out.add(name)
+            elif name.split(".")[0] in (DAGSTER, "dagster_aws"):
+                out.add(DAGSTER)
+    return out
+
+
+def room_imports() -> dict[str, set[tuple[str, str]]]:
+    """room -> {(imported room or "dagster", file)} over every module of the package."""
+    edges: dict[str, set[tuple[str, str]]] = defaultdict(set)
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        for name in imported(path):
+            target = DAGSTER if name == DAGSTER else room_of(name)
+            edges[room_of(module)].add((target, str(path.relative_to(PACKAGE.parent))))
+    return edges
+
+
+def test_engines_and_the_runner_never_import_each_other() -> None:
+    edges = room_imports()
+    assert not {f for room, f in edges["engines"] if room == "runner"}
+    assert not {f for room, f in edges["runner"] if room == "engines"}
+
+
+def test_every_room_sits_on_a_floor_and_imports_only_its_own_floor_or_below() -> None:
+    edges = room_imports()
+    unplaced = set(edges) - set(FLOOR)
+    assert not unplaced, f"rooms missing from FLOORS: {sorted(unplaced)}"
+    upward = sorted(
+        f"{path} ({room}) imports {target}"
+        for room, targets in edges.items()
+        for target, path in targets
+        if target != DAGSTER and FLOOR[target] < FLOOR[room]
+    )
+    assert not upward
+
+
+def test_no_two_rooms_import_each_other_through_any_path() -> None:
+    graph = {room: {t for t, _ in targets if t not in (room, DAGSTER)} for room, targets in room_imports().items()}
+
+    def reach(start: str) -> set[str]:
+        seen, todo = set(), [start]
+        while todo:
+            for nxt in graph.get(todo.pop(), ()):
+                if nxt not in seen:
+                    seen.add(nxt)
+                    todo.append(nxt)
+        return seen
+
+    assert not sorted(room for room in graph if room in reach(room))
+
+
+def test_pure_rooms_never_import_dagster_or_the_wiring() -> None:
+    bad = sorted(
+        f"{path} imports {target}"
+        for room, targets in room_imports().items()
+        if room not in WIRING
+        for target, path in targets
+        if target == DAGSTER or target in WIRING
+    )
+    assert not bad
