@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import json
+
 import dagster as dg
 import pytest
 
-from eagle_data.catalog import PROFILE_ENV, load_catalog
+from eagle_data.catalog import PROFILE_ENV, SamplingSetting, load_catalog
 from eagle_data.defs.assets import build_dataset_assets
 from eagle_data.defs.resources import ENGINE_ENV, POOL_ENV, EngineResource, StorageResource
 from eagle_data.demo import DEMO_MODEL_ENV
-from eagle_data.engines import EngineKind, EngineSettings, kinds, lookup, register
+from eagle_data.engines import EngineKind, EngineSettings, build_engine, kinds, lookup, register
 from eagle_data.runner import RunnerSettings
 from eagle_data.types import Completion, Engine, FatalError, Message
 from eagle_data_tests.servers.openai_fake import FakeOpenAI, spec_for_tests
@@ -154,3 +156,41 @@ def test_required_settings_are_named_with_the_variable_to_set() -> None:
         "engine sglang needs base_url: set EAGLE_DATA_BASE_URL to comma-separated http://host:port URLs "
         "(or one sglang-router URL)"
     )
+
+
+@pytest.mark.parametrize(
+    ("kind", "variable", "field", "value"),
+    [("sglang", "EAGLE_DATA_PROVIDER", "provider", '{"sort": "price"}'),
+     ("local", "EAGLE_DATA_REASONING", "reasoning", '{"effort": "high"}'),
+     ("local", "EAGLE_DATA_TIMEOUT_S", "timeout_s", "30")],
+)  # fmt: skip
+def test_a_setting_the_kind_does_not_take_is_refused_in_one_line_never_dropped(
+    env, kind: str, variable: str, field: str, value: str
+) -> None:
+    env.setenv(ENGINE_ENV, kind)
+    env.setenv("EAGLE_DATA_MODEL", "m")
+    if kind == "sglang":
+        env.setenv("EAGLE_DATA_BASE_URL", "http://127.0.0.1:9")
+    env.setenv(variable, value)
+    with pytest.raises(FatalError, match=f"^engine {kind} takes no {field} setting: unset {variable} ") as err:
+        EngineResource().make(spec_for_tests())
+    assert "\n" not in str(err.value) and err.value.kind == "config"
+    env.delenv(variable)
+    with pytest.raises(FatalError, match=f"^engine {kind} takes no {field} setting: .*remove {field} from the engine"):
+        EngineResource(**{field: json.loads(value)}).make(spec_for_tests())
+
+
+def test_an_openrouter_setting_reaches_the_kinds_that_take_it(env) -> None:
+    env.setenv(ENGINE_ENV, "openrouter")
+    env.setenv("EAGLE_DATA_MODEL", "m")
+    env.setenv("EAGLE_DATA_PROVIDER", '{"sort": "price"}')
+    assert EngineResource().make(spec_for_tests()).config()["provider"] == {"sort": "price"}
+
+
+def test_a_sampling_mixture_for_an_engine_that_cannot_take_one_is_refused_when_the_engine_is_built() -> None:
+    spec = spec_for_tests()
+    mixed = spec.model_copy(update={"generation": spec.generation.model_copy(update={"mixture": (
+        SamplingSetting(name="cold", weight=1.0, temperature=0.2),)})})  # fmt: skip
+    with pytest.raises(FatalError, match=r"^b7_sharegpt: engine echo takes no per-request sampling settings; remove"):
+        build_engine(EngineSettings(kind="echo", model="e"), mixed)
+    assert build_engine(EngineSettings(kind="echo", model="e"), spec).model == "e"
