@@ -127,8 +127,8 @@ def test_unknown_provider_or_reasoning_keys_are_refused() -> None:
         OpenAICompatEngine(model="m", provider={"ignored": ["x"]})
     with pytest.raises(ValueError, match="reasoning"):
         OpenAICompatEngine(model="m", reasoning={"budget": 3})
-    with pytest.raises(FatalError, match="unknown engine kind 'vllm': set EAGLE_DATA_ENGINE to one of"):
-        make_engine("vllm", model="m")
+    with pytest.raises(FatalError, match="unknown engine kind 'tgi': set EAGLE_DATA_ENGINE to one of"):
+        make_engine("tgi", model="m")
 
 
 # ---- real HTTP -----------------------------------------------------------------------------------------
@@ -304,3 +304,11 @@ def test_openrouter_takes_routing_variants_its_model_list_leaves_out(
     base = f"http://127.0.0.1:{server.port}/api/v1"
     engine = make_engine("openrouter", model="qwen/qwen3-8b:nitro", base_url=base, api_key_env="EAGLE_TEST_KEY")
     assert "credit left" in asyncio.run(engine.check())
+
+
+def test_the_timeout_bounds_the_whole_request_even_when_the_server_drips_bytes(server: FakeOpenAI) -> None:
+    """#20: a reply sent one byte at a time (never a long gap between reads) used to run past the timeout."""
+    server.faults = Faults(drip_s=0.02)  # a ~600-byte reply takes ~12 s
+    started = time.monotonic()
+    assert error_kind(f"http://127.0.0.1:{server.port}/v1", timeout_s=1) == "timeout"
+    assert time.monotonic() - started < 3

@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import sys
+import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -344,3 +345,22 @@ def test_config_is_the_output_settings_only() -> None:
     b = engine(["http://127.0.0.1:2", "http://127.0.0.1:3"], max_in_flight_per_server=9).config()
     assert a == b and a["model"] == MODEL and a["max_new_tokens"] == 40
     assert engine(["http://127.0.0.1:1"], thinking=False).config() != a
+
+
+def test_the_timeout_bounds_the_whole_request_even_when_the_server_drips_bytes() -> None:
+    """#20: an answer sent one byte at a time never idles a read for long, yet must not outlast the timeout."""
+
+    async def run() -> tuple[type[BaseException], float]:
+        async with fake_server(drip_s=0.02) as (url, _fake):  # a ~300-byte answer takes ~6 s
+            eng = engine([url], timeout_s=1, reprobe_s=3600)
+            started = time.monotonic()
+            try:
+                await eng.complete(conversation(0), prompt_id="p0")
+            except RetryableError as exc:
+                return type(exc), time.monotonic() - started
+            finally:
+                await eng.aclose()
+        return type(None), 0.0
+
+    kind, took = asyncio.run(run())
+    assert kind is RetryableError and took < 3

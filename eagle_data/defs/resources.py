@@ -55,7 +55,7 @@ class EngineResource(dg.ConfigurableResource):
     api_key_env: str | None = Field(
         None, description="Name of the variable holding the API key (never the key); default the kind's; '' for none."
     )
-    timeout_s: float | None = Field(None, description="Read timeout per request, seconds (EAGLE_DATA_TIMEOUT_S).")
+    timeout_s: float | None = Field(None, description="Whole-request timeout, seconds (EAGLE_DATA_TIMEOUT_S).")
     connect_timeout_s: float | None = Field(
         None, description="Connect timeout, seconds (EAGLE_DATA_CONNECT_TIMEOUT_S): a dead host fails fast."
     )

@@ -32,7 +32,8 @@ class EngineSettings:
         base_url: API base URL, or comma-separated server URLs for a fleet kind.
         api_key_env: name of the environment variable holding the API key; None: the kind's own
             (`EngineKind.key_env`); "": send no key (a local server without auth).
-        timeout_s: read timeout, seconds without an answer before the attempt fails; None: the kind's default.
+        timeout_s: seconds one request may take, whole answer included, before the attempt fails (a server
+            dripping bytes cannot stretch it); None: the kind's default.
         connect_timeout_s: seconds to open a connection, so a dead host fails fast; None: the kind's default.
         max_in_flight: ceiling of concurrent requests; None: the kind's default.
         provider: OpenRouter-style provider routing, for kinds that take it.

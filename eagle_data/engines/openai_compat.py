@@ -52,7 +52,7 @@ RETRY_STATUSES = frozenset({408, 409, 425, 429})
 THROTTLE_STATUSES = frozenset({429, 503})
 IN_FLIGHT_REASON = "in_flight_budget_exhausted"
 ERROR_TEXT_CHARS = 300
-TIMEOUT_S = 600.0  # read timeout: a long reasoning reply can take minutes
+TIMEOUT_S = 600.0  # whole-request timeout: a long reasoning reply can take minutes
 CONNECT_TIMEOUT_S = 10.0  # a dead host fails fast
 CHECK_TIMEOUT_S = 30.0
 SHOWN_IDS = 3  # served ids a mismatch error names
@@ -248,8 +248,9 @@ class OpenAICompatEngine(Engine):
         exc.args = (redact(str(exc), self._secrets()),)
         return exc
 
-    def _timeout(self, read_s: float) -> aiohttp.ClientTimeout:
-        return aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s, sock_read=read_s)
+    def _timeout(self, total_s: float) -> aiohttp.ClientTimeout:
+        """`total_s` bounds the whole request, answer included: a server dripping bytes cannot stretch it."""
+        return aiohttp.ClientTimeout(total=total_s, sock_connect=self.connect_timeout_s)
 
     def _open(self) -> aiohttp.ClientSession:
         headers = {"Content-Type": "application/json", **self._auth()}
@@ -281,7 +282,7 @@ class OpenAICompatEngine(Engine):
             return f"{self.name} engine at {self.shown}: reachable, model {self.model}"
         try:
             info = await asyncio.to_thread(
-                check_credit, self.base, self.api_key_env or OPENROUTER_KEY_ENV, timeout.sock_read or CHECK_TIMEOUT_S
+                check_credit, self.base, self.api_key_env or OPENROUTER_KEY_ENV, timeout.total or CHECK_TIMEOUT_S
             )
         except EngineError as exc:
             raise self._scrubbed(exc) from None
@@ -342,7 +343,7 @@ class OpenAICompatEngine(Engine):
             raise RetryableError(f"no connection to {self.shown} within {self.connect_timeout_s:g} s",
                                  kind="connect_timeout") from None  # fmt: skip
         except TimeoutError:
-            raise RetryableError(f"no answer within {self.timeout_s:g} s", kind="timeout") from None
+            raise RetryableError(f"no whole answer within {self.timeout_s:g} s", kind="timeout") from None
         except aiohttp.ClientConnectorError as exc:  # before ClientOSError, its base class
             raise RetryableError(f"cannot connect to {self.shown}: {exc}", kind="connect") from None
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:

@@ -69,7 +69,7 @@ class SGLangSettings(BaseModel):
     min_new_tokens: int = Field(0, ge=0, validation_alias=AliasChoices("min_new_tokens", "min_tokens"))
     stop_token_ids: tuple[int, ...] = ()
     max_in_flight_per_server: int | None = Field(None, gt=0)
-    timeout_s: float = Field(3600.0, gt=0)  # read timeout: a long thinking trace can take many minutes
+    timeout_s: float = Field(3600.0, gt=0)  # whole-request timeout: a long thinking trace can take many minutes
     connect_timeout_s: float = Field(10.0, gt=0)  # a dead host fails fast
     probe_timeout_s: float = Field(10.0, gt=0)
     reprobe_s: float = Field(10.0, gt=0)
@@ -257,7 +257,8 @@ class SGLangEngine(Engine):
         """POST and sort failures: server gone (raised as-is for failover), retryable, fatal."""
         assert self._session is not None
         s = self.settings
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=s.connect_timeout_s, sock_read=s.timeout_s)
+        # `total` bounds the whole request, answer included: a server dripping bytes cannot stretch it.
+        timeout = aiohttp.ClientTimeout(total=s.timeout_s, sock_connect=s.connect_timeout_s)
         shown = mask_url(url)
         async with self._session.post(url, json=payload, headers=headers, timeout=timeout) as resp:
             if resp.status in GONE_STATUSES:

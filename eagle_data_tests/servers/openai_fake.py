@@ -29,6 +29,7 @@ from aiohttp import web
 
 from eagle_data.catalog import DatasetSpec, load_catalog
 from eagle_data.types import PROMPT_ID_HEADER
+from eagle_data_tests.servers.drip import drip
 
 # Reply shapes servers use. "split": OpenRouter's `reasoning` string beside `content`; "details": only
 # OpenRouter's typed `reasoning_details` parts (with an encrypted part that has no text); "reasoning_content":
@@ -52,6 +53,7 @@ class Faults:
     p_reset: float = 0.0
     p_hang: float = 0.0
     hang_s: float = 3600.0
+    drip_s: float = 0.0  # send each reply one byte at a time, this many seconds apart (a slow-drip server)
     p_error_body: float = 0.0  # HTTP 200 with an `error` object
     p_finish_error: float = 0.0  # HTTP 200 with finish_reason "error"
     force_status: int = 0  # answer every request with this status ...
@@ -165,7 +167,11 @@ class FakeOpenAI:
                 self.outcomes[name] += 1
                 return await self._fault(name, request)
             draw -= p
-        return self._reply(body, prompt_id, turn)
+        reply = self._reply(body, prompt_id, turn)
+        if f.drip_s:
+            assert isinstance(reply.body, bytes)
+            return await drip(request, reply.body, f.drip_s)
+        return reply
 
     async def _fault(self, name: str, request: web.Request) -> web.StreamResponse:
         if name == "5xx":

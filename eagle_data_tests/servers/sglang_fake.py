@@ -32,6 +32,8 @@ from typing import Any
 
 from aiohttp import web
 
+from eagle_data_tests.servers.drip import drip
+
 THINK_START, THINK_END, IM_END = 151667, 151668, 151645
 NEWLINE, DOUBLE_NEWLINE = 198, 271
 PROMPT_ID_HEADER = "X-Eagle-Prompt-Id"  # what eagle-data's engines send; a stand-in imports no client code
@@ -70,8 +72,10 @@ class FakeSGLang:
         log_path: str | None = None,
         unhealthy: bool = False,
         fail_status: int = 0,
+        drip_s: float = 0.0,
     ) -> None:
         self.model, self.seed, self.delay_s, self.unhealthy = model, seed, delay_s, unhealthy
+        self.drip_s = drip_s  # nonzero: /generate sends its answer one byte at a time, this many seconds apart
         self.fail_status = fail_status  # nonzero: /generate answers this HTTP status, as SGLang's errors
         self.log = Path(log_path).open("a", encoding="utf-8") if log_path else None  # noqa: SIM115
         self.requests: list[dict[str, Any]] = []  # every body received, answered or not
@@ -110,7 +114,7 @@ class FakeSGLang:
             }
         )
 
-    async def generate(self, request: web.Request) -> web.Response:
+    async def generate(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.requests.append(body)
         if self.fail_status:
@@ -127,8 +131,11 @@ class FakeSGLang:
             "completion_tokens": len(output_ids),
             "cached_tokens": 0,
         }
+        answer = {"output_ids": output_ids, "meta_info": meta}
+        if self.drip_s:
+            return await drip(request, json.dumps(answer).encode(), self.drip_s)
         self._record(request, "generate", body.get("rid", ""), output_ids)
-        return web.json_response({"output_ids": output_ids, "meta_info": meta})
+        return web.json_response(answer)
 
     async def chat(self, request: web.Request) -> web.Response:
         body = await request.json()
