@@ -28,6 +28,7 @@ import pytest
 
 from eagle_data.engines.launcher import LaunchConfig, Launcher
 from eagle_data.engines.sglang import Codec, SGLangEngine, SGLangSettings
+from eagle_data.targets.reasoning import ReasoningMarkers
 from eagle_data.targets.vocab import qwen_tokenizer
 from eagle_data.types import Message
 from eagle_data_tests.servers.sglang_fake import THINK_END, THINK_START, free_port_block
@@ -66,7 +67,8 @@ async def bare_loop(urls: list[str], n: int, in_flight: int) -> float:
 async def engine_loop(launcher: Launcher, n: int, in_flight: int, kill: bool) -> tuple[float, int]:
     """The engine over n prompts; with `kill`, SIGKILL one server a quarter in. Returns (req/s, failovers)."""
     tok = qwen_tokenizer()
-    codec = Codec(chatml_ids, lambda ids: tok.decode(ids, skip_special_tokens=False), THINK_START, THINK_END)
+    markers = ReasoningMarkers("<think>", "</think>", THINK_START, THINK_END)
+    codec = Codec(chatml_ids, lambda ids: tok.decode(ids, skip_special_tokens=False), markers)
     settings = SGLangSettings(urls=tuple(launcher.urls), model=MODEL, max_new_tokens=MAX_NEW_TOKENS,
                               max_in_flight_per_server=in_flight, reprobe_s=3600)
     engine = SGLangEngine(settings, codec)

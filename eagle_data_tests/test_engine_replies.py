@@ -11,12 +11,15 @@ import pytest
 
 from eagle_data import pipeline
 from eagle_data.engines import make_engine
-from eagle_data.engines.replies import reply_text, split_think
+from eagle_data.engines.replies import reply_text, split_ids, split_text
 from eagle_data.quality.verdicts import ENGINE_SIDE_REJECTIONS
 from eagle_data.runner import RunnerSettings, run_generation
 from eagle_data.runner.resultlog import ResultLog, resume_key
 from eagle_data.runner.rows import build_row, to_frame
 from eagle_data.storage import ShardStore
+from eagle_data.targets import reasoning_markers
+from eagle_data.targets.reasoning import THINK_TAGS
+from eagle_data.targets.vocab import qwen_tokenizer
 from eagle_data_tests.servers.openai_fake import FakeOpenAI, Faults, prompt_shards, spec_for_tests
 
 DS = "b7_sharegpt"
@@ -56,7 +59,31 @@ def test_reasoning_is_read_from_every_reply_shape_and_content_keeps_only_the_ans
     ],
 )
 def test_think_blocks_inside_content_move_to_reasoning(content: str, expected: tuple[str, str]) -> None:
-    assert split_think(content) == expected
+    assert split_text(content, THINK_TAGS) == expected
+    assert split_text(content, reasoning_markers("qwen3")) == expected
+
+
+def test_the_split_follows_the_target_profile_markers_and_strip_rules() -> None:
+    kimi = reasoning_markers("kimi-k2.5")  # Kimi's format strips nothing around its think block
+    assert kimi is not None and (kimi.open_id, kimi.close_id) == (163606, 163607)
+    assert split_text("<think>\nr\n</think>\nanswer", kimi) == ("\nr\n", "\nanswer")
+    assert split_text("<think>r</think>answer", None) == ("", "<think>r</think>answer")  # a format without blocks
+    assert split_text("answer, then r</think> and <think>", THINK_TAGS) == ("answer, then r", " and <think>")
+    assert split_text("a <think> mention</think>", THINK_TAGS) == ("", "a <think> mention</think>")
+
+
+def test_text_and_ids_are_split_by_the_same_rule() -> None:
+    """The same replies as text and as token ids split alike (SGLang and local split ids, servers text)."""
+    markers, tokenizer = reasoning_markers("qwen3-test"), qwen_tokenizer()
+
+    def decode(ids: list[int]) -> str:
+        return tokenizer.decode(ids, skip_special_tokens=False)
+
+    for text in ("<think>\nr one\n</think>\n\nanswer", "r two\n</think>\n\nanswer", "<think>\ncut off",
+                 "plain answer", "</think>answer", "x <think> y </think> z"):  # fmt: skip
+        ids = tokenizer.encode(text, add_special_tokens=False).ids
+        reasoning, content, _ = split_ids(ids, markers, decode, cut_while_thinking=False)
+        assert (reasoning, content) == split_text(text, markers), text
 
 
 def test_a_parsed_reasoning_field_wins_and_nulls_read_as_empty() -> None:

@@ -17,6 +17,7 @@ import pytest
 from aiohttp import web
 
 from eagle_data.engines.launcher import LaunchConfig, Launcher
+from eagle_data.engines.replies import split_ids
 from eagle_data.engines.served import ModelMismatchError, model_matches
 from eagle_data.engines.sglang import (
     Codec,
@@ -24,7 +25,6 @@ from eagle_data.engines.sglang import (
     SGLangSettings,
     codec_for,
     normalize_finish,
-    split_reasoning,
 )
 from eagle_data.engines.sglang_fleet import stats_line
 from eagle_data.targets import load_target
@@ -98,8 +98,9 @@ def test_generate_returns_the_servers_output_ids_with_reasoning_split() -> None:
             body = want[:-1] if finish["type"] == "stop" else want
             if THINK_END in body:
                 end = body.index(THINK_END)
-                assert got.reasoning == tok.decode(body[1:end], skip_special_tokens=False).strip()
-                assert got.content == tok.decode(body[end + 1 :], skip_special_tokens=False).strip()
+                # qwen3's chat format strips "\n" around the reasoning and before the content, nothing else
+                assert got.reasoning == tok.decode(body[1:end], skip_special_tokens=False).strip("\n")
+                assert got.content == tok.decode(body[end + 1 :], skip_special_tokens=False).lstrip("\n")
                 assert got.reasoning_tokens == end + 1
             assert "<|im_end|>" not in got.content
         assert {r.finish_reason for r in replies} == {"stop", "length"}  # both kinds were exercised
@@ -311,18 +312,20 @@ def test_normalize_finish(raw: object, want: tuple[str, object]) -> None:
 
 
 @pytest.mark.parametrize(
-    ("ids", "thinking", "truncated", "want"),
+    ("ids", "thinking", "truncated", "want"),  # 5000 is " difficult": only the format's "\n" is stripped
     [
-        ([THINK_START, 5000, THINK_END, 271, 6000], True, False, ("difficult", "ViewById", 3)),
-        ([5000, THINK_END, 6000], True, False, ("difficult", "ViewById", 2)),  # <think> was in the prompt
-        ([THINK_START, 5000], True, True, ("difficult", "", 2)),  # cut off while thinking
-        ([5000], True, True, ("difficult", "", 1)),
+        ([THINK_START, 5000, THINK_END, 271, 6000], True, False, (" difficult", "ViewById", 3)),
+        ([5000, THINK_END, 6000], True, False, (" difficult", "ViewById", 2)),  # <think> was in the prompt
+        ([THINK_START, 5000], True, True, (" difficult", "", 2)),  # cut off while thinking
+        ([5000], True, True, (" difficult", "", 1)),
+        ([THINK_END, 6000], True, False, ("", "ViewById", 1)),  # the prompt opened the block, closed at once
         ([6000], False, True, ("", "ViewById", 0)),
         ([6000], True, False, ("", "ViewById", 0)),  # chose not to think
     ],
 )
 def test_split_reasoning(ids: list[int], thinking: bool, truncated: bool, want: tuple[str, str, int]) -> None:
-    assert split_reasoning(ids, qwen_codec(), thinking=thinking, truncated=truncated) == want
+    codec = qwen_codec()
+    assert split_ids(ids, codec.markers, codec.decode, cut_while_thinking=thinking and truncated) == want
 
 
 @pytest.mark.parametrize(

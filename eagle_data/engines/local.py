@@ -10,11 +10,14 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import threading
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from eagle_data.catalog import Generation
 from eagle_data.engines import EngineKind, EngineSettings, register, sampling_refused
+from eagle_data.engines.replies import split_ids
+from eagle_data.targets.reasoning import THINK_TAGS, ReasoningMarkers, reasoning_markers
 from eagle_data.types import Completion, Engine, FatalError, Message, Sampling
 
 if TYPE_CHECKING:
@@ -29,8 +32,15 @@ class LocalEngine(Engine):
     name = "local"
 
     def __init__(
-        self, model_path: str | Path, generation: Generation, *, device: str = "cpu", demo: bool = False
+        self,
+        model_path: str | Path,
+        generation: Generation,
+        *,
+        device: str = "cpu",
+        demo: bool = False,
+        markers: ReasoningMarkers | None = THINK_TAGS,
     ) -> None:
+        """`markers`: the target's think-block markers (None: its format has none)."""
         self.model_path = Path(model_path).expanduser().resolve()
         if not (self.model_path / "config.json").is_file():
             raise FatalError(
@@ -40,7 +50,7 @@ class LocalEngine(Engine):
             )
         self.model = self.model_path.name  # the short label rows carry; config() names the whole path
         self.generation = generation
-        self.device, self.demo = device, demo
+        self.device, self.demo, self.markers = device, demo, markers
         self._lock = threading.Lock()
         self._loaded: tuple[Any, Any] | None = None
 
@@ -85,7 +95,7 @@ class LocalEngine(Engine):
                 )
         prompt_len = prompt["input_ids"].shape[1]
         output_ids = out[0, prompt_len:].tolist()
-        return _to_completion(tokenizer, output_ids, prompt_len)
+        return _to_completion(tokenizer, output_ids, prompt_len, self.markers)
 
     def describe(self) -> str:
         return f"{self.name} ({DEMO_NOTE})" if self.demo else f"{self.name} {self.model_path}"
@@ -108,20 +118,22 @@ class LocalEngine(Engine):
         """Nothing to release per run: the model stays loaded for the next run in this process."""
 
 
-def _to_completion(tokenizer: Any, output_ids: list[int], prompt_tokens: int) -> Completion:
-    """Split the model's tokens into reasoning and content at `</think>`; the end-of-turn id stays in output_ids."""
+def _to_completion(
+    tokenizer: Any, output_ids: list[int], prompt_tokens: int, markers: ReasoningMarkers | None = THINK_TAGS
+) -> Completion:
+    """Split the model's tokens into reasoning and content at the think-block markers (their ids in the
+    checkpoint's own vocabulary); the end-of-turn id stays in output_ids."""
     eos = tokenizer.eos_token_id
     stopped = bool(output_ids) and output_ids[-1] == eos
     body = output_ids[:-1] if stopped else output_ids
-    think_end = tokenizer.convert_tokens_to_ids("</think>")
-    reasoning = ""
-    if think_end in body:
-        cut = body.index(think_end)
-        reasoning = tokenizer.decode(body[:cut]).removeprefix("<think>").strip("\n")
-        body = body[cut + 1 :]
+    if markers is not None:
+        ids = tokenizer.convert_tokens_to_ids([markers.open_text, markers.close_text])
+        markers = replace(markers, open_id=ids[0], close_id=ids[1])
+    reasoning, content, reasoning_tokens = split_ids(body, markers, tokenizer.decode, cut_while_thinking=False)
     return Completion(
-        content=tokenizer.decode(body).lstrip("\n"),
+        content=content,
         reasoning=reasoning,
+        reasoning_tokens=reasoning_tokens,
         finish_reason="stop" if stopped else "length",
         prompt_tokens=prompt_tokens,
         completion_tokens=len(output_ids),
@@ -130,7 +142,9 @@ def _to_completion(tokenizer: Any, output_ids: list[int], prompt_tokens: int) ->
     )
 
 
-def make_local(*, model: str, device: str = "cpu", **generation: Any) -> LocalEngine:
+def make_local(
+    *, model: str, device: str = "cpu", markers: ReasoningMarkers | None = THINK_TAGS, **generation: Any
+) -> LocalEngine:
     """A local engine from keyword arguments: a checkpoint folder and the catalog's generation fields. The
     demo checkpoint's folder (which only the demo profile fills in) is built on first use and reported as such."""
     from eagle_data.demo import demo_model_path, ensure_demo_model
@@ -138,11 +152,12 @@ def make_local(*, model: str, device: str = "cpu", **generation: Any) -> LocalEn
     sampling = Generation(**{k: v for k, v in generation.items() if k in Generation.model_fields})
     path = Path(model).expanduser().resolve()
     demo = path == demo_model_path().resolve()
-    return LocalEngine(ensure_demo_model(path) if demo else path, sampling, device=device, demo=demo)
+    checkpoint = ensure_demo_model(path) if demo else path
+    return LocalEngine(checkpoint, sampling, device=device, demo=demo, markers=markers)
 
 
 def _build(settings: EngineSettings, spec: DatasetSpec) -> LocalEngine:
-    return make_local(model=settings.model, **spec.generation.model_dump())
+    return make_local(model=settings.model, markers=reasoning_markers(spec.target), **spec.generation.model_dump())
 
 
 register(EngineKind(

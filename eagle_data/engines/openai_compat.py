@@ -26,6 +26,7 @@ from eagle_data.engines.replies import reply_text
 from eagle_data.engines.served import ModelMismatchError, model_matches
 from eagle_data.retry_after import parse_retry_after
 from eagle_data.secrets import mask_url, redact, strip_credentials, url_parts
+from eagle_data.targets.reasoning import THINK_TAGS, ReasoningMarkers, reasoning_markers
 from eagle_data.types import (
     PROMPT_ID_HEADER,
     Completion,
@@ -89,8 +90,15 @@ def http_error(status: int, body: bytes, retry_after: str | None, now: float) ->
     return RetryableError(text, kind=f"http_{status}", retry_after=wait)
 
 
-def parse_response(status: int, body: bytes, retry_after: str | None = None, now: float = 0.0) -> Completion:
-    """A Completion from one HTTP answer, or the error it stands for (200 bodies are checked too)."""
+def parse_response(
+    status: int,
+    body: bytes,
+    retry_after: str | None = None,
+    now: float = 0.0,
+    markers: ReasoningMarkers | None = THINK_TAGS,
+) -> Completion:
+    """A Completion from one HTTP answer, or the error it stands for (200 bodies are checked too); `markers`:
+    the target's think-block markers, for a think block left inside `content`."""
     if status != 200:
         raise http_error(status, body, retry_after, now or time.time())
     try:
@@ -107,7 +115,7 @@ def parse_response(status: int, body: bytes, retry_after: str | None = None, now
     finish = choice.get("finish_reason") or ""
     if finish == "error":
         raise RetryableError("generation failed mid-way (finish_reason=error)", kind="finish_error")
-    reasoning, content = reply_text(choice.get("message") or {})
+    reasoning, content = reply_text(choice.get("message") or {}, markers)
     usage = data.get("usage") or {}
     details = usage.get("completion_tokens_details") or {}
     return Completion(
@@ -182,12 +190,15 @@ class OpenAICompatEngine(Engine):
         reasoning_request: bool = False,
         reports_credit: bool = False,
         checks_model: bool = True,
+        markers: ReasoningMarkers | None = THINK_TAGS,
     ) -> None:
         """`reasoning_request`: the API takes OpenRouter's `reasoning` request field, so the thinking
         switch goes there (else into `chat_template_kwargs`); `reports_credit`: it answers GET /key with
         the key's credit, checked before anything is sent; `checks_model`: GET /models lists every model
-        the server serves, so a model missing from a non-empty list is refused before anything is sent."""
-        self.name, self.model = name, model
+        the server serves, so a model missing from a non-empty list is refused before anything is sent;
+        `markers`: the target's think-block markers (None: its format has none), for replies that leave a
+        think block inside `content`."""
+        self.name, self.model, self.markers = name, model, markers
         self.reasoning_request, self.reports_credit, self.checks_model = reasoning_request, reports_credit, checks_model
         base, user, password = strip_credentials(checked_base_url(base_url))
         self.base = base.rstrip("/")
@@ -338,7 +349,7 @@ class OpenAICompatEngine(Engine):
                 self.url, data=json.dumps(payload).encode(), headers={PROMPT_ID_HEADER: prompt_id}
             ) as resp:
                 body = await resp.read()
-                return parse_response(resp.status, body, resp.headers.get("Retry-After"))
+                return parse_response(resp.status, body, resp.headers.get("Retry-After"), markers=self.markers)
         except aiohttp.ConnectionTimeoutError:
             raise RetryableError(f"no connection to {self.shown} within {self.connect_timeout_s:g} s",
                                  kind="connect_timeout") from None  # fmt: skip
@@ -405,7 +416,8 @@ def _build(settings: EngineSettings, spec: DatasetSpec) -> Engine:
     given = {"base_url": settings.base_url, "provider": settings.provider, "reasoning": settings.reasoning}
     return lookup(settings.kind).make(
         model=settings.model, api_key_env=settings.key_env(), max_tokens=g.max_tokens, temperature=g.temperature,
-        top_p=g.top_p, thinking=g.thinking, **settings.timeouts(), **{k: v for k, v in given.items() if v},
+        top_p=g.top_p, thinking=g.thinking, markers=reasoning_markers(spec.target), **settings.timeouts(),
+        **{k: v for k, v in given.items() if v},
     )  # fmt: skip
 
 

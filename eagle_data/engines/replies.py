@@ -1,18 +1,28 @@
-"""Reading a chat reply's text: reasoning and content, whatever shape the server used.
+"""Reading a reply's text: reasoning and content, whatever shape the server used. The one reasoning split.
 
 Servers put the reasoning in different places: OpenRouter in `message.reasoning` and in the typed
 parts of `message.reasoning_details` (`reasoning.text` with `text`, `reasoning.summary` with
 `summary`; `reasoning.encrypted` carries no readable text and is skipped), SGLang's and older vLLM's
 reasoning parsers in `message.reasoning_content`, newer vLLM in `message.reasoning`, and a server
-without a reasoning parser leaves a `<think>…</think>` block at the start of `content`.
+without a reasoning parser leaves a think block at the start of `content`.
+
+A think block in a reply is split by one rule, over text (`split_text`) or over the model's own token ids
+(`split_ids`, where the engine has them), with the target profile's markers (`eagle_data.targets.
+reasoning_markers`): the reasoning runs to the closing marker, after an opening marker at the start (or
+none, when the prompt opened the block); an opened block that never closes (cut off while thinking) is
+all reasoning; anything else is all content (an opening marker inside the answer is only a mention).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import re
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+from eagle_data.targets.reasoning import THINK_TAGS, ReasoningMarkers
+
 DETAIL_TEXT_FIELDS = {"reasoning.text": "text", "reasoning.summary": "summary"}
+Piece = TypeVar("Piece", str, int)
 
 
 def _details_text(details: Any) -> str:
@@ -22,22 +32,55 @@ def _details_text(details: Any) -> str:
     return "".join(p for p in parts if isinstance(p, str))
 
 
-def split_think(content: str) -> tuple[str, str]:
-    """(reasoning, content) of a content string that may hold a think block.
+def _spans(
+    pieces: Sequence[Piece], opening: Piece, closing: Piece, *, cut_while_thinking: bool = False
+) -> tuple[slice, slice] | None:
+    """(reasoning, content) spans of a reply seen as pieces in which each marker is one piece (blank text
+    pieces before the block are skipped); None when it holds no think block. `cut_while_thinking`: a reply
+    with no marker at all is reasoning (the prompt opened the block and the reply was cut off in it)."""
+    lead = next((i for i, piece in enumerate(pieces) if not isinstance(piece, str) or piece.strip()), len(pieces))
+    opened = lead < len(pieces) and pieces[lead] == opening
+    start = lead + opened
+    rest = list(pieces[start:])
+    if closing in rest:
+        at = start + rest.index(closing)
+        if opened or opening not in pieces[:at]:
+            return slice(start, at), slice(at + 1, len(pieces))
+    elif opened or cut_while_thinking:
+        return slice(start, len(pieces)), slice(len(pieces), len(pieces))
+    return None
 
-    `<think>r</think>c` and `r</think>c` (the template opened the block in the prompt) split at the
-    closing tag; an opened block that never closes (cut off while thinking) is all reasoning.
-    """
-    head = content.lstrip()
-    if THINK_CLOSE in content and (head.startswith(THINK_OPEN) or THINK_OPEN not in content):
-        reasoning, _, rest = content.partition(THINK_CLOSE)
-        return reasoning.lstrip().removeprefix(THINK_OPEN).strip("\n"), rest.lstrip("\n")
-    if head.startswith(THINK_OPEN):
-        return head.removeprefix(THINK_OPEN).strip("\n"), ""
-    return "", content
+
+def split_text(content: str, markers: ReasoningMarkers | None) -> tuple[str, str]:
+    """(reasoning, content) of a content string that may hold a think block (None: a format without one)."""
+    if markers is None:
+        return "", content
+    tags = f"({re.escape(markers.open_text)}|{re.escape(markers.close_text)})"
+    pieces = [piece for piece in re.split(tags, content) if piece]
+    spans = _spans(pieces, markers.open_text, markers.close_text)
+    if spans is None:
+        return "", content
+    reasoning, answer = ("".join(pieces[span]) for span in spans)
+    return reasoning.strip(markers.strip_reasoning), answer.lstrip(markers.strip_content)
 
 
-def reply_text(message: dict[str, Any]) -> tuple[str, str]:
+def split_ids(
+    ids: list[int], markers: ReasoningMarkers | None, decode: Callable[[list[int]], str], *, cut_while_thinking: bool
+) -> tuple[str, str, int]:
+    """(reasoning, content, reasoning_tokens) of a reply's own token ids (its end-of-turn id removed);
+    `reasoning_tokens` counts the ids of the block, markers included."""
+    strip_content = markers.strip_content if markers else ""
+    spans = None
+    if markers is not None and markers.open_id is not None and markers.close_id is not None:
+        spans = _spans(ids, markers.open_id, markers.close_id, cut_while_thinking=cut_while_thinking)
+    if markers is None or spans is None:
+        return "", decode(ids).lstrip(strip_content), 0
+    reasoning, answer = spans
+    tokens = min(len(ids), reasoning.stop + 1)  # through the closing marker, or every id when it never closed
+    return decode(ids[reasoning]).strip(markers.strip_reasoning), decode(ids[answer]).lstrip(strip_content), tokens
+
+
+def reply_text(message: dict[str, Any], markers: ReasoningMarkers | None = THINK_TAGS) -> tuple[str, str]:
     """(reasoning, content) of one chat `message`; null fields read as ""."""
     content = message.get("content")
     content = content if isinstance(content, str) else ""
@@ -49,5 +92,5 @@ def reply_text(message: dict[str, Any]) -> tuple[str, str]:
             break
     else:
         reasoning = _details_text(message.get("reasoning_details"))
-    inline, content = split_think(content)
+    inline, content = split_text(content, markers)
     return (reasoning or inline), content

@@ -23,7 +23,7 @@ import aiohttp
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 from eagle_data.engines import EngineKind, EngineSettings, register, sampling_refused
-from eagle_data.engines.replies import reply_text
+from eagle_data.engines.replies import reply_text, split_ids
 from eagle_data.engines.sglang_fleet import (
     SERVER_GONE_ERRORS,
     Fleet,
@@ -35,6 +35,7 @@ from eagle_data.engines.sglang_fleet import (
 )
 from eagle_data.secrets import mask_url
 from eagle_data.targets import Target, load_target, prompt_ids
+from eagle_data.targets.reasoning import THINK_TAGS, ReasoningMarkers, reasoning_markers
 from eagle_data.types import PROMPT_ID_HEADER, Completion, Engine, FatalError, Message, RetryableError, Sampling
 
 if TYPE_CHECKING:
@@ -80,23 +81,21 @@ class Codec:
     """The target's tokenization, needed by the native path.
 
     `prompt_ids(messages, thinking)` gives the generation prompt ids for a conversation (chat template
-    applied, assistant header included); `decode(ids)` gives text with special tokens kept.
+    applied, assistant header included); `decode(ids)` gives text with special tokens kept; `markers` are the
+    target's think-block markers (None: its format has none).
     """
 
     prompt_ids: Callable[[list[Message], bool], list[int]]
     decode: Callable[[list[int]], str]
-    think_start_id: int | None = None
-    think_end_id: int | None = None
+    markers: ReasoningMarkers | None = None
 
 
 def codec_for(target: Target) -> Codec:
-    """The Codec of a loaded target profile: its chat template, tokenizer and think-token ids."""
-    tokens = target.profile.tokens
+    """The Codec of a loaded target profile: its chat template, tokenizer and think-block markers."""
     return Codec(
         prompt_ids=lambda messages, thinking: prompt_ids(target, messages, thinking=thinking),
         decode=lambda ids: target.tokenizer.decode(ids, skip_special_tokens=False),
-        think_start_id=tokens.get("<think>"),
-        think_end_id=tokens.get("</think>"),
+        markers=reasoning_markers(target.name),
     )
 
 
@@ -106,21 +105,6 @@ def normalize_finish(raw: Any) -> tuple[str, Any]:
     if isinstance(raw, dict):
         return str(raw.get("type", "stop")), raw.get("matched")
     return (str(raw), None) if raw else ("stop", None)
-
-
-def split_reasoning(ids: list[int], codec: Codec, *, thinking: bool, truncated: bool) -> tuple[str, str, int]:
-    """(reasoning, content, reasoning_tokens) of one reply, split at the `</think>` token id.
-
-    Without `</think>` the reply is all reasoning when it opens with `<think>`, or when thinking is on
-    and it was cut off (templates that put `<think>` in the prompt); otherwise all content.
-    """
-    start = 1 if ids and ids[0] == codec.think_start_id else 0
-    if codec.think_end_id is not None and codec.think_end_id in ids:
-        end = ids.index(codec.think_end_id)
-        return codec.decode(ids[start:end]).strip(), codec.decode(ids[end + 1 :]).strip(), end + 1
-    if start or (thinking and truncated and codec.think_end_id is not None):
-        return codec.decode(ids[start:]).strip(), "", len(ids)
-    return "", codec.decode(ids).strip(), 0
 
 
 class SGLangEngine(Engine):
@@ -284,7 +268,7 @@ class SGLangEngine(Engine):
 
     def _parse(self, body: dict[str, Any]) -> Completion:
         if self.settings.mode == "chat":
-            return _parse_chat(body)
+            return _parse_chat(body, self.codec.markers if self.codec else THINK_TAGS)
         assert self.codec is not None
         meta = body.get("meta_info", {})
         finish, matched = normalize_finish(meta.get("finish_reason"))
@@ -295,8 +279,12 @@ class SGLangEngine(Engine):
             raise FatalError("SGLang /generate returned no output_ids: use SGLang >= 0.5", kind="no_ids")
         ids = [int(i) for i in ids]
         text_ids = ids[:-1] if finish == "stop" and ids and ids[-1] == matched else ids
-        reasoning, content, reasoning_tokens = split_reasoning(
-            text_ids, self.codec, thinking=self.settings.thinking, truncated=finish == "length"
+        # A reply cut off with no marker while thinking is on is reasoning: templates may open the block in the prompt.
+        reasoning, content, reasoning_tokens = split_ids(
+            text_ids,
+            self.codec.markers,
+            self.codec.decode,
+            cut_while_thinking=self.settings.thinking and finish == "length",
         )
         return Completion(
             content=content,
@@ -310,7 +298,7 @@ class SGLangEngine(Engine):
         )
 
 
-def _parse_chat(body: dict[str, Any]) -> Completion:
+def _parse_chat(body: dict[str, Any], markers: ReasoningMarkers | None) -> Completion:
     if not body.get("choices"):
         raise RetryableError(f"SGLang chat reply without choices: {str(body)[:200]}", kind="bad_body")
     choice = body["choices"][0]
@@ -320,7 +308,7 @@ def _parse_chat(body: dict[str, Any]) -> Completion:
         raise RetryableError("SGLang aborted the request", kind="sglang_abort")
     usage = body.get("usage") or {}
     details = usage.get("completion_tokens_details") or {}
-    reasoning, content = reply_text(message)
+    reasoning, content = reply_text(message, markers)
     return Completion(
         content=content,
         reasoning=reasoning,
