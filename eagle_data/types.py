@@ -37,6 +37,7 @@ class Completion:
     provider: str = ""
     served_model: str = ""  # the model id the server reports serving (OpenAI-style `model`), "" if none
     output_ids: list[int] | None = None  # the model's own tokens, when the engine returns them
+    prompt_ids: list[int] | None = None  # the prompt's tokens as the server rendered them, when it returns them
 
     @property
     def truncated(self) -> bool:

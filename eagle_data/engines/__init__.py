@@ -19,7 +19,12 @@ from eagle_data.types import Engine, FatalError
 if TYPE_CHECKING:
     from eagle_data.catalog import DatasetSpec
 
-BUILTIN_MODULES = ("eagle_data.engines.local", "eagle_data.engines.openai_compat", "eagle_data.engines.sglang")
+BUILTIN_MODULES = (
+    "eagle_data.engines.local",
+    "eagle_data.engines.openai_compat",
+    "eagle_data.engines.sglang",
+    "eagle_data.engines.vllm",
+)
 
 
 @dataclass(frozen=True)

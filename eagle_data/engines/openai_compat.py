@@ -96,9 +96,12 @@ def parse_response(
     retry_after: str | None = None,
     now: float = 0.0,
     markers: ReasoningMarkers | None = THINK_TAGS,
+    token_ids: bool = False,
 ) -> Completion:
     """A Completion from one HTTP answer, or the error it stands for (200 bodies are checked too); `markers`:
-    the target's think-block markers, for a think block left inside `content`."""
+    the target's think-block markers, for a think block left inside `content`. Token ids are kept whenever
+    the answer has them (vLLM's `token_ids` per choice, `prompt_token_ids`); `token_ids`: they were asked
+    for, so an answer without them is a one-line fatal error (the server ignores the request field)."""
     if status != 200:
         raise http_error(status, body, retry_after, now or time.time())
     try:
@@ -116,6 +119,13 @@ def parse_response(
     if finish == "error":
         raise RetryableError("generation failed mid-way (finish_reason=error)", kind="finish_error")
     reasoning, content = reply_text(choice.get("message") or {}, markers)
+    output_ids, prompt_ids = _ids(choice.get("token_ids")), _ids(data.get("prompt_token_ids"))
+    if token_ids and output_ids is None:
+        raise FatalError(
+            "the server answered without token_ids: it ignores return_token_ids (vLLM's OpenAI server takes it); "
+            "upgrade vLLM, or use EAGLE_DATA_ENGINE=openai to run without token ids",
+            kind="config",  # the server is not what the kind needs: stop sending, like any configuration error
+        )
     usage = data.get("usage") or {}
     details = usage.get("completion_tokens_details") or {}
     return Completion(
@@ -128,7 +138,16 @@ def parse_response(
         cost_usd=float(usage.get("cost") or 0.0),
         provider=data.get("provider") or "",
         served_model=data.get("model") or "",
+        output_ids=output_ids,
+        prompt_ids=prompt_ids,
     )
+
+
+def _ids(value: Any) -> list[int] | None:
+    """A list of token ids from an answer field, or None when the field is missing or not such a list."""
+    if not isinstance(value, list) or not all(isinstance(i, int) for i in value):
+        return None
+    return value
 
 
 def _checked(name: str, value: dict[str, Any] | None, allowed: frozenset[str]) -> dict[str, Any] | None:
@@ -191,13 +210,15 @@ class OpenAICompatEngine(Engine):
         reports_credit: bool = False,
         checks_model: bool = True,
         markers: ReasoningMarkers | None = THINK_TAGS,
+        token_ids: bool = False,
     ) -> None:
         """`reasoning_request`: the API takes OpenRouter's `reasoning` request field, so the thinking
         switch goes there (else into `chat_template_kwargs`); `reports_credit`: it answers GET /key with
         the key's credit, checked before anything is sent; `checks_model`: GET /models lists every model
         the server serves, so a model missing from a non-empty list is refused before anything is sent;
         `markers`: the target's think-block markers (None: its format has none), for replies that leave a
-        think block inside `content`."""
+        think block inside `content`; `token_ids`: ask for the reply's and the prompt's token ids (vLLM's
+        `return_token_ids`) and refuse an answer without them."""
         self.name, self.model, self.markers = name, model, markers
         self.reasoning_request, self.reports_credit, self.checks_model = reasoning_request, reports_credit, checks_model
         base, user, password = strip_credentials(checked_base_url(base_url))
@@ -222,8 +243,10 @@ class OpenAICompatEngine(Engine):
             body["reasoning"] = {"enabled": thinking}
         elif thinking is not None:
             body["chat_template_kwargs"] = {"enable_thinking": thinking}
+        if token_ids:
+            body["return_token_ids"] = True
         body.update(extra_body or {})
-        self._body = body
+        self._body, self.token_ids = body, token_ids
         self._session: aiohttp.ClientSession | None = None
 
     def config(self) -> dict[str, Any]:
@@ -349,7 +372,8 @@ class OpenAICompatEngine(Engine):
                 self.url, data=json.dumps(payload).encode(), headers={PROMPT_ID_HEADER: prompt_id}
             ) as resp:
                 body = await resp.read()
-                return parse_response(resp.status, body, resp.headers.get("Retry-After"), markers=self.markers)
+                retry_after = resp.headers.get("Retry-After")
+                return parse_response(resp.status, body, retry_after, markers=self.markers, token_ids=self.token_ids)
         except aiohttp.ConnectionTimeoutError:
             raise RetryableError(f"no connection to {self.shown} within {self.connect_timeout_s:g} s",
                                  kind="connect_timeout") from None  # fmt: skip
@@ -410,8 +434,9 @@ def check_credit(
     )
 
 
-def _build(settings: EngineSettings, spec: DatasetSpec) -> Engine:
-    """Either kind from resolved settings: the record's own `make` with the dataset's sampling."""
+def build_compatible(settings: EngineSettings, spec: DatasetSpec) -> Engine:
+    """An OpenAI-compatible kind from resolved settings: the record's own `make` with the dataset's sampling
+    and its target's think-block markers."""
     g = spec.generation
     given = {"base_url": settings.base_url, "provider": settings.provider, "reasoning": settings.reasoning}
     return lookup(settings.kind).make(
@@ -421,12 +446,12 @@ def _build(settings: EngineSettings, spec: DatasetSpec) -> Engine:
     )  # fmt: skip
 
 
-def make_openai(*, base_url: str = "", **arguments: Any) -> OpenAICompatEngine:
+def make_openai(*, base_url: str = "", name: str = OPENAI, **arguments: Any) -> OpenAICompatEngine:
     """Any OpenAI-compatible server: never falls back to another provider's URL (the key would go there)."""
     if not base_url:
-        raise FatalError("engine openai needs a base URL: set EAGLE_DATA_BASE_URL (e.g. http://host:30000/v1)",
+        raise FatalError(f"engine {name} needs a base URL: set EAGLE_DATA_BASE_URL (e.g. http://host:30000/v1)",
                          kind="config")  # fmt: skip
-    return OpenAICompatEngine(name=OPENAI, base_url=base_url, **arguments)
+    return OpenAICompatEngine(name=name, base_url=base_url, **arguments)
 
 
 def make_openrouter(*, api_key_env: str = OPENROUTER_KEY_ENV, **arguments: Any) -> OpenAICompatEngine:
@@ -446,11 +471,11 @@ MODEL_FIX = "set EAGLE_DATA_MODEL (e.g. Qwen/Qwen3-8B)"
 HTTP_SETTINGS = frozenset({"base_url", "api_key_env", "timeout_s", "connect_timeout_s"})
 ROUTED_SETTINGS = HTTP_SETTINGS | {"provider", "reasoning"}  # OpenRouter's request fields (a gateway may take them)
 register(EngineKind(
-    name=OPENAI, build=_build, make=make_openai, summary="any OpenAI-compatible server at EAGLE_DATA_BASE_URL",
-    key_env="OPENAI_API_KEY", takes=ROUTED_SETTINGS,
+    name=OPENAI, build=build_compatible, make=make_openai, takes=ROUTED_SETTINGS, key_env="OPENAI_API_KEY",
+    summary="any OpenAI-compatible server at EAGLE_DATA_BASE_URL",
     required={"model": MODEL_FIX, "base_url": "set EAGLE_DATA_BASE_URL (e.g. http://host:30000/v1)"},
 ))  # fmt: skip
 register(EngineKind(
-    name=OPENROUTER, build=_build, make=make_openrouter, takes=ROUTED_SETTINGS,
+    name=OPENROUTER, build=build_compatible, make=make_openrouter, takes=ROUTED_SETTINGS,
     summary="OpenRouter's API", key_env=OPENROUTER_KEY_ENV, required={"model": MODEL_FIX},
 ))  # fmt: skip

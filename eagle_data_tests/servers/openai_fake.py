@@ -28,6 +28,7 @@ import polars as pl
 from aiohttp import web
 
 from eagle_data.catalog import DatasetSpec, load_catalog
+from eagle_data.targets.vocab import qwen_tokenizer
 from eagle_data.types import PROMPT_ID_HEADER
 from eagle_data_tests.servers.drip import drip
 
@@ -63,6 +64,7 @@ class Faults:
     shape: str = "split"  # how the reply's text comes back: one of SHAPES
     echo_auth: bool = False  # error bodies repeat the Authorization header received (a careless server)
     served_models: tuple[str, ...] = ()  # the ids GET /models lists (none: an empty list, which no engine checks)
+    ignore_token_ids: bool = False  # answer `return_token_ids` without ids (a server that does not know the field)
     cost_per_token: float = 1e-6
     key_limit: float = 100.0
     key_usage: float = 12.5
@@ -212,14 +214,17 @@ class FakeOpenAI:
             "completion_tokens_details": {"reasoning_tokens": 2},
             "cost": round((prompt_tokens + n) * self.faults.cost_per_token, 9),
         }
+        choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "message": message}
         reply = {
             "id": f"gen-{turn}",
             "object": "chat.completion",
             "model": body.get("model", ""),
             "provider": "FakeProvider",
-            "choices": [{"index": 0, "finish_reason": finish, "message": message}],
+            "choices": [choice],
             "usage": usage,
         }
+        if body.get("return_token_ids") and not self.faults.ignore_token_ids:
+            reply["prompt_token_ids"], choice["token_ids"] = token_ids(body["messages"], message, finish)
         return web.json_response(reply)
 
     # ---- running -----------------------------------------------------------------------------------
@@ -277,6 +282,18 @@ def shaped_message(shape: str, content: str, reasoning: str) -> dict[str, Any]:
     if shape == "special_only":
         return {**message, "content": ""}
     raise ValueError(f"unknown reply shape {shape!r}; known: {SHAPES}")
+
+
+def token_ids(messages: list[dict[str, Any]], message: dict[str, Any], finish: str) -> tuple[list[int], list[int]]:
+    """(prompt ids, reply ids) as vLLM returns them for a Qwen3 model: the ChatML rendering of the
+    conversation and of the reply (its think block, its content, `<|im_end|>` unless cut), in Qwen's vocabulary."""
+    turns = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+    prompt = turns + "<|im_start|>assistant\n"
+    thought = message.get("reasoning") or message.get("reasoning_content")
+    reply = (f"<think>\n{thought}\n</think>\n\n" if thought else "") + (message.get("content") or "")
+    reply += "<|im_end|>" if finish == "stop" else ""
+    encode = qwen_tokenizer().encode
+    return encode(prompt, add_special_tokens=False).ids, encode(reply, add_special_tokens=False).ids
 
 
 def prompt_shards(shards: int, per_shard: int, turns: int = 1, dataset: str = "b7_sharegpt") -> dict[str, pl.DataFrame]:
