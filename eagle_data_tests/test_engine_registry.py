@@ -84,7 +84,7 @@ def test_run_config_overrides_the_environment_field_by_field_and_the_kind_stays(
 
 
 def test_no_engine_chosen_is_a_one_line_error_and_the_demo_profile_runs_the_local_model(env) -> None:
-    choices = "local, openai, openrouter, sglang"
+    choices = "local, openai, openrouter, sglang, vllm"
     with pytest.raises(FatalError, match=f"^no engine chosen: set {ENGINE_ENV} to one of .*{choices}") as err:
         EngineResource().settings()
     assert "\n" not in str(err.value)
@@ -148,7 +148,7 @@ def test_runner_defaults_come_from_the_record_and_a_low_ceiling_is_no_contradict
     assert (sglang.max_in_flight, sglang.initial_in_flight) == (9, 9)
     low = RunnerSettings.in_flight(8, ramp=True)  # used to fail: "got 4, 32, 8"
     assert (low.min_in_flight, low.initial_in_flight, low.max_in_flight) == (4, 8, 8)
-    assert {"local", "openai", "openrouter", "sglang", "echo"} <= set(kinds())
+    assert {"local", "openai", "openrouter", "sglang", "vllm", "echo"} <= set(kinds())
 
 
 def test_required_settings_are_named_with_the_variable_to_set() -> None:
