@@ -17,7 +17,7 @@ from eagle_data.runner import RunnerSettings, run_generation
 from eagle_data.runner.resultlog import ResultLog, resume_key
 from eagle_data.runner.rows import build_row, to_frame
 from eagle_data.storage import ShardStore
-from eagle_data.targets import reasoning_markers
+from eagle_data.targets import profile, reasoning, reasoning_markers
 from eagle_data.targets.reasoning import THINK_TAGS
 from eagle_data.targets.vocab import qwen_tokenizer
 from eagle_data_tests.servers.openai_fake import FakeOpenAI, Faults, prompt_shards, spec_for_tests
@@ -157,3 +157,24 @@ def test_retry_rejected_re_requests_only_rows_rejected_for_engine_side_reasons(
     again = {turn.split("#")[0] for turn, n in server.requests.items() if n == 2}
     assert again == set(prompts["prompt_id"][:2])
     assert "short_loss" in ENGINE_SIDE_REJECTIONS and "bad_structure" not in ENGINE_SIDE_REJECTIONS
+
+
+def test_a_target_format_without_think_blocks_has_no_markers_and_its_replies_are_never_split(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    text = profile.TARGETS_PATH.read_text() + (
+        '\n[formats.plain]\nsystem = "<|im_start|>system\\n"\nuser = "<|im_start|>user\\n"\n'
+        'assistant = "<|im_start|>assistant\\n"\nend_of_turn = "<|im_end|>"\nafter_turn = "\\n"\nthink_open = ""\n'
+        'think_close = ""\nhistory_think = "drop"\nprompt_opens_think = false\nstrip_reasoning = ""\n'
+        'strip_content_start = ""\ndefault_system = ""\n\n[profiles.plain-test]\nformat = "plain"\n'
+        'tokenizer = "builtin:qwen-dashscope"\ntokens = { "<|im_start|>" = 151644, "<|im_end|>" = 151645 }\n'
+    )
+    (tmp_path / "targets.toml").write_text(text)
+    monkeypatch.setattr(reasoning, "read_profiles", lambda: profile.read_profiles(tmp_path / "targets.toml"))
+    reasoning.reasoning_markers.cache_clear()
+    try:
+        assert reasoning.reasoning_markers("plain-test") is None
+        assert reasoning.reasoning_markers("qwen3-test") is not None
+    finally:
+        reasoning.reasoning_markers.cache_clear()
+    assert reply_text({"content": "<think>kept</think>as is"}, None) == ("", "<think>kept</think>as is")
