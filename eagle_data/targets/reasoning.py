@@ -41,8 +41,8 @@ def reasoning_markers(target: str) -> ReasoningMarkers | None:
     profile = profiles[target]
     fmt = profile.format
 
-    def token_in(text: str | None) -> str | None:  # a format without think blocks leaves the pieces empty
-        return max((token for token in profile.tokens if token in text), key=len, default=None) if text else None
+    def token_in(text: str) -> str | None:
+        return max((token for token in profile.tokens if token in text), key=len, default=None)
 
     opening, closing = token_in(fmt.think_open), token_in(fmt.think_close)
     if opening is None or closing is None:

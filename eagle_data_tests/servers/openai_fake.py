@@ -214,17 +214,16 @@ class FakeOpenAI:
             "completion_tokens_details": {"reasoning_tokens": 2},
             "cost": round((prompt_tokens + n) * self.faults.cost_per_token, 9),
         }
-        choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "message": message}
         reply = {
             "id": f"gen-{turn}",
             "object": "chat.completion",
             "model": body.get("model", ""),
             "provider": "FakeProvider",
-            "choices": [choice],
+            "choices": [{"index": 0, "finish_reason": finish, "message": message}],
             "usage": usage,
         }
         if body.get("return_token_ids") and not self.faults.ignore_token_ids:
-            reply["prompt_token_ids"], choice["token_ids"] = token_ids(body["messages"], message, finish)
+            reply["prompt_token_ids"], reply["choices"][0]["token_ids"] = token_ids(body["messages"], message, finish)
         return web.json_response(reply)
 
     # ---- running -----------------------------------------------------------------------------------
