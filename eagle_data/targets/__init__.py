@@ -1,7 +1,28 @@
 """Target-model profiles: tokenizers, chat formats, token ids and loss masks."""
 
-from eagle_data.targets.profile import Target, TargetError, load_target
-from eagle_data.targets.render import prompt_ids
+from eagle_data.targets.profile import (
+    AUTO,
+    ReasoningMarkers,
+    Target,
+    TargetError,
+    load_target,
+    reasoning_markers,
+    resolve_target,
+    target_for_model,
+)
+from eagle_data.targets.render import prompt_ids, prompt_ids_match
 from eagle_data.targets.rows import build_training_rows
 
-__all__ = ["Target", "TargetError", "build_training_rows", "load_target", "prompt_ids"]
+__all__ = [
+    "AUTO",
+    "ReasoningMarkers",
+    "Target",
+    "TargetError",
+    "build_training_rows",
+    "load_target",
+    "prompt_ids",
+    "prompt_ids_match",
+    "reasoning_markers",
+    "resolve_target",
+    "target_for_model",
+]

@@ -79,6 +79,7 @@ def build_training_rows(
     engine returned them; reasoning a template leaves out of earlier turns encoded apart), over
     `reply_turns` turns: the quality room weighs them against the engine's reported completion tokens.
     """
+    target.check_thinking(thinking)
     statuses = generations["status"].to_list()
     reasons = generations["finish_reason"].to_list() if "finish_reason" in generations.columns else None
     row_out_ids = generations["output_ids"].to_list() if "output_ids" in generations.columns else None
