@@ -187,3 +187,23 @@ def test_a_format_with_markers_still_needs_a_closing_token(profiles: dict[str, P
 def test_llama_preamble_needs_the_profiles_date(profiles: dict[str, Profile]) -> None:
     with pytest.raises(TargetError, match=r"needs `date` in \[profiles.llama3\]"):
         build_target(profiles["llama3"].model_copy(update={"date": None}))
+
+
+def test_validation_with_target_auto_uses_the_served_models_profile() -> None:
+    import polars as pl
+
+    from eagle_data import pipeline
+    from eagle_data.catalog import load_catalog
+    from eagle_data_tests.fixtures_quality import generation_frame
+
+    spec = load_catalog(profile="demo")["b7_sharegpt"]
+    off = spec.generation.model_copy(update={"thinking": False})
+    spec = spec.model_copy(update={"target": "auto", "generation": off})
+    served = generation_frame(n=4, empty_share=0.0).with_columns(
+        served_model=pl.lit("meta-llama/Llama-3.1-8B-Instruct")
+    )
+    rows = pipeline.validated_rows(spec, served, "00000")
+    assert [ids[:2] for ids in rows["input_ids"].to_list()] == [[128000, 128006]] * 4  # Llama 3's BOS, header
+    unknown = served.with_columns(served_model=pl.lit(""), model=pl.lit("openai/gpt-4o"))
+    with pytest.raises(TargetError, match=r"^model 'openai/gpt-4o' has no verified target profile; set `target`"):
+        pipeline.validated_rows(spec, unknown, "00000")
