@@ -119,16 +119,6 @@ class Template:
         return bool(self.think_close)
 
 
-@dataclass(frozen=True)
-class ReasoningMarkers:
-    """Where a target's reasoning opens and closes: the marker text and its structural token id."""
-
-    open_text: str
-    open_id: int
-    close_text: str
-    close_id: int
-
-
 @dataclass(frozen=True, eq=False)
 class Target:
     """A loaded profile: the tokenizer as shipped, a text encoder that never parses special tokens, the
@@ -405,22 +395,3 @@ def _compile(profile: Profile, control: re.Pattern[str]) -> Template:
         trim_content=fmt.trim_content,
         rstrip_reply=fmt.rstrip_reply,
     )
-
-
-def reasoning_markers(name: str) -> ReasoningMarkers | None:
-    """The named profile's reasoning markers (text and id), or None when its format has none; read from
-    targets.toml alone, without loading the tokenizer."""
-    profiles = read_profiles()
-    if name not in profiles:
-        raise TargetError(f"unknown target {name!r}; known: {', '.join(sorted(profiles))}")
-    profile = profiles[name]
-    fmt = profile.format
-
-    def marker(text: str) -> tuple[str, int] | None:
-        found = [t for t in profile.tokens if t in text]
-        return (found[0], profile.tokens[found[0]]) if len(found) == 1 else None
-
-    opened, closed = marker(fmt.think_open), marker(fmt.think_close)
-    if opened is None or closed is None:
-        return None
-    return ReasoningMarkers(opened[0], opened[1], closed[0], closed[1])
