@@ -222,6 +222,11 @@ def resolve_target(target: str, models: Iterable[str]) -> str:
 def load_target(name: str) -> Target:
     """The named profile from targets.toml, loaded and checked (cached per process)."""
     profiles = read_profiles()
+    if name == AUTO:
+        raise TargetError(
+            'target "auto" is picked from the served model at validation; this step needs a named one: '
+            "set `target` for the dataset in the catalog"
+        )
     if name not in profiles:
         raise TargetError(f"unknown target {name!r}; known: {', '.join(sorted(profiles))}")
     return build_target(profiles[name])
