@@ -2,7 +2,8 @@
 
 Both sides get the same multi-turn conversations (text from Python's own library sources, English
 prose and CJK, ~1,600 tokens each); raw encodes the rendered texts, ours runs `build_training_rows`.
-Usage: python benchmarks/bench_tokenize.py [--samples 2000] [--target qwen3-test] [--repeats 5]
+Thinking is on where the profile's format has reasoning markers (the last reply's reasoning is rendered),
+off otherwise. Usage: python benchmarks/bench_tokenize.py [--samples 2000] [--profile qwen3-test] [--repeats 5]
 """
 
 from __future__ import annotations
@@ -66,12 +67,13 @@ def frame(convs: list[list[dict]]) -> pl.DataFrame:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--samples", type=int, default=2000)
-    ap.add_argument("--target", default="qwen3-test")
+    ap.add_argument("--profile", "--target", dest="profile", default="qwen3-test", help="a targets.toml profile")
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
-    target = load_target(args.target)
+    target = load_target(args.profile)
+    thinking = target.template.has_reasoning
     gens = frame(conversations(args.samples))
-    rows = build_training_rows(target, gens, thinking=True)  # warm-up; also gives the rendered texts
+    rows = build_training_rows(target, gens, thinking=thinking)  # warm-up; also gives the rendered texts
     texts = target.text_encoder.decode_batch(rows["input_ids"].to_list(), skip_special_tokens=False)
     tokens = int(rows["num_tokens"].sum())
     raw_s, ours_s = [], []
@@ -80,11 +82,11 @@ def main() -> None:
         raw = [e.ids for e in target.tokenizer.encode_batch(texts, add_special_tokens=False)]
         raw_s.append(time.perf_counter() - t)
         t = time.perf_counter()
-        rows = build_training_rows(target, gens, thinking=True)
+        rows = build_training_rows(target, gens, thinking=thinking)
         ours_s.append(time.perf_counter() - t)
     ok = rows.select(pl.all_horizontal("roundtrip_ok", "prefix_ok", "structure_ok", "eot_ok").all()).item()
     raw_tps, ours_tps = tokens / min(raw_s), tokens / min(ours_s)
-    print(f"samples={args.samples} target={args.target} tokens={tokens} mean_tokens={tokens / args.samples:.0f}")
+    print(f"samples={args.samples} profile={args.profile} thinking={thinking} tokens={tokens}")
     print(f"raw encode_batch: {min(raw_s):.3f} s  {raw_tps / 1e6:.3f} M tokens/s  ({sum(map(len, raw))} tokens)")
     print(f"build_training_rows: {min(ours_s):.3f} s  {ours_tps / 1e6:.3f} M tokens/s  all checks passed={ok}")
     print(f"RESULT tokenize_vs_raw {ours_tps / raw_tps:.3f}")

@@ -30,7 +30,7 @@ from eagle_data.quality.verdicts import ENGINE_SIDE_REJECTIONS
 from eagle_data.runner import Estimate, RunnerSettings, estimate_generation, mixture, run_generation
 from eagle_data.runner.resultlog import ResultLog, resume_key, reusable
 from eagle_data.storage import ShardStore, digest, parquet_bytes
-from eagle_data.targets import build_training_rows, load_target
+from eagle_data.targets import build_training_rows, load_target, resolve_target
 from eagle_data.types import Engine
 
 Log = Callable[[str], None]
@@ -181,7 +181,7 @@ def estimate(
     run_generation(engine, spec, {first: sample}, store, settings=settings, log=log, write_shards=False, run_id=run_id)
     stored = reusable(ResultLog(store, spec.name, first).load(), resume_key(engine.config(), spec))
     rows = stored.filter(pl.col("prompt_id").is_in(sample["prompt_id"].implode()))  # this config's, latest
-    tokenizer = load_target(spec.target).text_encoder
+    tokenizer = load_target(target_name(spec, rows)).text_encoder
     return estimate_generation(
         index.blocks(),
         spec,
@@ -192,11 +192,19 @@ def estimate(
     )
 
 
+def target_name(spec: DatasetSpec, generations: pl.DataFrame) -> str:
+    """The dataset's target profile; with `target = "auto"`, the one its served models map to (each row's
+    `served_model`, else the `model` it asked for)."""
+    columns = [generations[c].to_list() for c in ("served_model", "model") if c in generations.columns]
+    models = [next((m for m in row if m), "") for row in zip(*columns, strict=True)]
+    return resolve_target(spec.target, models)
+
+
 def validated_rows(spec: DatasetSpec, generations: pl.DataFrame, partition: str) -> pl.DataFrame:
     """Token ids, loss masks and per-row verdicts for one generation shard; rows overlapping a benchmark
     (`contamination`: its name) get the verdict `contaminated`; every row names the tokenizer and chat
     template that made its ids (eagle_data.provenance)."""
-    target = load_target(spec.target)
+    target = load_target(target_name(spec, generations))
     rows = build_training_rows(
         target, generations, thinking=spec.generation.thinking, mask_empty_think=spec.mask_empty_think
     )

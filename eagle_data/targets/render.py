@@ -73,15 +73,14 @@ def render(
     writing. An assistant turn is trained (mask 1) when it is the final one or was regenerated (has a
     `reasoning` or `output_ids` field); a truncated final turn gets no end-of-turn token.
     """
-    msgs = list(messages)
-    if tpl.default_system and (not msgs or msgs[0]["role"] != "system"):
-        msgs.insert(0, {"role": "system", "content": tpl.default_system})
+    msgs = _placed_system(tpl, messages)
     if not generation_prompt:
         if not msgs or msgs[-1]["role"] != "assistant":
             raise TargetError("conversation does not end with an assistant turn")
         final = msgs.pop()
     last_query = max((i for i, m in enumerate(msgs) if m["role"] == "user"), default=-1)
     out = Rendered()
+    out.add(tpl.bos, 0)
     for i, msg in enumerate(msgs):
         role = msg["role"]
         if role not in tpl.header:
@@ -89,7 +88,7 @@ def render(
         if role == "assistant":
             _history_turn(out, tpl, msg, after_query=i > last_query, mask_empty_think=mask_empty_think)
         else:
-            out.add((*tpl.header[role], msg["content"] or "", tpl.end_of_turn, *tpl.after_turn), 0)
+            out.add((*tpl.header[role], msg["content"], *tpl.user_end, *tpl.after_turn), 0)
     out.add(tpl.header["assistant"], 0)
     if not thinking:
         out.add((*tpl.think_open, *tpl.think_close, *tpl.think_tail), 0)
@@ -100,7 +99,7 @@ def render(
     if generation_prompt:
         out.body_end = out.prompt_end
         return out
-    content = final.get("content") or ""
+    content = _reply(tpl, final)
     if thinking:
         reasoning = (final.get("reasoning") or "").strip(tpl.strip_reasoning)
         mask = 0 if mask_empty_think and not reasoning else 1
@@ -126,7 +125,7 @@ def _history_turn(
     """An earlier assistant turn: reasoning kept only after the last user query, as the templates do."""
     trained = int(msg.get("reasoning") is not None or msg.get("output_ids") is not None)
     reasoning = (msg.get("reasoning") or "").strip(tpl.strip_reasoning)
-    content = msg.get("content") or ""
+    content = _reply(tpl, msg)
     out.add(tpl.header["assistant"], 0)
     if trained:
         out.cut()
@@ -147,8 +146,43 @@ def _history_turn(
     out.add(tpl.after_turn, 0)
 
 
+def _text(tpl: Template, msg: dict[str, Any]) -> str:
+    """A message's content as the template writes it."""
+    text = msg["content"] or ""
+    return text.strip() if tpl.trim_content else text
+
+
+def _reply(tpl: Template, msg: dict[str, Any]) -> str:
+    return _text(tpl, msg).rstrip(tpl.rstrip_reply) if tpl.rstrip_reply else _text(tpl, msg)
+
+
+def _placed_system(tpl: Template, messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages with user and system text as the template writes it, the system text where the template
+    puts it: the default system message when none is given, the preamble opening an always-present system
+    turn, or the system text joined to the last user message. Only a leading system message moves; a later
+    one renders in place (own-turn formats only)."""
+    msgs = [m if m["role"] == "assistant" else {**m, "content": _text(tpl, m)} for m in messages]
+    given = msgs[0]["role"] == "system" if msgs else False
+    if tpl.system_preamble:
+        system = msgs.pop(0)["content"] if given else ""
+        msgs.insert(0, {"role": "system", "content": tpl.system_preamble + system})
+    elif tpl.default_system and not given:
+        msgs.insert(0, {"role": "system", "content": tpl.default_system})
+    if tpl.system_in == "own_turn":
+        return msgs
+    system = msgs.pop(0)["content"] if given else ""
+    if any(m["role"] == "system" for m in msgs):
+        raise TargetError("a system message after the first one has no place in this target's chat format")
+    users = [i for i, m in enumerate(msgs) if m["role"] == "user"]
+    if system and users:
+        last = msgs[users[-1]]
+        msgs[users[-1]] = {**last, "content": system + tpl.system_join + last["content"]}
+    return msgs
+
+
 def prompt_ids(target: Target, messages: Sequence[dict[str, Any]], *, thinking: bool) -> list[int]:
     """The generation prompt's token ids as the target's server builds them (for engines fed token ids)."""
+    target.check_thinking(thinking)
     rendered = render(target.template, messages, thinking=thinking, generation_prompt=True)
     ids: list[int] = []
     for piece in rendered.pieces[: rendered.prompt_end]:
@@ -156,3 +190,9 @@ def prompt_ids(target: Target, messages: Sequence[dict[str, Any]], *, thinking: 
             [piece] if isinstance(piece, int) else target.text_encoder.encode(piece, add_special_tokens=False).ids
         )
     return ids
+
+
+def prompt_ids_match(target: Target, messages: Sequence[dict[str, Any]], ids: Sequence[int], *, thinking: bool) -> bool:
+    """Whether the prompt ids a server reports it used equal our rendering of the same prompt (a server with
+    another chat template, or one that parsed control-token text in user input, differs)."""
+    return list(ids) == prompt_ids(target, messages, thinking=thinking)

@@ -44,6 +44,7 @@ OUTPUT_COLUMNS: dict[str, Any] = {  # built here; then PASS_THROUGH columns foll
     **dict.fromkeys(FLAGS, pl.Boolean),
     "special_in_text": pl.Int32,
     "ids_match": pl.Boolean,
+    "prompt_ok": pl.Boolean,
     "target_error": pl.String,
     "reply_tokens": pl.Int32,
     "reply_turns": pl.Int32,
@@ -58,6 +59,7 @@ class _Row:
     prompt: Rendered
     output_ids: list[int] | None
     truncated: bool
+    server_prompt: list[int] | None  # the final turn's prompt ids as the server reported rendering them
 
 
 def build_training_rows(
@@ -75,13 +77,18 @@ def build_training_rows(
     with the end-of-turn id (a truncated final turn excepted). special_in_text: control-token strings in
     user or model text, kept as plain text. ids_match: the engine's `output_ids` for the final turn equal
     the text reconstruction (null without them); when they differ, the engine's ids are used, all trained.
+    prompt_ok: the prompt ids the server reports it used (`prompt_ids`, e.g. vLLM's `return_token_ids`) equal
+    our rendering of the final turn's prompt (null without them): a server with another chat template, or one
+    that parsed control-token text in user input, differs.
     reply_tokens: the tokens of every regenerated turn as rebuilt here (a turn's own engine ids where the
     engine returned them; reasoning a template leaves out of earlier turns encoded apart), over
     `reply_turns` turns: the quality room weighs them against the engine's reported completion tokens.
     """
+    target.check_thinking(thinking)
     statuses = generations["status"].to_list()
     reasons = generations["finish_reason"].to_list() if "finish_reason" in generations.columns else None
     row_out_ids = generations["output_ids"].to_list() if "output_ids" in generations.columns else None
+    server_prompts = generations["prompt_ids"].to_list() if "prompt_ids" in generations.columns else None
     rows: list[_Row | str | None] = []
     for i, messages in enumerate(generations["messages"].to_list()):
         if statuses[i] in NOT_BUILT:
@@ -89,7 +96,10 @@ def build_training_rows(
             continue
         truncated = statuses[i] == "truncated" or (reasons is not None and reasons[i] == "length")
         try:
-            rows.append(_render_row(target, messages, thinking, truncated, mask_empty_think, row_out_ids, i))
+            row = _render_row(target, messages, thinking, truncated, mask_empty_think, row_out_ids, i)
+            server = None if server_prompts is None else server_prompts[i]
+            row.server_prompt = None if server is None else list(server)
+            rows.append(row)
         except TargetError as exc:
             rows.append(str(exc))
     columns = _Encoder(target, rows).columns()
@@ -114,14 +124,14 @@ def _render_row(
     out_ids = messages[-1].get("output_ids")
     if out_ids is None and row_out_ids is not None:
         out_ids = row_out_ids[i]  # the row-level column holds the same turn's tokens
-    return _Row(full, prompt, None if out_ids is None else list(out_ids), truncated)
+    return _Row(full, prompt, None if out_ids is None else list(out_ids), truncated, None)
 
 
 def _unbuilt(row: str | None) -> dict[str, Any]:
     """A row with no ids: null flags when the status had no reply, false flags when rendering failed."""
     flag = None if row is None else False
     empty = {"input_ids": [], "loss_mask": [], "num_tokens": 0, "loss_tokens": 0, "special_in_text": 0}
-    unknown = {"ids_match": None, "reply_tokens": None, "reply_turns": None}
+    unknown = {"ids_match": None, "prompt_ok": None, "reply_tokens": None, "reply_turns": None}
     return {**empty, **dict.fromkeys(FLAGS, flag), **unknown, "target_error": row or ""}
 
 
@@ -197,10 +207,11 @@ class _Encoder:
         prompt_len = ends[full.prompt_end - 1] if full.prompt_end else 0
         reply_tokens = (ends[body_end - 1] if body_end else 0) - prompt_len + self._history_tokens(full, ends)
         prompt = row.prompt
-        if prompt.pieces == full.pieces[: full.prompt_end]:
-            prefix_ok = True  # the same pieces encode to the same ids
-        else:
-            prefix_ok = ids[:prompt_len] == self._encode_apart(prompt)
+        apart = None if prompt.pieces == full.pieces[: full.prompt_end] else self._encode_apart(prompt)
+        prefix_ok = apart is None or ids[:prompt_len] == apart  # the same pieces encode to the same ids
+        prompt_ok = None
+        if row.server_prompt is not None:
+            prompt_ok = row.server_prompt == (ids[:prompt_len] if apart is None else apart)
         return {
             "input_ids": ids,
             "loss_mask": mask,
@@ -212,6 +223,7 @@ class _Encoder:
             "eot_ok": all(ids[ends[c - 1] - 1] == eot for c in closed),
             "special_in_text": sum(self.specials[self.index[p]] for p in full.pieces if type(p) is str),
             "ids_match": ids_match,
+            "prompt_ok": prompt_ok,
             "target_error": "",
             "reply_tokens": reply_tokens,
             "reply_turns": 1 + len(full.history),

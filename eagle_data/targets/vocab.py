@@ -2,10 +2,15 @@
 
 The PyPI package `dashscope` ships Qwen's BPE ranks; converted with Qwen's pre-tokenizer pattern and
 its 26 special tokens, the result matches Qwen2/Qwen3 tokenizers id for id (vocab 151,669).
+`llama-models` ships Meta's Llama 3 ranks (`llama_models/llama3/tokenizer.model`, 128,000 + 256 specials);
+`mistral-common` ships Mistral's Tekken vocabulary (`mistral_common/data/tekken_240718.json`, 1,000 control
+slots then 130,072 BPE tokens). Both convert to fast tokenizers that the conformance tests hold id for id
+against those packages' own encoders.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 from functools import cache
 from pathlib import Path
@@ -102,3 +107,80 @@ def kimi_test_tokenizer() -> Tokenizer:
     tok = Tokenizer.from_str(json.dumps(spec))
     tok.add_special_tokens(kimi_reserved_names())
     return tok
+
+
+LLAMA3_PATTERN = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+    r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
+LLAMA3_SPECIALS = [  # ids 128000.. in this order, then reserved slots up to 256 (Meta's llama3/tokenizer.py)
+    "<|begin_of_text|>",
+    "<|end_of_text|>",
+    "<|reserved_special_token_0|>",
+    "<|reserved_special_token_1|>",
+    "<|finetune_right_pad_id|>",
+    "<|step_id|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eom_id|>",
+    "<|eot_id|>",
+    "<|python_tag|>",
+    "<|image|>",
+]
+LLAMA3_RESERVED = 256
+
+
+@cache
+def llama3_tokenizer() -> Tokenizer:
+    """Llama 3.x's tokenizer from the ranks in `llama-models` (vocab 128,256; cached per process)."""
+    from importlib.resources import files
+
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    reserved = [f"<|reserved_special_token_{2 + i}|>" for i in range(LLAMA3_RESERVED - len(LLAMA3_SPECIALS))]
+    ranks = str(files("llama_models") / "llama3" / "tokenizer.model")
+    return TikTokenConverter(
+        vocab_file=ranks, pattern=LLAMA3_PATTERN, extra_special_tokens=LLAMA3_SPECIALS + reserved
+    ).converted()
+
+
+def tekken_file() -> Path:
+    from importlib.resources import files
+
+    return Path(str(files("mistral_common") / "data" / "tekken_240718.json"))
+
+
+@cache
+def mistral_tekken_tokenizer() -> Tokenizer:
+    """Mistral's Tekken tokenizer (v3, Mistral NeMo) from `mistral-common`: BPE token `rank` has id
+    1,000 + rank; ids 0..999 are control slots named as mistral-common names them (vocab 131,072)."""
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    spec = json.loads(tekken_file().read_text())
+    config = spec["config"]
+    controls = config["default_num_special_tokens"]
+    kept = config["default_vocab_size"] - controls
+    ranks = {base64.b64decode(t["token_bytes"]): t["rank"] for t in spec["vocab"][:kept]}
+
+    class _Ranks(TikTokenConverter):
+        def load_tiktoken_bpe(self, tiktoken_url: str) -> dict[bytes, int]:  # type: ignore[override]
+            return ranks
+
+    base = _Ranks(vocab_file="", pattern=config["pattern"]).converted()
+    tok = json.loads(base.to_str())
+    vocab = {text: i + controls for text, i in tok["model"]["vocab"].items()}
+    names = tekken_control_names(controls)
+    if clash := set(names) & set(vocab):
+        raise ValueError(f"Tekken control names {sorted(clash)} are also BPE tokens")
+    tok["model"]["vocab"] = {**dict(zip(names, range(controls), strict=True)), **vocab}
+    tokenizer = Tokenizer.from_str(json.dumps(tok))
+    tokenizer.add_special_tokens(names)
+    return tokenizer
+
+
+def tekken_control_names(count: int) -> list[str]:
+    """The control slots in id order: mistral-common's named ones, then `<SPECIAL_{id}>` fillers."""
+    from mistral_common.tokens.tokenizers.tekken import Tekkenizer
+
+    named = [getattr(t["token_str"], "value", t["token_str"]) for t in Tekkenizer.DEPRECATED_SPECIAL_TOKENS]
+    return named + [Tekkenizer.SPECIAL_TOKEN_TEMPLATE.format(id=i) for i in range(len(named), count)]
