@@ -53,17 +53,19 @@ class GenerationConfig(dg.Config):
     )
 
 
+CANARY_HISTORY = 20  # canary executions read back for the latest evaluation (a run that died leaves none)
+
+
 def latest_canary(instance: dg.DagsterInstance, spec: DatasetSpec) -> quality.LatestCanary | None:
-    """The latest evaluation of the dataset's `canary` check, with the config hash it was judged under."""
+    """The latest evaluation of the dataset's `canary` check, with the config hash it was judged under; an
+    execution that never got to evaluate (its run died) is passed over, so it cannot lift a failed canary."""
     key = dg.AssetCheckKey(dg.AssetKey(estimate_asset(spec)), CANARY)
-    record = instance.get_latest_asset_check_evaluation_record(key)
-    evaluation = record.evaluation if record else None
-    if evaluation is None:
-        return None
-    config_hash = evaluation.metadata.get("config_hash")
-    return quality.LatestCanary(
-        evaluation.passed, str(config_hash.value) if config_hash else "", evaluation.description or ""
-    )
+    for record in instance.event_log_storage.get_asset_check_execution_history(key, limit=CANARY_HISTORY):
+        if (evaluation := record.evaluation) is not None:
+            config_hash = evaluation.metadata.get("config_hash")
+            found = str(config_hash.value) if config_hash else ""
+            return quality.LatestCanary(evaluation.passed, found, evaluation.description or "")
+    return None
 
 
 def partitions(spec: DatasetSpec) -> dg.StaticPartitionsDefinition:
