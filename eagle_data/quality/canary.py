@@ -21,12 +21,20 @@ from dataclasses import dataclass, field
 import polars as pl
 
 from eagle_data.catalog import Checks, shard_key
-from eagle_data.quality.gates import TRUNCATION_RATE, Inputs, pct, run_checks
+from eagle_data.quality.gates import FAILED_RATE, TRUNCATION_RATE, Inputs, pct, run_checks
 from eagle_data.quality.summary import share
-from eagle_data.quality.verdicts import KEPT, is_answered, is_truncated
+from eagle_data.quality.verdicts import KEPT, LOST_TEXT, STRUCTURE_REASONS, is_answered, is_truncated
 
 EXAMPLES = 3  # prompt ids quoted in the one-line verdict
 IGNORE_SETTING = "ignore_canary"  # the generation run config's override (eagle_data/defs/assets.py)
+# The row verdicts each gate counts, so a failure names the verdict behind it (a failed row's by its error kind).
+GATE_VERDICTS: dict[str, tuple[str, ...]] = {
+    "empty_response": ("empty_completion", "short_loss"),
+    "token_structure": STRUCTURE_REASONS,
+    "lost_text": (LOST_TEXT,),
+    FAILED_RATE: ("failed",),
+    "reasoning_present": ("missing_reasoning",),
+}
 
 
 def rank(seed: int, prompt_id: str) -> int:
@@ -125,24 +133,26 @@ def judge(
                 f"training, {pct(truncated)} of replies hit max_tokens={max_tokens}")  # fmt: skip
         return Canary(**common, line=line)  # type: ignore[arg-type]
     head = f"{dataset}: canary failed on {', '.join(failing)} ({rows.height} prompts drawn across the dataset)"
-    rejected = Counter({v: n for v, n in counts.items() if v not in KEPT})
     gates = [r for r in results if r.name in failing and r.name != TRUNCATION_RATE]
+    behind = {v for r in gates for v in GATE_VERDICTS.get(r.name, ())}  # the verdicts the failing gates count
+    rejected = Counter({v: n for v, n in counts.items() if v.split(":")[0] in behind})
     parts, examples = [], ()
-    if gates and rejected:
+    if rejected:
         verdict, n = rejected.most_common(1)[0]
         examples = tuple(rows.filter(named == verdict)["prompt_id"].head(EXAMPLES).to_list())
         parts.append(f"{pct(n / rows.height)} of them are {verdict} (e.g. {', '.join(examples)})")
     elif gates:  # every row passed on its own, but together they fail (one completion or loss-mask sum dominating)
         parts.append(gates[0].message)
+    if gates:
+        parts.append(f"fix the engine or its server, then materialize {dataset}_estimate again")
     if TRUNCATION_RATE in failing:
         cut = tuple(answered.filter(is_truncated())["prompt_id"].head(EXAMPLES).to_list())
         examples = examples or cut
-        parts.append(f"{pct(truncated)} of replies hit max_tokens={max_tokens} (limit "
-                     f"{checks.max_truncated_share * 100:g}%; e.g. {', '.join(cut)}); "
-                     f"max_tokens={suggested_max_tokens} would cover 95% of them: raise it in the catalog")  # fmt: skip
-    fix = "fix the engine or its server, then re-run" if gates else "then re-run"
-    line = f"{head}: {'; '.join(parts)}; {fix} (or set {IGNORE_SETTING} on the generation run)"
-    return Canary(**common, line=line, examples=examples)  # type: ignore[arg-type]
+        limit = f"{checks.max_truncated_share * 100:g}%"
+        parts.append(f"{pct(truncated)} of replies hit max_tokens={max_tokens} (limit {limit}; e.g. {', '.join(cut)}); "
+                     f"max_tokens={suggested_max_tokens} would cover 95% of them: raise max_tokens in the catalog "
+                     "and re-run")  # fmt: skip
+    return Canary(**common, line=f"{head}: {'; '.join(parts)}", examples=examples)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -160,6 +170,6 @@ def canary_blocks(latest: LatestCanary | None, config_hash: str, *, ignore: bool
     a new question, which the next estimate answers."""
     if ignore or latest is None or latest.passed or latest.config_hash != config_hash:
         return ""
-    return (f"{dataset}: refused before any request: the latest canary under this generation config "
-            f"(config_hash {config_hash}) failed: {latest.description} -- change the config or fix the engine and "
-            f"materialize {dataset}_estimate again, or set {IGNORE_SETTING}: true in the run config")  # fmt: skip
+    return (f"{dataset}: refused before any request: its latest canary, under this generation config "
+            f"({config_hash}), failed: {latest.description.removeprefix(f'{dataset}: ')} -- or set "
+            f"{IGNORE_SETTING}: true in the run config to generate anyway")  # fmt: skip
