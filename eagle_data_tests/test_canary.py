@@ -15,12 +15,13 @@ import polars as pl
 import pytest
 
 from eagle_data import quality
-from eagle_data.catalog import DatasetSpec, load_catalog
+from eagle_data.catalog import Checks, DatasetSpec, load_catalog
 from eagle_data.defs.assets import CANARY, build_dataset_assets
 from eagle_data.defs.resources import ENGINE_ENV, POOL_ENV, EngineResource, StorageResource
-from eagle_data.quality.canary import draw, rank
+from eagle_data.quality.canary import draw, judge, rank
 from eagle_data.runner.resultlog import ResultLog
 from eagle_data.storage import ShardStore
+from eagle_data_tests.fixtures_quality import set_rows, validated_frame, varied_replies
 from eagle_data_tests.servers.openai_fake import FakeOpenAI, Faults
 
 SAMPLE = 16  # canary prompts drawn of the demo's 36
@@ -38,8 +39,8 @@ def test_the_draw_takes_the_smallest_hashes_over_every_block_and_groups_them_by_
     whole = draw([prompts], 20, shard_size=100)
     split = draw([prompts.slice(i, 70) for i in range(0, 1000, 70)], 20, shard_size=100)
     assert whole.keys() == split.keys() and all(whole[k].equals(split[k]) for k in whole)
-    expected = set(prompts.with_columns(r=pl.Series([rank(0, p) for p in prompts["prompt_id"]])).bottom_k(20, by="r")
-                   ["prompt_id"])  # fmt: skip
+    ranked = prompts.with_columns(r=pl.Series([rank(0, p) for p in prompts["prompt_id"]]))
+    expected = set(ranked.bottom_k(20, by="r")["prompt_id"])
     assert {p for frame in whole.values() for p in frame["prompt_id"]} == expected
     assert len(whole) > 3  # spread over the dataset, not shard 0
     for key, frame in whole.items():  # a row's partition is its position over the shard size
@@ -65,6 +66,27 @@ def test_a_failed_canary_blocks_only_runs_under_the_same_config_unless_overridde
     assert bool(why) is blocked
     if blocked:
         assert "\n" not in why and "lost_text" in why and "ignore_canary" in why
+
+
+def _judge(frame: pl.DataFrame) -> quality.Canary:
+    rows = quality.row_verdicts(frame, Checks(), thinking=True)
+    return judge(rows, Checks(), True, dataset="fx", max_tokens=4096, suggested_max_tokens=256, config_hash="h")
+
+
+def test_a_failing_canary_names_the_verdict_its_gate_counts_not_another_rejection():
+    frame = set_rows(validated_frame(varied_replies(64)), [0, 1, 2, 3, 4], special_in_text=1)  # not gated
+    canary = _judge(set_rows(frame, [10, 11, 12], content="", reasoning="", loss_tokens=3))
+    shares = canary.shares
+    assert canary.failing == ("empty_response",) and shares["special_token_in_text"] > shares["empty_completion"]
+    assert "4.7% of them are empty_completion (e.g. fixture-00010, fixture-00011, fixture-00012)" in canary.line
+    assert canary.examples == ("fixture-00010", "fixture-00011", "fixture-00012") and "\n" not in canary.line
+
+
+def test_rows_that_pass_alone_but_fail_together_are_named_by_the_gate():
+    frame = validated_frame(varied_replies(64))
+    canary = _judge(set_rows(frame, [20, 21, 22, 23], content=frame["content"][20]))  # one completion, 4 prompts
+    assert canary.failing == ("empty_response",) and canary.shares["pass"] == 1.0
+    assert "6.2% of prompts got the same completion" in canary.line
 
 
 # ---- through Dagster, against the fake server ------------------------------------------------------------
