@@ -117,9 +117,10 @@ def run_stage(stage: str, root: str, source: str, prompts: int, url: str) -> dic
         settings = engine.runner_settings()
         if stage == "estimate":
             estimate = pipeline.estimate(
-                spec, store, engine.make(spec), sample_prompts=8, usd_per_prompt_token=0.0,
-                usd_per_completion_token=0.0, log=lambda line: None, settings=settings,
-            )  # fmt: skip
+                spec, store, engine.make(spec), usd_per_prompt_token=0.0, usd_per_completion_token=0.0,
+                log=lambda line: None, settings=settings,
+            ).estimate  # fmt: skip
+            assert estimate is not None, "the bench server answered no canary prompt"
             return {"rows": estimate.prompts, "turns": estimate.turns}
         figures, _ = pipeline.generate(spec, store, keys, engine.make(spec), log=lambda line: None, settings=settings)
         return {"rows": figures.get("done", 0), "requests": figures.get("requests", 0)}

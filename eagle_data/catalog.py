@@ -127,6 +127,8 @@ class DatasetSpec(_Frozen):
     target: str = "qwen3"
     mix_weight: float = Field(1.0, ge=0)  # share of this dataset in the training mix (exports)
     mask_empty_think: bool = False  # loss mask 0 on an empty think block the model wrote (nothing to learn)
+    # Prompts the estimate draws across the dataset and judges by the quality gates before generation.
+    canary_prompts: int = Field(64, gt=0)
     generation: Generation = Generation()
     checks: Checks = Checks()
     # Shown as the assets' owners in the Dagster catalog: an email or "team:<name>" (Dagster's two forms).

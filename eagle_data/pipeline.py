@@ -25,10 +25,12 @@ from eagle_data.catalog import DatasetSpec, shard_index, shard_key
 from eagle_data.drafter.decontam import contamination
 from eagle_data.drafter.evalsets import benchmark_index
 from eagle_data.drafter.settings import load_drafter_settings
+from eagle_data.quality import canary
+from eagle_data.quality.canary import Canary
 from eagle_data.quality.truncation import ReplyLengths, truncation_report
 from eagle_data.quality.verdicts import ENGINE_SIDE_REJECTIONS
 from eagle_data.runner import Estimate, RunnerSettings, estimate_generation, mixture, run_generation
-from eagle_data.runner.resultlog import ResultLog, resume_key, reusable
+from eagle_data.runner.resultlog import ResultLog, ResumeKey, resume_key, reusable
 from eagle_data.storage import ShardStore, digest, parquet_bytes
 from eagle_data.targets import build_training_rows, load_target, resolve_target
 from eagle_data.types import Engine
@@ -161,35 +163,83 @@ def settings_used(spec: DatasetSpec, store: ShardStore, partitions: list[str]) -
     return names
 
 
+@dataclass(frozen=True)
+class PreFlight:
+    """What the estimate step found before anything but the sample was paid for."""
+
+    canary: Canary
+    estimate: Estimate | None  # None when no sampled prompt was answered: nothing to project from
+
+
+def config_hash(spec: DatasetSpec, engine: Engine) -> str:
+    """The generation config's hash (the resume key's): what a canary's verdict holds for."""
+    return resume_key(engine.config(), spec).config_hash
+
+
 def estimate(
     spec: DatasetSpec,
     store: ShardStore,
     engine: Engine,
     *,
-    sample_prompts: int,
+    canary_prompts: int | None = None,
     usd_per_prompt_token: float,
     usd_per_completion_token: float,
     log: Log = print,
     settings: RunnerSettings | None = None,
     run_id: str = "",
-) -> Estimate:
-    """Generate the first few prompts of shard 0, then project the rest. The sample's rows stay in the
-    result log (no partial shard file), and the full run reuses them instead of paying again."""
-    first = spec.partition_keys[0]
+) -> PreFlight:
+    """Generate the canary sample (`canary_prompts`, default the catalog's, drawn across the whole
+    dataset), judge it by the validation gates, and project tokens and dollars from it. The sample's rows
+    stay in each partition's result log (no partial shard file): the full run reuses them, never pays twice."""
     index = sources.load_index(spec, store)
-    sample = index.shard(spec, first).head(sample_prompts)
-    run_generation(engine, spec, {first: sample}, store, settings=settings, log=log, write_shards=False, run_id=run_id)
-    stored = reusable(ResultLog(store, spec.name, first).load(), resume_key(engine.config(), spec))
-    rows = stored.filter(pl.col("prompt_id").is_in(sample["prompt_id"].implode()))  # this config's, latest
-    tokenizer = load_target(target_name(spec, rows)).text_encoder
-    return estimate_generation(
+    drawn = canary.draw(index.blocks(), canary_prompts or spec.canary_prompts, spec.shard_size)
+    shards = {key: frame.select(list(sources.PROMPTS_SCHEMA)) for key, frame in drawn.items()}
+    log(f"{spec.name}: canary of {sum(f.height for f in shards.values())} prompts over {len(shards)} partitions")
+    run_generation(engine, spec, shards, store, settings=settings, log=log, write_shards=False, run_id=run_id)
+    key = resume_key(engine.config(), spec)
+    rows = {partition: sample_rows(spec, store, partition, prompts, key) for partition, prompts in shards.items()}
+    validated = pl.concat(  # with each row's error, which names why a failed row failed (e.g. empty_reply)
+        [validated_rows(spec, frame, partition).join(frame.select("prompt_id", "error"), on="prompt_id", how="left")
+         for partition, frame in rows.items()], how="diagonal_relaxed",
+    )  # fmt: skip
+    answered = validated.filter(pl.col("status").is_in(["ok", "truncated"]))
+    lengths = ReplyLengths.of(
+        answered["completion_tokens"].to_list(), answered["finish_reason"].fill_null("").to_list()
+    )
+    cut = truncation_report(lengths, max_new_tokens=key.max_tokens, threshold=spec.checks.max_truncated_share)
+    judged = canary.judge(
+        validated, spec.checks, spec.generation.thinking, dataset=spec.name, max_tokens=key.max_tokens,
+        suggested_max_tokens=cut.suggested_max_tokens, config_hash=key.config_hash,
+    )  # fmt: skip
+    if not answered.height:
+        return PreFlight(judged, None)
+    tokenizer = load_target(target_name(spec, answered)).text_encoder
+    projected = estimate_generation(
         index.blocks(),
         spec,
         lambda texts: [len(e.ids) for e in tokenizer.encode_batch(texts, add_special_tokens=False)],
-        rows,
+        pl.concat(list(rows.values()), how="diagonal_relaxed"),
         usd_per_prompt_token,
         usd_per_completion_token,
     )
+    return PreFlight(judged, projected)
+
+
+def sample_rows(
+    spec: DatasetSpec, store: ShardStore, partition: str, prompts: pl.DataFrame, key: ResumeKey
+) -> pl.DataFrame:
+    """The stored rows of `prompts` as this config stands: each prompt's reusable row (this config's or one a
+    raised max_tokens keeps), else its latest row under this config, failed ones too (the canary judges them)."""
+    ids = prompts["prompt_id"].implode()
+    stored = ResultLog(store, spec.name, partition).load().filter(pl.col("prompt_id").is_in(ids))
+    kept = reusable(stored, key)
+    unanswered = ~pl.col("prompt_id").is_in(kept["prompt_id"].implode())
+    others = (
+        stored.filter((pl.col("config_hash") == key.config_hash) & unanswered)
+        .sort("finished_at")
+        .unique("prompt_id", keep="last", maintain_order=True)
+    )
+    return pl.concat([kept, others], how="diagonal_relaxed")
 
 
 def target_name(spec: DatasetSpec, generations: pl.DataFrame) -> str:

@@ -36,10 +36,11 @@ def test_adding_a_dataset_is_one_entry(tmp_path: Path):
     assert spec.num_shards == 3 and spec.adapter.prompt_field == "question"
 
 
-def test_bad_entry_names_the_entry_and_the_setting(tmp_path: Path):
+@pytest.mark.parametrize("setting", ["shard_size", "canary_prompts"])
+def test_bad_entry_names_the_entry_and_the_setting(tmp_path: Path, setting: str):
     path = tmp_path / "catalog.toml"
-    path.write_text('[datasets.bad]\nadapter = { prompt_field = "q" }\nshard_size = 0\n')
-    with pytest.raises(CatalogError, match=r"catalog entry 'bad': shard_size"):
+    path.write_text(f'[datasets.bad]\nadapter = {{ prompt_field = "q" }}\n{setting} = 0\n')
+    with pytest.raises(CatalogError, match=rf"catalog entry 'bad': {setting}"):
         load_catalog(path, profile="")
 
 

@@ -14,7 +14,7 @@ import dagster as dg
 import pytest
 
 from eagle_data.catalog import DatasetSpec, catalog
-from eagle_data.defs.assets import WITHIN_BUDGET, build_dataset_assets
+from eagle_data.defs.assets import CANARY, WITHIN_BUDGET, build_dataset_assets
 from eagle_data.defs.catalog_order import ORDER_TAG, catalog_order_sensor, waits_on
 from eagle_data.defs.checks import build_checks
 from eagle_data.defs.resources import EngineResource, StorageResource
@@ -110,6 +110,8 @@ def _walk(defs: dg.Definitions, instance: dg.DagsterInstance, server: FakeOpenAI
     assert waiting.run_requests == [] and f"{first.name}: run" in (waiting.skip_message or "")
     [done] = results
     assert done.success
+    [canary] = [e for e in done.get_asset_check_evaluations() if e.check_name == CANARY]  # canaried first
+    assert canary.passed and canary.metadata["canary_sample"].value > 0
     assert all(store.shard_exists(first.name, first.name, key) for key in first.partition_keys)
     assert "openai" in instance.event_log_storage.get_concurrency_keys()  # generation claimed its pool's slot
     assert defs.get_assets_def(dg.AssetKey(first.name)).op.pool == "openai"
@@ -133,6 +135,7 @@ def _walk(defs: dg.Definitions, instance: dg.DagsterInstance, server: FakeOpenAI
         (dg.DagsterRunStatus.STARTED, [], "is STARTED; the next dataset waits"),
         (dg.DagsterRunStatus.SUCCESS, [], None),
         (dg.DagsterRunStatus.FAILURE, [WITHIN_BUDGET], None),  # at its budget: as done as it gets
+        (dg.DagsterRunStatus.FAILURE, [CANARY], None),  # its sample failed the gates: a person looks at it
         (dg.DagsterRunStatus.FAILURE, ["decontamination"], None),  # a quality gate: a person looks at it
         (dg.DagsterRunStatus.FAILURE, ["failed_rate"], "failed on failed_rate"),  # a re-execution fixes it
         (dg.DagsterRunStatus.FAILURE, ["empty_response", "failed_rate"], "failed on failed_rate"),

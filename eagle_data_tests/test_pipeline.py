@@ -74,9 +74,9 @@ def test_the_estimate_projects_from_this_configs_sample_not_from_rows_of_an_earl
         pipeline.generate(spec, store, ["00000"], earlier, log=lambda _: None, settings=settings)
         server.faults = Faults(reply_tokens=(50, 50))
         estimate = pipeline.estimate(
-            spec, store, make_engine("openai", base_url=url, model="now"), sample_prompts=4,
+            spec, store, make_engine("openai", base_url=url, model="now"), canary_prompts=4,
             usd_per_prompt_token=0.0, usd_per_completion_token=0.0, log=lambda _: None, settings=settings,
-        )  # fmt: skip
+        ).estimate  # fmt: skip
     finally:
         server.stop()
-    assert estimate.sample_rows == 4 and estimate.avg_completion_tokens == 50
+    assert estimate is not None and estimate.sample_rows == 4 and estimate.avg_completion_tokens == 50

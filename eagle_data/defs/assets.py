@@ -27,12 +27,16 @@ class PromptsConfig(dg.Config):
 
 
 class EstimateConfig(dg.Config):
-    sample_prompts: int = 8  # prompts of shard 0 generated to project completion length (reused later)
+    canary_prompts: int | None = Field(
+        None, gt=0, description="Prompts drawn across the dataset for the canary and the projection (reused by "
+        "the full run); unset: the catalog's canary_prompts.",
+    )  # fmt: skip
     usd_per_million_prompt_tokens: float = 0.0  # the model's price, for the dollar projection
     usd_per_million_completion_tokens: float = 0.0
 
 
 WITHIN_BUDGET = "within_budget"
+CANARY = "canary"
 
 
 def estimate_asset(spec: DatasetSpec) -> str:
@@ -44,6 +48,24 @@ class GenerationConfig(dg.Config):
         False, description="Request again the rows the last validation rejected for engine-side reasons "
         "(empty, too short, no reasoning, lost text) instead of reusing them.",
     )
+    ignore_canary: bool = Field(
+        False, description="Run even though the latest canary of this dataset failed under this generation config."
+    )
+
+
+CANARY_HISTORY = 20  # canary executions read back for the latest evaluation (a run that died leaves none)
+
+
+def latest_canary(instance: dg.DagsterInstance, spec: DatasetSpec) -> quality.LatestCanary | None:
+    """The latest evaluation of the dataset's `canary` check, with the config hash it was judged under; an
+    execution that never got to evaluate (its run died) is passed over, so it cannot lift a failed canary."""
+    key = dg.AssetCheckKey(dg.AssetKey(estimate_asset(spec)), CANARY)
+    for record in instance.event_log_storage.get_asset_check_execution_history(key, limit=CANARY_HISTORY):
+        if (evaluation := record.evaluation) is not None:
+            config_hash = evaluation.metadata.get("config_hash")
+            found = str(config_hash.value) if config_hash else ""
+            return quality.LatestCanary(evaluation.passed, found, evaluation.description or "")
+    return None
 
 
 def partitions(spec: DatasetSpec) -> dg.StaticPartitionsDefinition:
@@ -139,34 +161,52 @@ def build_dataset_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
         deps=[prompts],
         group_name=ds,
         kinds={"python"},
-        **catalog_labels("estimate", spec.owners, f"{spec.title}: tokens and dollars projected from a small "
-                         "sample, checked against the budgets.", dataset=ds),
+        **catalog_labels("estimate", spec.owners, f"{spec.title}: a canary sample drawn across the "
+                         "dataset, judged by the quality gates; tokens and dollars projected from it, checked against "
+                         "the budgets.", dataset=ds),
         check_specs=[
             dg.AssetCheckSpec(
                 WITHIN_BUDGET,
                 asset=estimate_asset(spec),
                 blocking=True,
                 description="The projected tokens and dollars fit the catalog's budgets; otherwise generation stops.",
-            )
+            ),
+            dg.AssetCheckSpec(
+                CANARY,
+                asset=estimate_asset(spec),
+                blocking=True,
+                description="A sample drawn across the dataset passes the quality gates and the truncation limit; "
+                "otherwise generation stops, and later runs under the same generation config refuse to start.",
+            ),
         ],
     )
     def estimate(
         context: dg.AssetExecutionContext, config: EstimateConfig, storage: StorageResource, engine: EngineResource
     ) -> dg.MaterializeResult:
-        result = pipeline.estimate(
+        found = pipeline.estimate(
             spec,
             storage.store(),
             engine.make(spec),
-            sample_prompts=config.sample_prompts,
+            canary_prompts=config.canary_prompts,
             usd_per_prompt_token=config.usd_per_million_prompt_tokens / 1e6,
             usd_per_completion_token=config.usd_per_million_completion_tokens / 1e6,
             log=context.log.info,
             settings=engine.runner_settings(),
             run_id=context.run_id,
         )
+        sample, result = found.canary, found.estimate
+        (context.log.info if sample.passed else context.log.error)(sample.line)
+        canary = dg.AssetCheckResult(
+            check_name=CANARY, passed=sample.passed, severity=dg.AssetCheckSeverity.ERROR, description=sample.line,
+            metadata=sample.metadata(),
+        )  # fmt: skip
+        if result is None:
+            why = f"{ds}: no sampled prompt was answered, so nothing to project from; see the canary check"
+            budget = dg.AssetCheckResult(check_name=WITHIN_BUDGET, passed=False, description=why)
+            return dg.MaterializeResult(metadata=sample.figures(), check_results=[budget, canary])
         context.log.info(f"pre-flight estimate: {result.line()}")
         over = result.over_budget()
-        check = dg.AssetCheckResult(
+        budget = dg.AssetCheckResult(
             check_name=WITHIN_BUDGET,
             passed=not over,
             severity=dg.AssetCheckSeverity.ERROR,
@@ -174,7 +214,8 @@ def build_dataset_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
             metadata={"est_tokens": result.tokens, "est_cost_usd": round(result.usd, 4),
                       "token_budget": result.token_budget, "cost_budget_usd": result.cost_budget_usd},
         )  # fmt: skip
-        return dg.MaterializeResult(metadata=result.figures(), check_results=[check])
+        figures = {**result.figures(), **sample.figures()}
+        return dg.MaterializeResult(metadata=figures, check_results=[budget, canary])
 
     @dg.asset(
         name=ds,
@@ -190,6 +231,10 @@ def build_dataset_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
     ) -> dg.MaterializeResult:
         tie_to_run_worker(context)  # a killed run stops paying for requests
         backend = engine.make(spec)  # refuses a run-config kind other than the one the pool was fixed from
+        latest = latest_canary(context.instance, spec)
+        config_hash = pipeline.config_hash(spec, backend)
+        if refused := quality.canary_blocks(latest, config_hash, ignore=config.ignore_canary, dataset=ds):
+            raise dg.Failure(refused)
         context.log.info(f"{ds}: engine {backend.describe()}")
         figures, _ = pipeline.generate(
             spec,

@@ -3,12 +3,13 @@
 Turn it on in the UI (Automation) or with `dagster sensor start catalog_order`. Each tick it looks at the
 run it started last (tag `eagle_data/catalog_order`; a re-execution of that run counts as the same step):
 - still queued or running: wait;
-- succeeded, or failed only on a blocking check (the pre-flight `within_budget`, or a quality gate: that
-  dataset is as done as it will get without a person): start the next dataset in catalog order;
+- succeeded, or failed only on a blocking check (the pre-flight `within_budget` or `canary`, or a quality
+  gate: that dataset is as done as it will get without a person): start the next dataset in catalog order;
 - failed on `failed_rate` (too many requests failed: an engine down, a key out of credit) or otherwise (a
   bug): stop, say so, and wait for that run to be re-executed (failed rows are requested again).
 A dataset's run covers all its partitions in one run (single-run backfill policy) and selects
-`{ds}_prompts`, `{ds}_estimate` (blocking `within_budget`), `{ds}` (in its engine's pool) and
+`{ds}_prompts`, `{ds}_estimate` (blocking `within_budget` and `canary`: every dataset is canaried before its
+generation, which depends on it), `{ds}` (in its engine's pool) and
 `{ds}_validated` with its checks, so pools, blocking checks, alerts and run monitoring all apply.
 The cursor holds the dataset being walked; `dagster sensor cursor catalog_order --delete` starts over.
 """
@@ -36,7 +37,7 @@ def dataset_job(spec: DatasetSpec) -> dg.UnresolvedAssetJobDefinition:
     return dg.define_asset_job(
         f"{spec.name}_run",
         selection=dg.AssetSelection.groups(spec.name),
-        description=f"{spec.title}: prompts, estimate (blocking budget check), generation, validation.",
+        description=f"{spec.title}: prompts, estimate (blocking budget and canary checks), generation, validation.",
     )
 
 

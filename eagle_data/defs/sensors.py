@@ -1,8 +1,8 @@
 """Alert sensors: open-source Dagster announces neither failed checks nor failed runs, so these do.
 
 `quality_alerts` posts once per failed ERROR check evaluation of any catalog dataset: the ERROR quality
-gates, the pre-flight `within_budget` and `decontamination` (cursor: the last check execution it
-handled). `run_failure_alerts` posts once per failed run (Dagster keeps its cursor), except runs a
+gates, the pre-flight `within_budget` and `canary`, and `decontamination` (cursor: the last check
+execution it handled). `run_failure_alerts` posts once per failed run (Dagster keeps its cursor), except runs a
 failed blocking check stopped: every blocking check is an ERROR one `quality_alerts` announces, so a
 regression gives exactly one message. The webhook URL comes only from $EAGLE_DATA_ALERT_WEBHOOK; with it
 unset both sensors skip (and still move their cursors, so setting it later does not replay history).
@@ -18,7 +18,7 @@ import dagster as dg
 
 from eagle_data import alerts, quality, settings
 from eagle_data.catalog import DatasetSpec
-from eagle_data.defs.assets import WITHIN_BUDGET, estimate_asset
+from eagle_data.defs.assets import CANARY, WITHIN_BUDGET, estimate_asset
 from eagle_data.defs.checks import failed_blocking_checks, validated_key
 from eagle_data.defs.drafter import DECONTAMINATION
 
@@ -37,12 +37,12 @@ def ui_url() -> str:
 
 def _error_checks(specs: Sequence[DatasetSpec]) -> dict[dg.AssetCheckKey, str]:
     """ERROR-severity check keys -> dataset name: the ERROR quality gates, and the blocking checks that
-    live elsewhere (the estimate's `within_budget`, `decontamination`), which are always ERROR."""
+    live elsewhere (the estimate's `within_budget` and `canary`, `decontamination`), which are always ERROR."""
     keys = {}
     for s in specs:
         names = [d.name for d in quality.CHECKS if d.severity == "ERROR"] + [DECONTAMINATION]
         keys |= {dg.AssetCheckKey(validated_key(s), name): s.name for name in names}
-        keys[dg.AssetCheckKey(dg.AssetKey(estimate_asset(s)), WITHIN_BUDGET)] = s.name
+        keys |= {dg.AssetCheckKey(dg.AssetKey(estimate_asset(s)), name): s.name for name in (WITHIN_BUDGET, CANARY)}
     return keys
 
 
@@ -101,7 +101,7 @@ def build_sensors(specs: Sequence[DatasetSpec]) -> list[dg.SensorDefinition]:
         name="quality_alerts",
         minimum_interval_seconds=30,
         default_status=dg.DefaultSensorStatus.RUNNING,
-        description=f"Posts each failed ERROR check (quality gates, within_budget, decontamination) to "
+        description=f"Posts each failed ERROR check (quality gates, within_budget, canary, decontamination) to "
         f"${alerts.WEBHOOK_ENV} (Slack format).",
     )
     def quality_alerts(context: dg.SensorEvaluationContext) -> dg.SkipReason:

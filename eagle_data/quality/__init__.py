@@ -3,10 +3,12 @@
 Rooms: `verdicts` (one reason per row, the train/rejected split), `summary` (the counts everything
 else reads), `gates` (the dataset checks and their thresholds from the catalog), `figures` (metadata
 numbers, markdown tables, histogram bins), `records` (the typed, versioned per-shard record written
-once at validation), `rollup` (shard records added up for dataset reports and range checks).
+once at validation), `rollup` (shard records added up for dataset reports and range checks), `canary`
+(a sample drawn across a dataset, judged by the same verdicts and gates before generation is paid for).
 Pure: no Dagster here; `eagle_data/defs/checks.py` turns the stored records' results into asset checks.
 """
 
+from eagle_data.quality.canary import Canary, LatestCanary, canary_blocks
 from eagle_data.quality.figures import Figures, figures
 from eagle_data.quality.gates import CHECKS, CheckDef, CheckResult, Inputs, combine, evaluate, run_checks
 from eagle_data.quality.records import SCHEMA_VERSION, ShardRecord, shard_record
@@ -20,12 +22,15 @@ __all__ = [
     "KEPT",
     "LOST_TEXT",
     "SCHEMA_VERSION",
+    "Canary",
     "CheckDef",
     "CheckResult",
     "Figures",
     "Inputs",
+    "LatestCanary",
     "ShardRecord",
     "Summary",
+    "canary_blocks",
     "combine",
     "evaluate",
     "figures",

@@ -21,6 +21,7 @@ Severity = Literal["ERROR", "WARN"]
 MIN_DOMINANT_ROWS = 3
 Figure = float | int | str
 FAILED_RATE = "failed_rate"  # the gate a re-run can fix: failed rows are requested again
+TRUNCATION_RATE = "truncation_rate"  # a warning at validation; the canary fails on it (eagle_data/quality/canary.py)
 
 
 @dataclass(frozen=True)
@@ -237,7 +238,7 @@ _REGISTRY: tuple[tuple[CheckDef, _Impl], ...] = (
         ),
         _lost_text,
     ),
-    (CheckDef("truncation_rate", "WARN", False, "Share of replies cut at max_tokens."), _truncation_rate),
+    (CheckDef(TRUNCATION_RATE, "WARN", False, "Share of replies cut at max_tokens."), _truncation_rate),
     (
         CheckDef(
             FAILED_RATE,

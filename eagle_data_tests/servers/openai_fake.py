@@ -62,6 +62,8 @@ class Faults:
     fail_turn: int = 0  # answer every request for this user turn (1-based) with HTTP 500
     reply_tokens: tuple[int, int] = (20, 60)  # natural reply length range, fixed per prompt
     shape: str = "split"  # how the reply's text comes back: one of SHAPES
+    fixed_text: str | None = None  # every reply's content is this text, no reasoning ("" for empty replies) ...
+    reported_tokens: int = 0  # ... with this many completion tokens reported (0: one per word of the text)
     echo_auth: bool = False  # error bodies repeat the Authorization header received (a careless server)
     served_models: tuple[str, ...] = ()  # the ids GET /models lists (none: an empty list, which no engine checks)
     ignore_token_ids: bool = False  # answer `return_token_ids` without ids (a server that does not know the field)
@@ -207,6 +209,9 @@ class FakeOpenAI:
         message = shaped_message(self.faults.shape, " ".join(["tok"] * n), f"think {turn}")
         if self.faults.shape == "special_only":
             n, finish = cap, "length"
+        if self.faults.fixed_text is not None:  # a broken server or model: the same text, whatever was asked
+            message = {"role": "assistant", "content": self.faults.fixed_text}
+            n, finish = self.faults.reported_tokens or len(self.faults.fixed_text.split()), "stop"
         usage = {
             "prompt_tokens": prompt_tokens,
             "completion_tokens": n,
