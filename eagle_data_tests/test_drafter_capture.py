@@ -297,3 +297,33 @@ def test_dflash_sets_aside_rows_short_of_two_blocks(backend: TransformersBackend
     data = torch.load(path, weights_only=True)
     assert set(data) == {"input_ids", "loss_mask", "hidden_states"} and data["hidden_states"].shape[2] == 5 * 64
     assert not Path(tmp_path, formats.row_key(layout.capture_dir("cid"), "specforge", short[0])).exists()
+
+
+def test_asset_materializes_on_the_demo_profile_and_its_checks_block_on_corruption(
+    tmp_path: Path, specs: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import dagster as dg
+
+    from eagle_data.defs.drafter import CaptureResource, build_drafter_assets
+    from eagle_data.defs.resources import StorageResource
+
+    monkeypatch.setenv("EAGLE_DATA_PROFILE", "demo")
+    monkeypatch.delenv("EAGLE_DATA_CAPTURE_CHECKPOINT", raising=False)
+    write_mix(tmp_path, mix_frame(specs[0].name, rows=6))
+    asset = next(a for a in build_drafter_assets(specs) if a.key.to_user_string() == "hidden_states")
+    resources = {"storage": StorageResource(root=str(tmp_path)), "capture": CaptureResource(device="cpu")}
+    instance = dg.DagsterInstance.ephemeral()
+    result = dg.materialize([asset], resources=resources, instance=instance, partition_key="00000")
+    assert result.success
+    meta = result.asset_materializations_for_node("hidden_states")[0].metadata
+    assert meta["captured_rows"].value == 6 and meta["formats"].value == ["specforge"] and meta["dtype"].value == "fp32"
+    evaluations = result.get_asset_check_evaluations()
+    assert {e.check_name for e in evaluations} == set(verify.CHECKS) and all(e.passed for e in evaluations)
+    _corrupt_specforge_id(Path(meta["path"].value))  # the re-run skips the unchanged shard, the checks still read it
+    again = dg.materialize([asset], resources=resources, instance=instance, partition_key="00000", raise_on_error=False)
+    assert not again.success
+    failed = {e.check_name for e in again.get_asset_check_evaluations() if not e.passed}
+    assert failed == {verify.IDS}
+    past = dg.materialize([asset], resources=resources, instance=instance, partition_key="00003", raise_on_error=False)
+    error = past.get_step_failure_events()[0].step_failure_data.error
+    assert not past.success and "past the mix's 6 rows" in str(error)
