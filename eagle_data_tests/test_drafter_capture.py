@@ -324,6 +324,9 @@ def test_asset_materializes_on_the_demo_profile_and_its_checks_block_on_corrupti
     assert not again.success
     failed = {e.check_name for e in again.get_asset_check_evaluations() if not e.passed}
     assert failed == {verify.IDS}
+    third = dg.materialize([asset], resources=resources, instance=instance, partition_key="00000")
+    assert third.success  # the failed shard lost its record, so this run captured it again
+    assert third.asset_materializations_for_node("hidden_states")[0].metadata["captured_shards"].value == 1
     past = dg.materialize([asset], resources=resources, instance=instance, partition_key="00003", raise_on_error=False)
     error = past.get_step_failure_events()[0].step_failure_data.error
     assert not past.success and "past the mix's 6 rows" in str(error)

@@ -104,8 +104,8 @@ class TransformersBackend:
         picked = [out.hidden_states[i + 1] if i < top else pre_norm[0] for i in plan.aux]
         if plan.last is not None:
             picked.append(out.hidden_states[-1] if plan.last == "after_norm" else pre_norm[0])
-        states = torch.stack(picked, dim=2).to("cpu", self._torch_dtype)
-        return [states[b, :n].contiguous() for b, n in enumerate(lengths)]
+        # One copy per row, of its real tokens only: [seq, layers, H], contiguous, on the CPU.
+        return [torch.stack([h[b, :n] for h in picked], dim=1).to("cpu") for b, n in enumerate(lengths)]
 
 
 def checkpoint_folder(checkpoint: str) -> Path:

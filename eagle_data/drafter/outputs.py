@@ -153,8 +153,9 @@ def write_hidden_states(
     log: Log = print,
 ) -> tuple[dict[str, Any], verify.Findings]:
     """Capture (or skip, when unchanged) and verify the hidden states of the mix's capture shards
-    `partitions`; returns the figures and what verification found. Refuses, before loading the model, a
-    shard past the end of the mix."""
+    `partitions`; returns the figures and what verification found. A shard that fails verification loses
+    its record, so the next run captures it again. Refuses, before loading the model, a shard past the end
+    of the mix."""
     with local_mix(store, layout.mix()) as path:
         total = pl.scan_parquet(path).select(pl.len()).collect().item()
         filled = -(-total // settings.shard_rows)
@@ -216,6 +217,9 @@ def write_hidden_states(
                 store, layout.capture_dir(cid), record, frame, plan, backend, settings.recapture_rows, settings.seed
             )
             found.merge(shard_found)
+            if not shard_found.data_ok():  # withdraw the record: the next run captures this shard again
+                store.delete(layout.capture_record(cid, capture.SHARDS, partition))
+                log(f"hidden states {partition}: failed verification; it will be captured again on the next run")
             rate = f", {result.tokens_run / result.seconds:,.0f} tokens/s" if result.seconds else ""
             log(f"hidden states {partition}: {'captured' if result.captured else 'unchanged, skipped'}, "
                 f"{record['captured_rows']} rows, {record['tokens']:,} tokens{rate}")  # fmt: skip

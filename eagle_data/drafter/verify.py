@@ -71,6 +71,10 @@ class Findings:
             return self.bytes_error() <= BYTES_TOLERANCE and not self.problems[BYTES]
         return not self.problems[name]
 
+    def data_ok(self) -> bool:
+        """Whether the stored samples themselves passed (every check but the plan's formula)."""
+        return all(self.passed(name) for name in CHECKS if name != BYTES)
+
     def line(self, name: str) -> str:
         """The check's one line: what failed and what to do, or what passed."""
         found = self.problems[name]
