@@ -8,7 +8,7 @@ figure on a shared machine, with one torch thread by default; wall seconds are p
 The demo model's forward is cheap (hidden size 64), so per-file costs show: the per-sample formats
 (specforge, speculators: one torch.save / safetensors file per row, ~1 ms CPU each) score lower than the
 native one (one file per batch); with a real target the forward dominates.
-Usage: python benchmarks/bench_capture.py [--rows 300] [--formats native] [--repeats 3]
+Usage: python benchmarks/bench_capture.py [--rows 300] [--formats native] [--repeats 5]
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def main() -> None:
     ap.add_argument("--formats", default="native", help="comma-separated: native, specforge, speculators")
     ap.add_argument("--fp8", action="store_true")
     ap.add_argument("--batch-tokens", type=int, default=16_384)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--checkpoint", default="")
     ap.add_argument("--threads", type=int, default=1, help="torch threads, both sides (1: steady on a shared machine)")
     args = ap.parse_args()

@@ -21,7 +21,7 @@ import hashlib
 import json
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any, Protocol
@@ -30,10 +30,12 @@ import numpy as np
 import polars as pl
 
 from eagle_data import layout
+from eagle_data.demo import ensure_demo_model
 from eagle_data.drafter import formats
 from eagle_data.drafter.layers import LayerPlan
 from eagle_data.drafter.mixfile import CHUNK
 from eagle_data.drafter.settings import CaptureSettings
+from eagle_data.settings import get as environment
 from eagle_data.storage import ShardStore
 
 Log = Callable[[str], None]
@@ -55,7 +57,8 @@ class CaptureBackend(Protocol):
     dtype: str  # the stored dtype: bf16 or fp32
 
     def capture(self, rows: Sequence[np.ndarray], plan: LayerPlan) -> list[Any]:
-        """Per row, its states as a contiguous CPU tensor [len(row), plan.count, hidden_size] in `dtype`:
+        """Per row, its states as a contiguous CPU tensor [len(row), plan.count, hidden_size] in `dtype` (it
+        may be a view into a batch's tensor: a writer that pickles storages copies it first):
         the outputs of decoder layers `plan.aux`, then the last state when `plan.last` is set."""
         ...
 
@@ -104,8 +107,10 @@ class TransformersBackend:
         picked = [out.hidden_states[i + 1] if i < top else pre_norm[0] for i in plan.aux]
         if plan.last is not None:
             picked.append(out.hidden_states[-1] if plan.last == "after_norm" else pre_norm[0])
-        # One copy per row, of its real tokens only: [seq, layers, H], contiguous, on the CPU.
-        return [torch.stack([h[b, :n] for h in picked], dim=1).to("cpu") for b, n in enumerate(lengths)]
+        # One copy for the batch, [rows, T, layers, H] on the CPU; a row's first n positions are a contiguous
+        # view of it, so no row is copied again.
+        states = torch.stack(picked, dim=2).to("cpu")
+        return [states[b, :n] for b, n in enumerate(lengths)]
 
 
 def checkpoint_folder(checkpoint: str) -> Path:
@@ -201,7 +206,6 @@ class ShardResult:
     batches_resumed: int = 0
     seconds: float = 0.0
     tokens_run: int = 0
-    by_batch: list[list[list[Any]]] = field(default_factory=list)
 
 
 def _read_json(store: ShardStore, key: str) -> dict[str, Any] | None:
@@ -299,10 +303,7 @@ DEVICE_ENV = "EAGLE_DATA_CAPTURE_DEVICE"
 def resolve_target(checkpoint: str | None, device: str | None, demo: bool) -> tuple[str, str]:
     """(checkpoint folder, device): the given values, else the environment's, else on the demo profile the
     demo checkpoint (built on first use) and cuda when present, else cpu."""
-    from eagle_data import settings
-    from eagle_data.demo import ensure_demo_model
-
-    checkpoint = checkpoint or settings.get(CHECKPOINT_ENV)
+    checkpoint = checkpoint or environment(CHECKPOINT_ENV)
     if not checkpoint and demo:
         checkpoint = str(ensure_demo_model())
     if not checkpoint:
@@ -310,7 +311,7 @@ def resolve_target(checkpoint: str | None, device: str | None, demo: bool) -> tu
             f"no checkpoint to capture hidden states from: set {CHECKPOINT_ENV} to the target model's local "
             "transformers folder (or EAGLE_DATA_PROFILE=demo for the demo model)"
         )
-    device = device or settings.get(DEVICE_ENV)
+    device = device or environment(DEVICE_ENV)
     if not device:
         import torch
 

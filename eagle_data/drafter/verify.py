@@ -131,8 +131,8 @@ def _stored(
             indexed = [int(e[0]) for f in index["files"] for e in f["rows"]]
             if sorted(indexed) != sorted(rows):
                 found.problems[IDS].append(f"native index of {partition} lists other rows than were captured")
-            for entry in index["files"]:
-                data = read(formats.native_key(folder, partition, int(entry["file"][6:11])))
+            for batch, entry in enumerate(index["files"]):
+                data = read(formats.native_key(folder, partition, batch))
                 try:
                     yield from formats.read_native(data, entry["rows"]) if data is not None else ()
                 except Exception as exc:  # any parse failure of a stored file is the same finding
