@@ -74,11 +74,17 @@ class TransformersBackend:
     def __init__(self, checkpoint: Path, device: str, dtype: str) -> None:
         import torch
         from transformers import AutoModel
+        from transformers.utils import logging as hf_logging
 
         self.torch = torch
         self.dtype = dtype
         self._torch_dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
-        self.model = AutoModel.from_pretrained(checkpoint, dtype=self._torch_dtype).to(device).eval()
+        verbosity = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()  # the base model alone: its load report lists the unused LM head
+        try:
+            self.model = AutoModel.from_pretrained(checkpoint, dtype=self._torch_dtype).to(device).eval()
+        finally:
+            hf_logging.set_verbosity(verbosity)
         config = self.model.config.get_text_config()
         self.num_layers, self.hidden_size, self.vocab_size = (
             config.num_hidden_layers, config.hidden_size, config.vocab_size
