@@ -281,6 +281,42 @@ def test_a_killed_capture_resumes_at_its_batch(backend: TransformersBackend, tmp
     assert found.passed(verify.IDS) and found.samples == 3 * 8
 
 
+class DyingAfterFiles(ShardStore):
+    """A real folder store whose process dies as it records batch `die_at`'s progress: that batch's files
+    are on disk, its progress is not (the worst moment for a kill)."""
+
+    def __init__(self, root: str, die_at: int) -> None:
+        super().__init__(root)
+        self.die_at, self.progress_writes = die_at, 0
+
+    def write_bytes(self, key: str, data: bytes) -> str:
+        if "/_progress/" in key:
+            self.progress_writes += 1
+            if self.progress_writes == self.die_at:
+                raise KeyboardInterrupt("killed")
+        return super().write_bytes(key, data)
+
+
+def test_a_kill_between_a_batchs_files_and_its_progress_repeats_that_batch_only(
+    backend: TransformersBackend, tmp_path: Path
+) -> None:
+    frame = mix_frame("d", rows=8).with_row_index("row").cast({"row": pl.Int64})
+    settings = SETTINGS.model_copy(update={"batch_tokens": 64})
+    plan, provenance = resolve(settings, 2), {"formats": list(settings.formats)}
+    total = len(batches([len(i) for i in frame["input_ids"]], settings.batch_tokens))
+    with pytest.raises(KeyboardInterrupt):
+        capture_shard(
+            DyingAfterFiles(str(tmp_path), die_at=3), "cid", "00000", frame, provenance, backend, plan, settings
+        )
+    counting = Crashing(backend, crash_at=None)
+    result = capture_shard(ShardStore(str(tmp_path)), "cid", "00000", frame, provenance, counting, plan, settings)
+    assert (result.batches_resumed, counting.calls) == (2, total - 2)  # batch 3 again: the one repeated batch
+    found = verify.verify_shard(
+        ShardStore(str(tmp_path)), layout.capture_dir("cid"), result.record, frame, plan, backend, 0, 0
+    )
+    assert found.passed(verify.IDS) and found.samples == 3 * 8
+
+
 def test_dflash_sets_aside_rows_short_of_two_blocks(backend: TransformersBackend, tmp_path: Path) -> None:
     frame = mix_frame("d", rows=8).with_row_index("row").cast({"row": pl.Int64})
     settings = CaptureSettings(layers="dflash", block_size=8, shard_rows=8, dtype="fp32")
