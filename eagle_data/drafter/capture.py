@@ -221,10 +221,10 @@ def _read_json(store: ShardStore, key: str) -> dict[str, Any] | None:
 def _remove_stale(store: ShardStore, folder: str, partition: str, old: dict[str, Any]) -> None:
     """Delete the files an older capture of this shard wrote (its rows may now be set aside)."""
     for fmt in old.get("formats", []):
-        for b, rows in enumerate(old.get("batches", [])):
+        for b, batch in enumerate(old.get("batches", [])):
             if fmt == formats.NATIVE:
                 store.delete(formats.native_key(folder, partition, b))
-            for row, _, _ in rows if fmt != formats.NATIVE else ():
+            for row, _, _ in batch if fmt != formats.NATIVE else ():
                 store.delete(formats.row_key(folder, fmt, row))
 
 
@@ -240,8 +240,11 @@ def capture_shard(
     log: Log = print,
 ) -> ShardResult:
     """Capture one shard into capture `cid` (or skip it when its record's key matches), resuming from its
-    progress file. `provenance` names everything the states depend on; its digest is the shard's key."""
-    key = hashlib.sha256(json.dumps(provenance, sort_keys=True).encode()).hexdigest()
+    progress file. `provenance` names what the states depend on; its digest, with the settings that shape
+    the files and the batches (a resume must re-form the same batches), is the shard's key."""
+    shaped_by = {"formats": list(settings.formats), "fp8": settings.fp8, "batch_tokens": settings.batch_tokens}
+    material = {**provenance, **shaped_by, "dtype": backend.dtype}
+    key = hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
     folder = layout.capture_dir(cid)
     record_key, progress_key = (layout.capture_record(cid, kind, partition) for kind in (SHARDS, PROGRESS))
     old = _read_json(store, record_key)
@@ -279,16 +282,13 @@ def capture_shard(
     result.seconds = time.perf_counter() - started
     batches_rows = progress["batches"]
     if formats.NATIVE in settings.formats:
-        index = formats.native_index(partition, [[tuple(r) for r in rows] for rows in batches_rows], plan, fp8)
+        index = formats.native_index(partition, [[tuple(m) for m in batch] for batch in batches_rows], plan, fp8)
         formats.write_native_index(store, folder, partition, index)
-    tokens = sum(n for rows in batches_rows for _, _, n in rows)
+    tokens = sum(n for batch in batches_rows for _, _, n in batch)
     record = {
         "key": key,
         "partition": partition,
-        **provenance,
-        "formats": list(settings.formats),
-        "dtype": backend.dtype,
-        "fp8": fp8,
+        **material,
         "rows": frame.height,
         "captured_rows": len(rows),
         "tokens": tokens,
