@@ -59,6 +59,7 @@ TRAIN_FILE = "train.parquet"
 DRAFTER_DIR = "drafter"
 DRAFT_VOCAB_ASSET = "draft_vocab"
 TOKEN_FREQ_FILE = "token_freq.pt"
+HIDDEN_STATES_ASSET = "hidden_states"
 _PART = re.compile(r"part-(\d+)-(\d+)-(\d+)\.parquet")
 _TURNS = re.compile(r"turns-([\w-]+)(\.\d+)?\.jsonl")
 _CARRY = re.compile(r"carry-([\w-]+)\.jsonl")
@@ -194,6 +195,16 @@ def drafter_file(asset: str, name: str) -> str:
 def draft_vocab_file(tokenizer_hash: str, mix_hash: str, name: str) -> str:
     """A draft-vocabulary file in the cache folder of one (target tokenizer, mix content) pair."""
     return join(DRAFTER_DIR, DRAFT_VOCAB_ASSET, f"{tokenizer_hash[:16]}-{mix_hash[:16]}", name)
+
+
+def capture_dir(capture_id: str) -> str:
+    """The folder of one hidden-state capture (one checkpoint, layers, dtype and tokenizer): its formats'
+    files and, per shard, `_shards/{partition}.json` (provenance) and `_progress/{partition}.json`."""
+    return join(DRAFTER_DIR, HIDDEN_STATES_ASSET, capture_id)
+
+
+def capture_record(capture_id: str, kind: str, partition: str) -> str:
+    return join(capture_dir(capture_id), f"_{kind}", f"{partition}.json")
 
 
 def vocab_mapping_name(size: int) -> str:

@@ -52,7 +52,7 @@ def test_definitions_hold_four_assets_per_dataset_in_six_groups_plus_the_exports
     for key in graph.get_all_asset_keys():
         groups.setdefault(graph.get(key).group_name, set()).add(key.to_user_string())
     assert groups.pop("exports") == {"training_mix"}
-    assert groups.pop("drafter") == {"draft_vocab", "hidden_state_plan"}
+    assert groups.pop("drafter") == {"draft_vocab", "hidden_state_plan", "hidden_states"}
     assert groups == {d: {f"{d}_prompts", f"{d}_estimate", d, f"{d}_validated"} for d in DATASETS}
     assert defs.get_sensor_def("catalog_order").default_status == dg.DefaultSensorStatus.STOPPED
 
@@ -61,7 +61,7 @@ def test_cli_lists_24_dataset_assets_the_mix_and_the_drafter_inputs(demo_env: di
     out = dagster_cli(demo_env, "asset", "list")
     assert out.returncode == 0, out.stderr[-2000:]
     listed = [line.strip() for line in out.stdout.splitlines() if line.strip()]
-    drafter = {"draft_vocab", "hidden_state_plan"}
+    drafter = {"draft_vocab", "hidden_state_plan", "hidden_states"}
     assert len([a for a in listed if a not in {"training_mix", *drafter}]) == 24
     assert {"training_mix", *drafter} <= set(listed)
 

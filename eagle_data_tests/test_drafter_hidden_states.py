@@ -32,11 +32,16 @@ def mix_path(tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize(
-    ("dtype", "per_token_by_hand"),
-    [("bf16", 4 * 4096 * 2 + 8 + 8), ("fp8", 4 * (4096 * 1 + 4) + 8 + 8)],  # + int64 input_ids, loss_mask
+    ("dtype", "fmt", "per_token_by_hand"),
+    [
+        ("bf16", "specforge", 4 * 4096 * 2 + 8 + 8),  # + int64 input_ids, loss_mask
+        ("fp8", "native", 4 * (4096 * 1 + 4) + 4 + 1),  # + int32 input_ids, uint8 loss_mask
+    ],
 )
-def test_bytes_are_within_two_percent_of_a_hand_calculation(mix_path: Path, dtype: str, per_token_by_hand: int) -> None:
-    recipe = HiddenStateRecipe(captured_layers=4, hidden_size=4096, dtype=dtype, target_params_b=8.0)
+def test_bytes_are_within_two_percent_of_a_hand_calculation(
+    mix_path: Path, dtype: str, fmt: str, per_token_by_hand: int
+) -> None:
+    recipe = HiddenStateRecipe(captured_layers=4, hidden_size=4096, dtype=dtype, format=fmt, target_params_b=8.0)
     sized = plan(mix_token_counts(mix_path), recipe)
     tokens = sum(sum(lengths) for lengths in LENGTHS.values())
     assert sized.tokens == tokens and sized.samples == 5 and sized.longest_sample_tokens == 8192
@@ -51,7 +56,8 @@ def test_bytes_are_within_two_percent_of_a_hand_calculation(mix_path: Path, dtyp
 def test_fp8_is_about_half_of_bf16(mix_path: Path) -> None:
     counts = mix_token_counts(mix_path)
     bf16 = plan(counts, HiddenStateRecipe(dtype="bf16")).total_bytes
-    assert plan(counts, HiddenStateRecipe(dtype="fp8")).total_bytes / bf16 == pytest.approx(0.5, abs=0.01)
+    fp8 = plan(counts, HiddenStateRecipe(dtype="fp8", format="native")).total_bytes
+    assert fp8 / bf16 == pytest.approx(0.5, abs=0.01)
 
 
 def test_asset_reports_the_plan_as_metadata_and_writes_it(tmp_path: Path, mix_path: Path) -> None:

@@ -36,6 +36,10 @@ BUILT = [
         Key("drafter", "drafter", "hidden_state_plan", name="plan.json"),
     ),
     (
+        layout.capture_record("c" * 16, "shards", "00003"),
+        Key("drafter", "drafter", "hidden_states", partition="c" * 16 + "/_shards", name="00003.json"),
+    ),
+    (
         layout.draft_vocab_file("a" * 64, "b" * 64, layout.vocab_mapping_name(32_000)),
         Key("drafter", "drafter", "draft_vocab", partition="a" * 16 + "-" + "b" * 16, name="vocab_mapping_32000.pt"),
     ),

@@ -1,4 +1,5 @@
-"""Drafter inputs: the EAGLE-3 draft vocabulary mappings built from the training mix, and the blocking
+"""Drafter inputs: the EAGLE-3 draft vocabulary mappings built from the training mix, the hidden-state
+plan and capture (partitioned by capture shard, with blocking checks), and the blocking
 benchmark-decontamination check of every `{ds}_validated`.
 
 The draft vocabulary is downstream of `training_mix`, so a failed blocking check upstream stops it in
@@ -8,19 +9,24 @@ the same run. The bodies only call `eagle_data.drafter`.
 from typing import Any
 
 import dagster as dg
+from pydantic import Field
 
-from eagle_data import layout
-from eagle_data.catalog import DatasetSpec
+from eagle_data import layout, settings
+from eagle_data.catalog import PROFILE_ENV, DatasetSpec, shard_key
 from eagle_data.defs.assets import catalog_labels, partitions
 from eagle_data.defs.resources import StorageResource
+from eagle_data.drafter import verify
+from eagle_data.drafter.capture import CaptureError, resolve_target
 from eagle_data.drafter.decontam import BenchmarkIndex
 from eagle_data.drafter.evalsets import benchmark_index, unread
+from eagle_data.drafter.layers import LayerError
 from eagle_data.drafter.outputs import (
     PLAN_ASSET,
     DecontamReport,
     decontamination_report,
     write_draft_vocab,
     write_hidden_state_plan,
+    write_hidden_states,
 )
 from eagle_data.drafter.settings import load_drafter_settings
 from eagle_data.report import partition_label
@@ -68,7 +74,83 @@ def build_drafter_assets(specs: list[DatasetSpec]) -> list[dg.AssetsDefinition]:
         context.log.info(f"hidden states: {sized.total_bytes / 1e9:,.1f} GB, {sized.gpu_hours:,.1f} GPU-hours")
         return dg.MaterializeResult(metadata={**sized.figures(), "plan": dg.MetadataValue.md(table)})
 
-    return [draft_vocab, hidden_state_plan]
+    return [draft_vocab, hidden_state_plan, build_capture_asset(owners, specs)]
+
+
+class CaptureResource(dg.ConfigurableResource):
+    """The target checkpoint whose hidden states `hidden_states` captures, and where it runs."""
+
+    checkpoint: str | None = Field(
+        None,
+        description="A local transformers checkpoint folder of the mix's target (EAGLE_DATA_CAPTURE_CHECKPOINT; "
+        "the demo profile: the demo model).",
+    )
+    device: str | None = Field(
+        None, description="cuda, cuda:1 or cpu (EAGLE_DATA_CAPTURE_DEVICE); default cuda when present."
+    )
+
+    def resolved(self) -> tuple[str, str]:
+        return resolve_target(self.checkpoint, self.device, demo=settings.get(PROFILE_ENV) == "demo")
+
+
+def _metadata_value(value: Any) -> Any:
+    return dg.MetadataValue.json(value) if isinstance(value, (dict, list)) else value
+
+
+def build_capture_asset(owners: list[str], specs: list[DatasetSpec]) -> dg.AssetsDefinition:
+    """`hidden_states`, one partition per capture shard of the mix; the partition count is read from the
+    catalog's [drafter.capture] when the definitions load."""
+    configured = load_drafter_settings().capture
+    shards = dg.StaticPartitionsDefinition([shard_key(i) for i in range(configured.partitions)])
+    checks = [
+        dg.AssetCheckSpec(
+            name, asset=layout.HIDDEN_STATES_ASSET, blocking=True, description=text, partitions_def=shards
+        )
+        for name, text in verify.CHECKS.items()
+    ]
+
+    @dg.asset(
+        name=layout.HIDDEN_STATES_ASSET,
+        group_name="drafter",
+        deps=["training_mix"],
+        kinds={"pytorch", "safetensors"},
+        partitions_def=shards,
+        backfill_policy=dg.BackfillPolicy.single_run(),
+        check_specs=checks,
+        **catalog_labels(
+            "drafter",
+            owners,
+            f"The target's hidden states over the mix, {configured.shard_rows:,} rows per shard, in the formats "
+            "SpecForge, speculators or a compact native one load (catalog [drafter.capture]); verified against "
+            "the mix, a re-capture and the plan.",
+        ),
+    )
+    def hidden_states(
+        context: dg.AssetExecutionContext, storage: StorageResource, capture: CaptureResource
+    ) -> dg.MaterializeResult:
+        keys = list(context.partition_keys)
+        try:
+            figures, found = write_hidden_states(
+                specs, storage.store(), keys, load_drafter_settings().capture, *capture.resolved(), log=context.log.info
+            )
+        except (CaptureError, LayerError) as exc:
+            raise dg.Failure(description=str(exc), allow_retries=False) from None
+        label = partition_label(keys)
+        results = [
+            dg.AssetCheckResult(
+                check_name=name,
+                passed=found.passed(name),
+                severity=dg.AssetCheckSeverity.ERROR,
+                description=found.line(name),
+                metadata={**found.metadata(), "partitions": label},
+            )
+            for name in verify.CHECKS
+        ]
+        metadata = {name: _metadata_value(value) for name, value in figures.items()}
+        metadata["path"] = dg.MetadataValue.path(figures["path"])
+        return dg.MaterializeResult(metadata=metadata, check_results=results)
+
+    return hidden_states
 
 
 def _outcome(

@@ -11,9 +11,9 @@ import polars as pl
 
 from eagle_data import layout
 from eagle_data.catalog import DatasetSpec
-from eagle_data.drafter import decontam, hidden_states, vocab
+from eagle_data.drafter import capture, decontam, hidden_states, layers, verify, vocab
 from eagle_data.drafter.mixfile import content_hash, local_mix, mix_target
-from eagle_data.drafter.settings import HiddenStateRecipe
+from eagle_data.drafter.settings import CaptureSettings, HiddenStateRecipe
 from eagle_data.quality import KEPT
 from eagle_data.storage import ShardStore
 from eagle_data.targets import load_target
@@ -141,3 +141,95 @@ def decontamination_report(
         shard = store.read_shard(dataset, asset, key, ["prompt_id", "messages", "verdict"])  # no token lists
         report.add(shard, decontam.scan(shard, index))
     return report
+
+
+def write_hidden_states(
+    specs: list[DatasetSpec],
+    store: ShardStore,
+    partitions: Sequence[str],
+    settings: CaptureSettings,
+    checkpoint: str,
+    device: str,
+    log: Log = print,
+) -> tuple[dict[str, Any], verify.Findings]:
+    """Capture (or skip, when unchanged) and verify the hidden states of the mix's capture shards
+    `partitions`; returns the figures and what verification found. A shard that fails verification loses
+    its record, so the next run captures it again. Refuses, before loading the model, a shard past the end
+    of the mix."""
+    with local_mix(store, layout.mix()) as path:
+        total = pl.scan_parquet(path).select(pl.len()).collect().item()
+        filled = -(-total // settings.shard_rows)
+        past = [p for p in partitions if int(p) >= filled]
+        if past:
+            raise capture.CaptureError(
+                f"capture shard(s) {', '.join(past[:3])} start past the mix's {total:,} rows: materialize shards "
+                f"00000...{filled - 1:05d} only ({settings.shard_rows:,} rows each; [drafter.capture] max_rows sets "
+                "how many partitions exist)"
+            )
+        target = load_target(mix_target(path, specs))
+        folder = capture.checkpoint_folder(checkpoint)
+        backend = capture.TransformersBackend(folder, device, capture.resolve_dtype(settings.dtype, device))
+        plan = layers.resolve(settings, backend.num_layers)
+        base = {
+            "checkpoint": str(folder),
+            "checkpoint_sha256": capture.checkpoint_hash(folder),
+            "num_layers": backend.num_layers,
+            "hidden_size": backend.hidden_size,
+            "layers": plan.record(),
+            "dtype": backend.dtype,
+            "fp8": settings.fp8,
+            "target": target.name,
+            "tokenizer_hash": target.tokenizer_hash,
+            "block_size": settings.block_size if plan.preset == "dflash" else None,
+            "formats": list(settings.formats),
+        }
+        cid = capture.capture_id(base)
+        log(f"hidden states: capture {cid}, {plan.record()}, {backend.dtype} on {device}, {total:,} mix rows")
+        figures: dict[str, Any] = {"captured_shards": 0, "skipped_shards": 0, "rows": 0, "captured_rows": 0,
+                                   "tokens": 0, "tokens_run": 0, "seconds": 0.0, "batches_run": 0,
+                                   "batches_resumed": 0}  # fmt: skip
+        set_aside: dict[str, int] = {}
+        found = verify.Findings()
+        for partition in partitions:
+            frame = capture.shard_frame(path, int(partition), settings.shard_rows)
+            top = frame.select(pl.col("input_ids").list.max().max()).item()
+            if top is not None and top >= backend.vocab_size:
+                raise capture.CaptureError(
+                    f"mix row in shard {partition} holds token id {top}, past the checkpoint's vocabulary of "
+                    f"{backend.vocab_size}: the checkpoint {folder} is not the mix's target {target.name}"
+                )
+            rows = frame["row"]
+            provenance = {
+                **base,
+                "mix_shard_sha256": capture.shard_hash(frame),
+                "mix_rows": [rows.min(), rows.max() + 1],
+            }
+            result = capture.capture_shard(store, cid, partition, frame, provenance, backend, plan, settings, log)
+            record = result.record
+            figures["captured_shards" if result.captured else "skipped_shards"] += 1
+            for name in ("rows", "captured_rows", "tokens"):
+                figures[name] += record[name]
+            for name in ("tokens_run", "seconds", "batches_run", "batches_resumed"):
+                figures[name] += getattr(result, name)
+            for reason, n in record["set_aside"].items():
+                set_aside[reason] = set_aside.get(reason, 0) + n
+            shard_found = verify.verify_shard(
+                store, layout.capture_dir(cid), record, frame, plan, backend, settings.recapture_rows, settings.seed
+            )
+            found.merge(shard_found)
+            if not shard_found.data_ok():  # withdraw the record: the next run captures this shard again
+                store.delete(layout.capture_record(cid, capture.SHARDS, partition))
+                log(f"hidden states {partition}: failed verification; it will be captured again on the next run")
+            rate = f", {result.tokens_run / result.seconds:,.0f} tokens/s" if result.seconds else ""
+            log(f"hidden states {partition}: {'captured' if result.captured else 'unchanged, skipped'}, "
+                f"{record['captured_rows']} rows, {record['tokens']:,} tokens{rate}")  # fmt: skip
+    figures.update(
+        tokens_per_s=round(figures["tokens_run"] / figures["seconds"], 1) if figures["seconds"] else 0.0,
+        seconds=round(figures["seconds"], 3),
+        set_aside=set_aside,
+        capture_id=cid,
+        path=store.uri(layout.capture_dir(cid)),
+        **{k: base[k] for k in ("checkpoint", "checkpoint_sha256", "dtype", "fp8", "tokenizer_hash", "formats")},
+        **plan.record(),
+    )
+    return figures, found

@@ -60,8 +60,9 @@ class HiddenStateRecipe(_Frozen):
     Attributes:
     captured_layers: hidden-state tensors stored per token (EAGLE-3: three auxiliary layers + the last).
     hidden_size: the target model's hidden size (Qwen3-8B: 4096).
-    dtype: bf16 (2 bytes a value) or fp8 (1 byte a value plus one float32 scale per token and layer,
-        speculators' per-token format).
+    dtype: bf16 (2 bytes a value), fp32 (4), or fp8 (1 byte a value plus one float32 scale per token and
+        layer; the native format only).
+    format: the layout on disk (`eagle_data/drafter/formats.py`): its ids, mask and per-file bytes.
     target_params_b: the target's parameters in billions; a forward pass costs 2 FLOPs per parameter a token.
     gpu_tflops: dense bf16 TFLOP/s of one GPU (H100 SXM: 989).
     mfu: the share of that the capture achieves (prefill only; 0.4 is a planning figure, measure yours).
@@ -69,10 +70,67 @@ class HiddenStateRecipe(_Frozen):
 
     captured_layers: int = Field(4, gt=0)
     hidden_size: int = Field(4096, gt=0)
-    dtype: Literal["bf16", "fp8"] = "bf16"
+    dtype: Literal["bf16", "fp32", "fp8"] = "bf16"
+    format: Literal["specforge", "speculators", "native"] = "specforge"
     target_params_b: float = Field(8.0, gt=0)
     gpu_tflops: float = Field(989.0, gt=0)
     mfu: float = Field(0.4, gt=0, le=1)
+
+    @model_validator(mode="after")
+    def _fp8_native(self) -> HiddenStateRecipe:
+        if self.dtype == "fp8" and self.format != "native":
+            raise ValueError('fp8 is stored by the native format only: set format = "native"')
+        return self
+
+
+class CaptureSettings(_Frozen):
+    """What the `hidden_states` asset captures and how (`eagle_data/drafter/capture.py`).
+
+    Attributes:
+    layers: "eagle3" (SpecForge's [1, N//2-1, N-4] plus the last state), "dflash" (`dflash_layers` evenly
+        spaced from 1 to N-3) or an explicit list of decoder-layer ids (0-based outputs, SpecForge numbering).
+    last_state: the last hidden state stored "after_norm" (SpecForge, ModelOpt), "before_norm" (speculators)
+        or "none"; DFlash stores none.
+    dflash_layers: how many target layers a DFlash drafter reads.
+    block_size: DFlash's block; rows with fewer than 2 x block_size supervised tokens are set aside.
+    formats: the layouts written, any of specforge, speculators, native.
+    dtype: "auto" (bf16 on GPU, fp32 on CPU), "bf16" or "fp32": the forward pass and what is stored.
+    fp8: the native format stores fp8 values and a float32 scale per token and layer (the others keep dtype).
+    shard_rows: mix rows per capture shard (partition); row r is always in shard r // shard_rows.
+    max_rows: the mix rows the partitions cover (partitions = max_rows / shard_rows, rounded up).
+    batch_tokens: padded tokens per forward pass (rows grouped by length); a longer row runs alone.
+    recapture_rows: rows per shard the `recapture_matches` check captures again and compares.
+    seed: picks those rows.
+    """
+
+    layers: Literal["eagle3", "dflash"] | tuple[int, ...] = "eagle3"
+    last_state: Literal["after_norm", "before_norm", "none"] = "after_norm"
+    dflash_layers: int = Field(5, gt=0)
+    block_size: int = Field(16, gt=0)
+    formats: tuple[Literal["specforge", "speculators", "native"], ...] = Field(("specforge",), min_length=1)
+    dtype: Literal["auto", "bf16", "fp32"] = "auto"
+    fp8: bool = False
+    shard_rows: int = Field(2000, gt=0)
+    max_rows: int = Field(1_000_000, gt=0)
+    batch_tokens: int = Field(16_384, gt=0)
+    recapture_rows: int = Field(2, ge=0)
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _consistent(self) -> CaptureSettings:
+        if len(set(self.formats)) != len(self.formats):
+            raise ValueError("formats must be distinct")
+        if self.fp8 and "native" not in self.formats:
+            raise ValueError('fp8 is stored by the native format only: add "native" to formats')
+        if self.layers == "eagle3" and self.last_state == "none":
+            raise ValueError("eagle3 trains on the last hidden state: set last_state to after_norm or before_norm")
+        if "specforge" in self.formats and self.layers != "dflash" and self.last_state == "none":
+            raise ValueError("SpecForge's EAGLE-3 files need the last hidden state: set last_state")
+        return self
+
+    @property
+    def partitions(self) -> int:
+        return -(-self.max_rows // self.shard_rows)
 
 
 class DrafterSettings(_Frozen):
@@ -80,11 +138,13 @@ class DrafterSettings(_Frozen):
     draft_vocab_sizes: one EAGLE-3 draft vocabulary mapping is written per size (top-N supervised tokens).
     decontamination: which benchmarks rows are checked against.
     hidden_states: the capture recipe the hidden-state plan sizes.
+    capture: what the hidden-state capture stores.
     """
 
     draft_vocab_sizes: tuple[int, ...] = Field((32_000, 64_000), min_length=1)
     decontamination: Decontamination = Decontamination()
     hidden_states: HiddenStateRecipe = HiddenStateRecipe()
+    capture: CaptureSettings = CaptureSettings()
 
     @field_validator("draft_vocab_sizes")
     @classmethod

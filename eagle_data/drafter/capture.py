@@ -1,0 +1,325 @@
+"""Capture the target's hidden states over the training mix, shard by shard, resumable by batch.
+
+The mix's rows are cut into fixed capture shards (row r is in shard r // shard_rows), the asset's
+partitions. A shard's rows are grouped by length into batches of at most `batch_tokens` padded tokens;
+each batch runs one forward pass, its states are written in every configured format (`formats.py`, each
+file atomically) and then the shard's progress file records the batch. Only one batch of states is held
+in memory. A killed run resumes after the last recorded batch: at most the batch in flight is repeated.
+
+A finished shard writes its record (`_shards/{partition}.json`): the checkpoint (path and content hash),
+layers, dtype, norm setting, target tokenizer hash and the shard's content hash, whose digest is the
+shard's key. A re-run skips a shard whose key is unchanged and captures it afresh otherwise.
+
+The forward pass sits behind `CaptureBackend`; `TransformersBackend` runs a checkpoint with
+`output_hidden_states=True` (bf16 on GPU, fp32 or bf16 on CPU). docs/hidden-states.md says how an
+engine-side backend (vLLM's `extract_hidden_states`, SGLang in-process) plugs in.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import polars as pl
+
+from eagle_data import layout
+from eagle_data.demo import ensure_demo_model
+from eagle_data.drafter import formats
+from eagle_data.drafter.layers import LayerPlan
+from eagle_data.drafter.mixfile import CHUNK
+from eagle_data.drafter.settings import CaptureSettings
+from eagle_data.settings import get as environment
+from eagle_data.storage import ShardStore
+
+Log = Callable[[str], None]
+SHARDS, PROGRESS = "shards", "progress"
+DFLASH_SHORT = "dflash_short_supervision"  # fewer than 2 x block_size supervised tokens
+EMPTY = "empty"
+
+
+class CaptureError(ValueError):
+    """The capture cannot run as configured; the message says what to set or materialize."""
+
+
+class CaptureBackend(Protocol):
+    """Runs the target over token ids and returns the chosen hidden states."""
+
+    num_layers: int
+    hidden_size: int
+    vocab_size: int
+    dtype: str  # the stored dtype: bf16 or fp32
+
+    def capture(self, rows: Sequence[np.ndarray], plan: LayerPlan) -> list[Any]:
+        """Per row, its states as a contiguous CPU tensor [len(row), plan.count, hidden_size] in `dtype` (it
+        may be a view into a batch's tensor: a writer that pickles storages copies it first):
+        the outputs of decoder layers `plan.aux`, then the last state when `plan.last` is set."""
+        ...
+
+
+def resolve_dtype(dtype: str, device: str) -> str:
+    return ("bf16" if device.startswith("cuda") else "fp32") if dtype == "auto" else dtype
+
+
+class TransformersBackend:
+    """A transformers checkpoint in this process: its base model only (no LM head), batches right-padded
+    with an attention mask, so a row's states do not depend on the rows beside it."""
+
+    def __init__(self, checkpoint: Path, device: str, dtype: str) -> None:
+        import torch
+        from transformers import AutoModel
+        from transformers.utils import logging as hf_logging
+
+        self.torch = torch
+        self.dtype = dtype
+        self._torch_dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
+        verbosity = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()  # the base model alone: its load report lists the unused LM head
+        try:
+            self.model = AutoModel.from_pretrained(checkpoint, dtype=self._torch_dtype).to(device).eval()
+        finally:
+            hf_logging.set_verbosity(verbosity)
+        config = self.model.config.get_text_config()
+        self.num_layers, self.hidden_size, self.vocab_size = (
+            config.num_hidden_layers, config.hidden_size, config.vocab_size
+        )  # fmt: skip
+        self.device = device
+
+    def capture(self, rows: Sequence[np.ndarray], plan: LayerPlan) -> list[Any]:
+        torch = self.torch
+        lengths = [len(r) for r in rows]
+        ids = torch.zeros((len(rows), max(lengths)), dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for b, row in enumerate(rows):
+            ids[b, : len(row)] = torch.from_numpy(row.astype(np.int64))
+            mask[b, : len(row)] = 1
+        pre_norm: list[Any] = []  # the last decoder layer's output: hidden_states[-1] is after the norm
+        hook = self.model.norm.register_forward_pre_hook(lambda _module, args: pre_norm.append(args[0]))
+        try:
+            with torch.inference_mode():
+                out = self.model(
+                    input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
+                    output_hidden_states=True, use_cache=False,
+                )  # fmt: skip
+        finally:
+            hook.remove()
+        top = self.num_layers - 1
+        picked = [out.hidden_states[i + 1] if i < top else pre_norm[0] for i in plan.aux]
+        if plan.last is not None:
+            picked.append(out.hidden_states[-1] if plan.last == "after_norm" else pre_norm[0])
+        # One copy for the batch, [rows, T, layers, H] on the CPU; a row's first n positions are a contiguous
+        # view of it, so no row is copied again.
+        states = torch.stack(picked, dim=2).to("cpu")
+        return [states[b, :n] for b, n in enumerate(lengths)]
+
+
+def checkpoint_folder(checkpoint: str) -> Path:
+    path = Path(checkpoint).expanduser().resolve()
+    if not (path / "config.json").is_file():
+        raise CaptureError(
+            f"no transformers checkpoint at {path}: set EAGLE_DATA_CAPTURE_CHECKPOINT (or the capture resource's "
+            "checkpoint) to a local model folder"
+        )
+    return path
+
+
+@cache
+def _folder_hash(path: Path, signature: tuple[tuple[str, int, int], ...]) -> str:
+    digest = hashlib.sha256()
+    for name, _, _ in signature:
+        digest.update(name.encode() + b"\0")
+        with (path / name).open("rb") as fh:
+            while chunk := fh.read(CHUNK):
+                digest.update(chunk)
+    return digest.hexdigest()
+
+
+def checkpoint_hash(path: Path) -> str:
+    """SHA-256 over the checkpoint's files (names and bytes), once per process while they are unchanged."""
+    files = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
+    signature = tuple((str(p.relative_to(path)), p.stat().st_size, p.stat().st_mtime_ns) for p in files)
+    return _folder_hash(path, signature)
+
+
+def batches(lengths: Sequence[int], batch_tokens: int) -> list[list[int]]:
+    """Row positions grouped longest first, each group padding to at most `batch_tokens` tokens (a row
+    longer than that alone); deterministic, so a resumed shard re-forms the same batches."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    groups: list[list[int]] = []
+    for i in order:
+        if groups and (len(groups[-1]) + 1) * lengths[groups[-1][0]] <= batch_tokens:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
+def shard_frame(path: Path, index: int, shard_rows: int) -> pl.DataFrame:
+    """Rows [index * shard_rows, +shard_rows) of the mix file: `row` (global), prompt_id, ids, mask."""
+    start = index * shard_rows
+    return (
+        pl.scan_parquet(path)
+        .select("prompt_id", "input_ids", "loss_mask")
+        .slice(start, shard_rows)
+        .collect()
+        .with_row_index("row", offset=start)
+        .cast({"row": pl.Int64})
+    )
+
+
+def shard_hash(frame: pl.DataFrame) -> str:
+    """SHA-256 of a shard's rows: each row's number, prompt id, ids and mask."""
+    digest = hashlib.sha256()
+    for row, prompt_id, ids, mask in frame.select("row", "prompt_id", "input_ids", "loss_mask").iter_rows():
+        digest.update(f"{row}\0{prompt_id}\0{len(ids)}\0".encode())
+        digest.update(np.asarray(ids, dtype=np.int64).tobytes() + np.asarray(mask, dtype=np.uint8).tobytes())
+    return digest.hexdigest()
+
+
+def set_aside(frame: pl.DataFrame, plan: LayerPlan, settings: CaptureSettings) -> dict[int, str]:
+    """Rows not captured, each with its reason: empty rows; for DFlash, rows with fewer than
+    2 x block_size supervised tokens (SpecForge drops them too)."""
+    out = {}
+    for row, ids, mask in frame.select("row", "input_ids", "loss_mask").iter_rows():
+        if not ids:
+            out[row] = EMPTY
+        elif plan.preset == "dflash" and sum(mask) < 2 * settings.block_size:
+            out[row] = DFLASH_SHORT
+    return out
+
+
+def capture_id(provenance: dict[str, Any]) -> str:
+    """The capture folder's name: what makes states comparable across shards (not the shard, not formats)."""
+    keep = ("checkpoint_sha256", "layers", "dtype", "fp8", "tokenizer_hash", "block_size")
+    text = json.dumps({k: provenance[k] for k in keep}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@dataclass
+class ShardResult:
+    """One shard's outcome: its record (provenance and figures) and whether this run captured it."""
+
+    partition: str
+    record: dict[str, Any]
+    captured: bool
+    batches_run: int = 0
+    batches_resumed: int = 0
+    seconds: float = 0.0
+    tokens_run: int = 0
+
+
+def _read_json(store: ShardStore, key: str) -> dict[str, Any] | None:
+    return json.loads(store.read_bytes(key)) if store.exists(key) else None
+
+
+def _remove_stale(store: ShardStore, folder: str, partition: str, old: dict[str, Any]) -> None:
+    """Delete the files an older capture of this shard wrote (its rows may now be set aside)."""
+    for fmt in old.get("formats", []):
+        for b, batch in enumerate(old.get("batches", [])):
+            if fmt == formats.NATIVE:
+                store.delete(formats.native_key(folder, partition, b))
+            for row, _, _ in batch if fmt != formats.NATIVE else ():
+                store.delete(formats.row_key(folder, fmt, row))
+
+
+def capture_shard(
+    store: ShardStore,
+    cid: str,
+    partition: str,
+    frame: pl.DataFrame,
+    provenance: dict[str, Any],
+    backend: CaptureBackend,
+    plan: LayerPlan,
+    settings: CaptureSettings,
+    log: Log = print,
+) -> ShardResult:
+    """Capture one shard into capture `cid` (or skip it when its record's key matches), resuming from its
+    progress file. `provenance` names what the states depend on; its digest, with the settings that shape
+    the files and the batches (a resume must re-form the same batches), is the shard's key."""
+    shaped_by = {"formats": list(settings.formats), "fp8": settings.fp8, "batch_tokens": settings.batch_tokens}
+    material = {**provenance, **shaped_by, "dtype": backend.dtype}
+    key = hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
+    folder = layout.capture_dir(cid)
+    record_key, progress_key = (layout.capture_record(cid, kind, partition) for kind in (SHARDS, PROGRESS))
+    old = _read_json(store, record_key)
+    if old is not None and old["key"] == key:
+        return ShardResult(partition, old, captured=False)
+    aside = set_aside(frame, plan, settings)
+    kept = frame.filter(~pl.col("row").is_in(list(aside)))
+    rows = kept.select("row", "prompt_id", "input_ids", "loss_mask").rows()
+    groups = batches([len(r[2]) for r in rows], settings.batch_tokens)
+    progress = _read_json(store, progress_key)
+    if progress is None or progress["key"] != key:
+        for stale in (old, progress):
+            if stale is not None:
+                _remove_stale(store, folder, partition, stale)
+        progress = {"key": key, "formats": list(settings.formats), "batches": []}
+    done = len(progress["batches"])
+    result = ShardResult(partition, {}, captured=True, batches_resumed=done)
+    if done:
+        log(f"hidden states {partition}: resuming at batch {done + 1} of {len(groups)}")
+    fp8 = settings.fp8
+    started = time.perf_counter()
+    for b in range(done, len(groups)):
+        members = [rows[i] for i in groups[b]]
+        ids = [np.asarray(r[2], dtype=np.int64) for r in members]
+        states = backend.capture(ids, plan)
+        samples = [
+            formats.Sample(r[0], r[1], i, np.asarray(r[3], dtype=np.uint8), s)
+            for r, i, s in zip(members, ids, states, strict=True)
+        ]
+        formats.write_batch(store, folder, partition, b, samples, plan, fp8, settings.formats)
+        progress["batches"].append([[r[0], r[1], len(r[2])] for r in members])
+        store.write_bytes(progress_key, json.dumps(progress).encode())
+        result.batches_run += 1
+        result.tokens_run += sum(len(i) for i in ids)
+    result.seconds = time.perf_counter() - started
+    batches_rows = progress["batches"]
+    if formats.NATIVE in settings.formats:
+        index = formats.native_index(partition, [[tuple(m) for m in batch] for batch in batches_rows], plan, fp8)
+        formats.write_native_index(store, folder, partition, index)
+    tokens = sum(n for batch in batches_rows for _, _, n in batch)
+    record = {
+        "key": key,
+        "partition": partition,
+        **material,
+        "rows": frame.height,
+        "captured_rows": len(rows),
+        "tokens": tokens,
+        "set_aside": {reason: sum(1 for r in aside.values() if r == reason) for reason in sorted(set(aside.values()))},
+        "set_aside_rows": {str(row): reason for row, reason in sorted(aside.items())},
+        "batches": batches_rows,
+    }
+    store.write_bytes(record_key, json.dumps(record).encode())
+    store.delete(progress_key)
+    result.record = record
+    return result
+
+
+CHECKPOINT_ENV = "EAGLE_DATA_CAPTURE_CHECKPOINT"
+DEVICE_ENV = "EAGLE_DATA_CAPTURE_DEVICE"
+
+
+def resolve_target(checkpoint: str | None, device: str | None, demo: bool) -> tuple[str, str]:
+    """(checkpoint folder, device): the given values, else the environment's, else on the demo profile the
+    demo checkpoint (built on first use) and cuda when present, else cpu."""
+    checkpoint = checkpoint or environment(CHECKPOINT_ENV)
+    if not checkpoint and demo:
+        checkpoint = str(ensure_demo_model())
+    if not checkpoint:
+        raise CaptureError(
+            f"no checkpoint to capture hidden states from: set {CHECKPOINT_ENV} to the target model's local "
+            "transformers folder (or EAGLE_DATA_PROFILE=demo for the demo model)"
+        )
+    device = device or environment(DEVICE_ENV)
+    if not device:
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return checkpoint, device

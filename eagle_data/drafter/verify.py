@@ -1,0 +1,214 @@
+"""Verify captured hidden states, read back from storage: the `hidden_states` asset's blocking checks.
+
+Every stored sample of every format is read: its ids and mask must equal its mix row, its values be
+finite, its shape be [row length, layers, hidden size of the target]. A seeded sample of rows is captured
+again, each alone, and must match what was stored within `TOLERANCE` of the sample's largest value (plus
+fp8's bound where the native format stores fp8). The bytes on disk must be within 2% of the plan's
+formula (`hidden_states.capture_bytes`) for the same layers, dtype, format, samples and tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from eagle_data.drafter import formats
+from eagle_data.drafter.capture import CaptureBackend
+from eagle_data.drafter.hidden_states import capture_bytes
+from eagle_data.drafter.layers import LayerPlan
+from eagle_data.drafter.settings import HiddenStateRecipe
+from eagle_data.storage import ShardStore
+
+IDS, FINITE, SHAPES, RECAPTURE, BYTES = (
+    "ids_match_mix", "finite", "shapes_match_target", "recapture_matches", "bytes_match_plan"
+)  # fmt: skip
+CHECKS = {
+    IDS: "Every captured row is stored in every format, and each stored sample's ids and loss mask equal its mix row.",
+    FINITE: "No stored hidden-state value is NaN or infinite.",
+    SHAPES: "Each sample's states are [row length, layers, hidden size] of the target's config.",
+    RECAPTURE: "A seeded sample of rows, captured again one at a time, matches the stored states within the "
+    "dtype's tolerance (plus fp8's bound for fp8 files).",
+    BYTES: "The bytes on disk are within 2% of hidden_state_plan's formula for the same samples and tokens.",
+}
+TOLERANCE = {"fp32": 1e-4, "bf16": 2.0**-6}  # of the sample's largest |value|: batching changes the sums' order
+BYTES_TOLERANCE = 0.02
+SHOWN = 5  # sample names quoted in a failing check's line
+
+
+@dataclass
+class Findings:
+    """What verification found over one or more shards; `merge` adds another shard's."""
+
+    samples: int = 0
+    problems: dict[str, list[str]] = field(default_factory=lambda: {name: [] for name in CHECKS})
+    recaptured: int = 0
+    recapture_worst: float = 0.0  # the largest error as a share of the allowed error (<= 1 passes)
+    actual_bytes: dict[str, int] = field(default_factory=dict)
+    planned_bytes: dict[str, int] = field(default_factory=dict)
+
+    def merge(self, other: Findings) -> None:
+        self.samples += other.samples
+        for name, found in other.problems.items():
+            self.problems[name] += found
+        self.recaptured += other.recaptured
+        self.recapture_worst = max(self.recapture_worst, other.recapture_worst)
+        for mine, theirs in ((self.actual_bytes, other.actual_bytes), (self.planned_bytes, other.planned_bytes)):
+            for fmt, n in theirs.items():
+                mine[fmt] = mine.get(fmt, 0) + n
+
+    def bytes_error(self) -> float:
+        planned, actual = sum(self.planned_bytes.values()), sum(self.actual_bytes.values())
+        return abs(actual - planned) / planned if planned else 0.0
+
+    def passed(self, name: str) -> bool:
+        if name == BYTES:
+            return self.bytes_error() <= BYTES_TOLERANCE and not self.problems[BYTES]
+        return not self.problems[name]
+
+    def data_ok(self) -> bool:
+        """Whether the stored samples themselves passed (every check but the plan's formula)."""
+        return all(self.passed(name) for name in CHECKS if name != BYTES)
+
+    def line(self, name: str) -> str:
+        """The check's one line: what failed and what to do, or what passed."""
+        found = self.problems[name]
+        first = f" (first: {', '.join(found[:SHOWN])})" if found else ""
+        redo = "re-materialize hidden_states for the failing shards"
+        if name == BYTES:
+            shown = f"{sum(self.actual_bytes.values()):,} bytes on disk vs {sum(self.planned_bytes.values()):,} planned"
+            if self.passed(name):
+                return f"{shown} ({self.bytes_error():.2%} apart)"
+            fix = "fix the plan's formula (formats.SAMPLE_BYTES)"
+            return f"{shown} ({self.bytes_error():.2%} apart){first}: {fix} or {redo}"
+        if not found:
+            done = f"{self.recaptured} rows re-captured, worst {self.recapture_worst:.0%} of the tolerance"
+            return done if name == RECAPTURE else f"{self.samples} stored samples verified"
+        what = {
+            IDS: "stored sample(s) missing, unreadable or unlike their mix row",
+            FINITE: "stored sample(s) hold NaN or infinite values",
+            SHAPES: "stored sample(s) have the wrong shape for the target",
+            RECAPTURE: "re-captured row(s) differ from what was stored beyond the tolerance",
+        }[name]
+        return f"{len(found)} {what}{first}: {redo}"
+
+    def metadata(self) -> dict[str, Any]:
+        return {
+            "samples_verified": self.samples,
+            "rows_recaptured": self.recaptured,
+            "recapture_worst_share_of_tolerance": round(self.recapture_worst, 4),
+            "bytes_on_disk": sum(self.actual_bytes.values()),
+            "bytes_planned": sum(self.planned_bytes.values()),
+            "bytes_error": round(self.bytes_error(), 5),
+        }
+
+
+def _stored(
+    store: ShardStore, folder: str, partition: str, fmt: str, rows: list[int], plan: LayerPlan, found: Findings
+) -> Iterator[formats.Stored]:
+    """Every stored sample of one format for the shard's captured rows; missing and unreadable files are
+    recorded, and their bytes counted."""
+    size = 0
+
+    def read(key: str) -> bytes | None:
+        nonlocal size
+        if not store.exists(key):
+            found.problems[IDS].append(f"{fmt} {key} missing")
+            return None
+        data = store.read_bytes(key)
+        size += len(data)
+        return data
+
+    try:
+        if fmt == formats.NATIVE:
+            raw = read(formats.native_index_key(folder, partition))
+            index = json.loads(raw) if raw is not None else {"files": []}
+            indexed = [int(e[0]) for f in index["files"] for e in f["rows"]]
+            if sorted(indexed) != sorted(rows):
+                found.problems[IDS].append(f"native index of {partition} lists other rows than were captured")
+            for batch, entry in enumerate(index["files"]):
+                data = read(formats.native_key(folder, partition, batch))
+                try:
+                    yield from formats.read_native(data, entry["rows"]) if data is not None else ()
+                except Exception as exc:  # any parse failure of a stored file is the same finding
+                    found.problems[IDS].append(f"native {entry['file']} unreadable ({type(exc).__name__})")
+            return
+        for row in rows:
+            data = read(formats.row_key(folder, fmt, row))
+            if data is None:
+                continue
+            try:
+                yield (
+                    formats.read_specforge(data, row, plan)
+                    if fmt == formats.SPECFORGE
+                    else formats.read_speculators(data, row)
+                )
+            except Exception as exc:  # a truncated or foreign file: unreadable, whatever the parser raised
+                found.problems[IDS].append(f"{fmt} row {row} unreadable ({type(exc).__name__})")
+    finally:
+        found.actual_bytes[fmt] = found.actual_bytes.get(fmt, 0) + size
+
+
+def verify_shard(
+    store: ShardStore,
+    folder: str,
+    record: dict[str, Any],
+    frame: pl.DataFrame,
+    plan: LayerPlan,
+    backend: CaptureBackend,
+    recapture_rows: int,
+    seed: int,
+) -> Findings:
+    """Check one captured shard (its record from capture_shard) against its mix rows and the target."""
+    import torch
+
+    found = Findings()
+    partition = record["partition"]
+    mix = {
+        row: (np.asarray(ids), np.asarray(mask))
+        for row, ids, mask in frame.select("row", "input_ids", "loss_mask").iter_rows()
+    }
+    rows = sorted(int(r[0]) for batch in record["batches"] for r in batch)
+    picked = set(random.Random(f"{seed}-{partition}").sample(rows, min(recapture_rows, len(rows))))
+    kept: dict[int, list[formats.Stored]] = {row: [] for row in picked}
+    tokens = sum(len(mix[row][0]) for row in rows)
+    for fmt in record["formats"]:
+        dtype = "fp8" if fmt == formats.NATIVE and record["fp8"] else record["dtype"]
+        recipe = HiddenStateRecipe(captured_layers=plan.count, hidden_size=backend.hidden_size, dtype=dtype, format=fmt)
+        found.planned_bytes[fmt] = capture_bytes(recipe, len(rows), tokens)
+        for sample in _stored(store, folder, partition, fmt, rows, plan, found):
+            found.samples += 1
+            name = f"{fmt} row {sample.row}"
+            ids, mask = mix.get(sample.row, (None, None))
+            if (
+                ids is None
+                or not np.array_equal(sample.input_ids, ids)
+                or (sample.loss_mask is not None and not np.array_equal(sample.loss_mask, mask))
+            ):
+                found.problems[IDS].append(name)
+            if not bool(torch.isfinite(sample.states).all()):
+                found.problems[FINITE].append(name)
+            if tuple(sample.states.shape) != (len(ids) if ids is not None else -1, plan.count, backend.hidden_size):
+                found.problems[SHAPES].append(f"{name} {tuple(sample.states.shape)}")
+            if sample.row in kept:
+                kept[sample.row].append(sample)
+    for row, samples in sorted(kept.items()):
+        fresh = backend.capture([mix[row][0].astype(np.int64)], plan)[0].float()
+        found.recaptured += 1
+        scale = fresh.abs().max().item() or 1.0
+        for sample in samples:
+            allowed = TOLERANCE[record["dtype"]] * scale
+            if sample.scales is not None:
+                allowed = allowed + formats.fp8_bound(fresh, sample.scales)
+            if sample.states.shape != fresh.shape:
+                continue  # counted by the shape check
+            share = float(((sample.states - fresh).abs() / allowed).max()) if fresh.numel() else 0.0
+            found.recapture_worst = max(found.recapture_worst, share)
+            if not share <= 1.0:  # NaN fails too
+                found.problems[RECAPTURE].append(f"row {row} ({share:.1f}x the tolerance)")
+    return found
