@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from eagle_data.types import FatalError, encodable
+
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 DETAIL_TEXT_FIELDS = {"reasoning.text": "text", "reasoning.summary": "summary"}
 
@@ -38,7 +40,8 @@ def split_think(content: str) -> tuple[str, str]:
 
 
 def reply_text(message: dict[str, Any]) -> tuple[str, str]:
-    """(reasoning, content) of one chat `message`; null fields read as ""."""
+    """(reasoning, content) of one chat `message`; null fields read as "". Text that cannot be stored (a lone
+    surrogate escaped in the JSON) fails the reply as `bad_encoding`: that row fails, never the shard."""
     content = message.get("content")
     content = content if isinstance(content, str) else ""
     reasoning = ""
@@ -50,4 +53,6 @@ def reply_text(message: dict[str, Any]) -> tuple[str, str]:
     else:
         reasoning = _details_text(message.get("reasoning_details"))
     inline, content = split_think(content)
+    if not (encodable(content) and encodable(reasoning or inline)):
+        raise FatalError("the reply holds text that is not valid Unicode (a lone surrogate)", kind="bad_encoding")
     return (reasoning or inline), content
