@@ -27,7 +27,7 @@ import polars as pl
 from eagle_data import layout
 from eagle_data.catalog import Adapter, DatasetSpec, shard_index
 from eagle_data.storage import ShardStore
-from eagle_data.types import Message
+from eagle_data.types import Message, encodable
 
 ROLE_MAP = {
     "system": "system",
@@ -102,6 +102,8 @@ def normalize(row: dict[str, Any], adapter: Adapter, max_prompt_chars: int) -> l
             raise BadRow("non_string_content")
         if not content.strip():
             raise BadRow("empty_content")
+        if not encodable(content):  # a lone surrogate escaped in the JSON: no file or shard can hold it
+            raise BadRow("bad_encoding")
         messages.append({"role": ROLE_MAP[role.lower()], "content": content})
 
     if not any(m["role"] == "user" for m in messages):
@@ -170,7 +172,8 @@ class Source:
 
     def rows(self) -> Iterator[dict[str, Any]]:
         """Raw source rows as dicts, streamed. A JSONL line that is not JSON, not an object or not UTF-8
-        is a counted skip (`malformed_row`, `bad_encoding`), never a reason to reject the file."""
+        is a counted skip (`malformed_row`, `bad_encoding`), never a reason to reject the file; so is a
+        row whose text holds a lone surrogate (`bad_encoding`, from `normalize`)."""
         if self.location.startswith("hf://"):
             yield from self._parquet_rows(self.location, self.location)
         elif self.location.startswith("s3://"):

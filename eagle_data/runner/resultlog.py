@@ -23,7 +23,9 @@ Resume, keyed by content (prompt_id + config hash + turn index), never by positi
     hit the old cap is not replayed under a raised one) and continues from the first missing turn.
 Failed and skipped_budget rows are never reused: the next run retries them, from their stored turns.
 Only usable replies are reused or replayed: a row or turn without text (an empty reply stored by an
-older version) is requested again.
+older version), or with text that cannot be stored (a lone surrogate), is requested again. A row that
+still holds such text when its shard is written (e.g. in an error message) is written failed,
+`bad_encoding`: one poison reply never keeps a shard from being written.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from eagle_data import layout
 from eagle_data.catalog import DatasetSpec
 from eagle_data.runner.rows import GENERATION_SCHEMA, Row, to_frame
 from eagle_data.storage import ShardStore
-from eagle_data.types import Completion
+from eagle_data.types import Completion, encodable
 
 MAX_TOKENS_KEYS = ("max_tokens", "max_new_tokens", "max_completion_tokens")
 Turn = dict[str, Any]  # one turn record: TURN_KEYS, then the Completion's fields
@@ -117,7 +119,8 @@ def replayable(turns: Iterable[Turn], key: ResumeKey) -> dict[str, list[Turn]]:
             and turn["finish_reason"] != "length"
             and turn["max_tokens"] <= key.max_tokens
         )
-        has_text = str(turn.get("content") or "").strip() or str(turn.get("reasoning") or "").strip()
+        text = (str(turn.get("content") or ""), str(turn.get("reasoning") or ""))
+        has_text = (text[0].strip() or text[1].strip()) and all(map(encodable, text))
         at = (turn["prompt_id"], turn["turn"])
         if (same or raised) and has_text and (at not in best or turn["finished_at"] >= best[at]["finished_at"]):
             best[at] = turn
@@ -146,6 +149,27 @@ def turn_record(prompt_id: str, index: int, key: ResumeKey, done: Completion, at
 
 def completion_of(turn: Turn) -> Completion:
     return Completion(**{k: v for k, v in turn.items() if k not in TURN_KEYS})
+
+
+BAD_ENCODING = "bad_encoding: the row holds text that is not valid Unicode (a lone surrogate)"
+
+
+def _storable(row: Row) -> Row:
+    """`row`, or a failed row in its place when some text in it cannot be stored."""
+    try:
+        json.dumps(row, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        blank = dict.fromkeys(("provider", "served_model", "finish_reason", "reasoning", "content"), "")
+        return {**row, **blank, "status": "failed", "error": BAD_ENCODING, "output_ids": None, "messages": []}
+    return row
+
+
+def _rows_frame(rows: list[Row]) -> pl.DataFrame:
+    """The rows as a frame; checked row by row only when a whole-frame build meets unstorable text."""
+    try:
+        return to_frame(rows)
+    except UnicodeEncodeError:
+        return to_frame([_storable(r) for r in rows])
 
 
 def _encode(turns: list[Turn]) -> bytes:
@@ -202,7 +226,7 @@ class ResultLog:
         """
         superseded = [k for k in self.store.list(self.prefix) if whole or _kind(k) in ("turn_log", "turn_carry")]
         written: set[str] = set()
-        frame = to_frame(rows)
+        frame = _rows_frame(rows)
         if whole:
             uri = self.store.write_shard(self.dataset, self.dataset, self.partition, frame)
             usage = {"tokens": _tokens(frame), "cost_usd": float(frame["cost_usd"].sum())}

@@ -59,6 +59,7 @@ class Faults:
     fail_turn: int = 0  # answer every request for this user turn (1-based) with HTTP 500
     reply_tokens: tuple[int, int] = (20, 60)  # natural reply length range, fixed per prompt
     shape: str = "split"  # how the reply's text comes back: one of SHAPES
+    poison_prompts: tuple[str, ...] = ()  # these prompts' replies hold a lone surrogate ("\\ud800" in the JSON)
     echo_auth: bool = False  # error bodies repeat the Authorization header received (a careless server)
     served_models: tuple[str, ...] = ()  # the ids GET /models lists (none: an empty list, which no engine checks)
     cost_per_token: float = 1e-6
@@ -196,7 +197,8 @@ class FakeOpenAI:
         self.outcomes["truncated" if finish == "length" else "ok"] += 1
         self.answered[turn] += 1
         prompt_tokens = sum(len(str(m["content"]).split()) for m in body["messages"])
-        message = shaped_message(self.faults.shape, " ".join(["tok"] * n), f"think {turn}")
+        poison = "\ud800" if prompt_id in self.faults.poison_prompts else ""
+        message = shaped_message(self.faults.shape, " ".join(["tok"] * n) + poison, f"think {turn}")
         if self.faults.shape == "special_only":
             n, finish = cap, "length"
         usage = {
