@@ -30,6 +30,7 @@ from eagle_data.secrets import mask_url
 ROOT_ENV = "EAGLE_DATA_ROOT"
 DEFAULT_ROOT = "eagle-output"
 LINK_EXPIRES_S = 7 * 24 * 3600
+FILE_MODE = 0o666  # what open() asks for; the process umask takes away the rest, as for any file it writes
 RETRY_ENV = "EAGLE_DATA_STORAGE_RETRY_S"
 DEFAULT_RETRY_S = 120.0  # how long an S3 call rides out an outage before the step fails
 RETRY_PAUSE_S = (0.25, 5.0)  # first and longest pause between attempts (doubling)
@@ -259,6 +260,7 @@ class ShardStore:
         folder = Path(self.root, key).parent if local else Path(tempfile.gettempdir())
         folder.mkdir(parents=True, exist_ok=True)
         fd, name = tempfile.mkstemp(dir=folder, prefix=f".{Path(key).name}.", suffix=".tmp")
+        os.fchmod(fd, FILE_MODE & ~process_umask())
         os.close(fd)
         tmp = Path(name)
         try:
@@ -372,6 +374,19 @@ class ShardStore:
             raise StorageError(f"cannot reach the S3 endpoint {endpoint}: start it or fix AWS_ENDPOINT_URL") from None
 
 
+def process_umask() -> int:
+    """This process's umask, read without changing it (Linux: /proc; elsewhere set and restored at once)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def retry_window_s() -> float:
     """$EAGLE_DATA_STORAGE_RETRY_S, else 120 s: how long S3 calls are retried through an outage."""
     text = settings.get(RETRY_ENV)
@@ -439,6 +454,7 @@ def _write_temp(path: Path, data: bytes) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, FILE_MODE & ~process_umask())  # mkstemp makes 0600 files; a shard is made like any file
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
