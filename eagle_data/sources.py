@@ -150,13 +150,16 @@ class Source:
             return {"etag": head["ETag"], "size": head["ContentLength"]}
         path = self._local_path()
         stat = path.stat()
-        return {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": _sha256(path)}
+        times = {"mtime_ns": stat.st_mtime_ns, "ctime_ns": stat.st_ctime_ns}
+        return {"size": stat.st_size, **times, "sha256": _sha256(path)}
 
     def same_content(self, saved: dict[str, Any] | None) -> bool:
-        """Whether the source still holds the content `saved` was taken from. A local file whose size and
-        mtime are unchanged is not re-hashed. A source that cannot be looked at (a hub revision offline, a
-        local file since removed, e.g. on another machine sharing an S3 root) counts as unchanged: the saved
-        index stands, and nothing else needs the source."""
+        """Whether the source still holds the content `saved` was taken from. A local file whose size, mtime
+        and ctime are unchanged is not re-hashed (so a big file costs a stat); any other same-size file is
+        compared by its SHA-256. The ctime is what makes this safe: the kernel sets it on every write and
+        no call sets it back, so an edit that restores the mtime (`touch -d`, `cp -p`) is still hashed. A
+        source that cannot be looked at (a hub revision offline, a local file since removed, e.g. on another
+        machine sharing an S3 root) counts as unchanged: the saved index stands, and nothing else needs it."""
         if self.location.startswith(("hf://", "s3://")):
             now = self.identity()
             return now is None or now == saved
@@ -166,7 +169,8 @@ class Source:
         if not path.is_file():
             return True
         stat = path.stat()
-        if (stat.st_size, stat.st_mtime_ns) == (saved.get("size"), saved.get("mtime_ns")):
+        quick = (stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
+        if quick == (saved.get("size"), saved.get("mtime_ns"), saved.get("ctime_ns")):
             return True
         return stat.st_size == saved.get("size") and _sha256(path) == saved.get("sha256")
 
