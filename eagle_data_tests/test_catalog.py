@@ -125,3 +125,19 @@ def test_a_bad_value_the_user_file_does_not_set_names_the_packaged_catalog(tmp_p
     bad.write_text(CATALOG_PATH.read_text().replace("max_failed_share = 0.02", "max_failed_share = 2"))
     with pytest.raises(CatalogError, match=rf"checks.max_failed_share = 2: .*\(fix {bad}\)"):
         load_catalog(bad, profile="")
+
+
+def test_loading_the_definitions_with_a_bad_catalog_prints_its_one_line_without_a_traceback(tmp_path: Path):
+    import os
+    import subprocess
+    import sys
+
+    user = tmp_path / "my-catalog.toml"
+    user.write_text("[datasets.b7_sharegpt]\nshard_size = -1\n")
+    env = {**os.environ, "EAGLE_DATA_CATALOG": str(user)}
+    out = subprocess.run([sys.executable, "-c", "import eagle_data.definitions"], env=env, capture_output=True,
+                         text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert out.stderr.strip().splitlines()[-1] == (
+        f"eagle-data: catalog entry 'b7_sharegpt': shard_size = -1: Input should be greater than 0 (fix {user})"
+    )
