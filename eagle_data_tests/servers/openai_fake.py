@@ -293,8 +293,9 @@ def prompt_shards(shards: int, per_shard: int, turns: int = 1, dataset: str = "b
 
 
 def spec_for_tests(**update: Any) -> DatasetSpec:
-    """The b7_sharegpt entry (regenerate all), no budgets unless given, without any profile overlay."""
-    base = {"token_budget": 0, "cost_budget_usd": 0.0, "regenerate": "all"}
+    """The b7_sharegpt entry (regenerate all), no budgets unless given, without any profile overlay; its
+    target's vocabulary ships with the package, so the pre-flight of generation needs no download."""
+    base = {"token_budget": 0, "cost_budget_usd": 0.0, "regenerate": "all", "target": "qwen3-test"}
     return load_catalog(profile="")["b7_sharegpt"].model_copy(update={**base, **update})
 
 
