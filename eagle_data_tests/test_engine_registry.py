@@ -167,3 +167,17 @@ def test_required_settings_are_named_with_the_variable_to_set() -> None:
         "engine sglang needs base_url: set EAGLE_DATA_BASE_URL to comma-separated http://host:port URLs "
         "(or one sglang-router URL)"
     )
+
+
+def test_a_run_config_base_url_is_refused_at_launch_before_dagster_stores_it() -> None:
+    """Dagster stores run config as given: a URL field would put a `user:password@` in the run database.
+    (The storage resource's nested S3 client settings are not run config at all.)"""
+    config = {"base_url": "http://user:run-config-SECRET@127.0.0.1:9/v1"}
+
+    @dg.asset
+    def uses_both(storage: StorageResource, engine: EngineResource) -> None:
+        """Nothing: the launch must fail before this runs."""
+
+    with pytest.raises(dg.DagsterInvalidConfigError, match="unexpected config entry"):
+        dg.materialize([uses_both], resources={"storage": StorageResource(), "engine": EngineResource()},
+                       run_config={"resources": {"engine": {"config": config}}})  # fmt: skip
