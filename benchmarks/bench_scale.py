@@ -113,7 +113,8 @@ def run_stage(stage: str, root: str, source: str, prompts: int, url: str) -> dic
     if stage in ("estimate", "generation"):
         from eagle_data.defs.resources import EngineResource
 
-        engine = EngineResource(kind="openai", model="bench", base_url=url)
+        os.environ["EAGLE_DATA_BASE_URL"] = url  # a URL reaches the engine through the environment only
+        engine = EngineResource(kind="openai", model="bench")
         settings = engine.runner_settings()
         if stage == "estimate":
             estimate = pipeline.estimate(

@@ -66,7 +66,8 @@ def child(checkout: Path, root: Path, dump: Path, source: str, prompts: int, url
             "source": source, "max_prompts": int(prompts * extra.get("share", 1)), "target": "qwen3-test",
             "token_budget": 0, "cost_budget_usd": 0.0, "regenerate": "all", "mix_weight": extra.get("mix_weight", 1.0),
         }) for name, extra in FIXTURE.items()]  # fmt: skip
-        engine = EngineResource(kind="openai", model=MODEL, base_url=url, api_key_env="OPENAI_API_KEY")
+        os.environ["EAGLE_DATA_BASE_URL"] = url  # a URL reaches the engine through the environment only
+        engine = EngineResource(kind="openai", model=MODEL, api_key_env="OPENAI_API_KEY")
     quiet = {"log": lambda line: None}
     for spec in specs:
         keys = spec.partition_keys

@@ -92,18 +92,19 @@ class Generation(_Frozen):
 
 
 class Checks(_Frozen):
-    """Quality thresholds (eagle_data/quality/gates.py says what each gates)."""
+    """Quality thresholds (eagle_data/quality/gates.py says what each gates). Shares are fractions, 0 to 1,
+    checked at load: a percent typed for one (2 for 2 %) would let every shard pass."""
 
-    min_loss_tokens: int = 16
-    max_short_share: float = 0.01
-    max_same_loss_share: float = 0.20
-    max_repeat_share: float = 0.05
-    max_truncated_share: float = 0.05
-    max_failed_share: float = 0.02
-    max_length_shift: float = 0.50
-    max_missing_reasoning_share: float = 0.01
-    lost_text_tolerance: float = 0.10  # a row whose text holds less of the engine's reported tokens is lost_text
-    max_lost_text_share: float = 0.01
+    min_loss_tokens: int = Field(16, ge=0)
+    max_short_share: float = Field(0.01, ge=0, le=1)
+    max_same_loss_share: float = Field(0.20, ge=0, le=1)
+    max_repeat_share: float = Field(0.05, ge=0, le=1)
+    max_truncated_share: float = Field(0.05, ge=0, le=1)
+    max_failed_share: float = Field(0.02, ge=0, le=1)
+    max_length_shift: float = Field(0.50, ge=0)  # a relative change: 0.5 is half as long or half as long again
+    max_missing_reasoning_share: float = Field(0.01, ge=0, le=1)
+    lost_text_tolerance: float = Field(0.10, ge=0, le=1)  # a row whose text holds less of the reported tokens
+    max_lost_text_share: float = Field(0.01, ge=0, le=1)
 
 
 class DatasetSpec(_Frozen):
@@ -210,8 +211,27 @@ def load_catalog(path: Path = CATALOG_PATH, profile: str | None = None) -> dict[
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first["loc"])
-            raise CatalogError(f"catalog entry {name!r}: {where}: {first['msg']} (fix {path})") from exc
+            holder = _holder(path, [("datasets", name), ("defaults",), ("profiles", profile)], first["loc"])
+            raise CatalogError(
+                f"catalog entry {name!r}: {where} = {first.get('input')!r}: {first['msg']} (fix {holder})"
+            ) from None
     return specs
+
+
+def _holder(path: Path, tables: list[tuple[str, ...]], loc: tuple[Any, ...]) -> Path:
+    """The file holding the value at `loc` in one of `tables`: the user's ($EAGLE_DATA_CATALOG) when it
+    sets that key, else `path` (the packaged catalog), so an error names the file to fix."""
+    user = settings.get(USER_CATALOG_ENV)
+    if path != CATALOG_PATH or not user:
+        return path
+    raw = _parse(Path(user).expanduser())
+    for table in tables:
+        node: Any = raw
+        for part in (*table, *loc[:-1]):
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict) and loc and loc[-1] in node:
+            return Path(user).expanduser()
+    return path
 
 
 def read_table(path: Path, name: str) -> dict[str, Any]:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
+from types import TracebackType
 
 import dagster as dg
 
-from eagle_data.catalog import DatasetSpec, catalog
+from eagle_data.catalog import CatalogError, DatasetSpec, catalog
 from eagle_data.defs.assets import build_dataset_assets
 from eagle_data.defs.catalog_order import catalog_order_sensor
 from eagle_data.defs.checks import build_checks
@@ -35,4 +37,22 @@ def build_definitions(specs: Sequence[DatasetSpec]) -> dg.Definitions:
     )
 
 
-defs = build_definitions(list(catalog().values()))
+def _catalog() -> list[DatasetSpec]:
+    """The catalog's entries. A catalog error leaves the process as its one line, not under the import
+    traceback of whatever loaded this module (the `dagster` CLI); a code server still reports it as an error."""
+    try:
+        return list(catalog().values())
+    except CatalogError:
+        previous = sys.excepthook
+
+        def one_line(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
+            if isinstance(exc, CatalogError):
+                print(f"eagle-data: {exc}", file=sys.stderr)
+            else:
+                previous(kind, exc, tb)
+
+        sys.excepthook = one_line
+        raise
+
+
+defs = build_definitions(_catalog())

@@ -16,6 +16,7 @@ Keys are relative paths under the root (a folder or `s3://bucket/prefix`):
 | export | `{ds}/export/{name}` (`conversations.jsonl`, `train.parquet`) |
 | mix | `training_mix/training_mix/mix.parquet` |
 | drafter | `drafter/{asset}/{name}`; draft vocabulary files: `drafter/draft_vocab/{tokenizer}-{mix hash}/{name}` |
+| write check | `{ds}/.write-check-{token}` (written and deleted at once by the pre-flight; hidden from listings) |
 
 A key parses back into a `Key` naming its kind and parts, so code that lists a folder never splits
 paths itself.
@@ -144,6 +145,10 @@ def lease_generation(key: str) -> int:
 def _check_run(run: str) -> None:
     if not _RUN.fullmatch(run):
         raise ValueError(f"run id {run!r} must be letters, digits, '_' or '-' (it names files)")
+
+
+def write_check(dataset: str, token: str) -> str:
+    return join(dataset, f".write-check-{token}")
 
 
 def usage(dataset: str, partition: str) -> str:

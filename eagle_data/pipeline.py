@@ -10,6 +10,7 @@ import io
 import multiprocessing
 import os
 import tempfile
+import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -21,9 +22,9 @@ from typing import Any
 import polars as pl
 
 from eagle_data import exports, layout, quality, report, sources
-from eagle_data.catalog import DatasetSpec, shard_index, shard_key
+from eagle_data.catalog import CatalogError, DatasetSpec, shard_index, shard_key
 from eagle_data.drafter.decontam import contamination
-from eagle_data.drafter.evalsets import benchmark_index
+from eagle_data.drafter.evalsets import BenchmarkError, benchmark_index
 from eagle_data.drafter.settings import load_drafter_settings
 from eagle_data.quality import canary
 from eagle_data.quality.canary import Canary
@@ -31,8 +32,8 @@ from eagle_data.quality.truncation import ReplyLengths, truncation_report
 from eagle_data.quality.verdicts import ENGINE_SIDE_REJECTIONS
 from eagle_data.runner import Estimate, RunnerSettings, estimate_generation, mixture, run_generation
 from eagle_data.runner.resultlog import ResultLog, ResumeKey, resume_key, reusable
-from eagle_data.storage import ShardStore, digest, parquet_bytes
-from eagle_data.targets import build_training_rows, load_target, resolve_target
+from eagle_data.storage import ShardStore, StorageError, digest, parquet_bytes
+from eagle_data.targets import TargetError, build_training_rows, load_target, resolve_target
 from eagle_data.types import Engine
 
 Log = Callable[[str], None]
@@ -105,6 +106,25 @@ class PromptShards(Mapping[str, pl.DataFrame]):
         return len(self.partitions)
 
 
+class PreflightError(RuntimeError):
+    """Something a later stage needs is missing, found before the first paid request; the message says what."""
+
+
+def preflight(spec: DatasetSpec, store: ShardStore, model: str) -> None:
+    """Check, before the first paid request, what the stages after generation need: the output root takes a
+    write, the target's tokenizer loads (with `target = "auto"`, the one `model` maps to), every configured
+    benchmark file reads. Each failure is one line; found at validation, it would come after the replies
+    were paid for."""
+    probe = layout.write_check(spec.name, f"{os.getpid()}-{time.time_ns()}")
+    try:
+        store.write_bytes(probe, b"")
+        store.delete(probe)
+        load_target(resolve_target(spec.target, [model]))
+        benchmark_index(load_drafter_settings().decontamination)
+    except (StorageError, TargetError, BenchmarkError, CatalogError) as exc:
+        raise PreflightError(f"{spec.name}: before any request: {exc}") from None
+
+
 def generate(
     spec: DatasetSpec,
     store: ShardStore,
@@ -122,6 +142,7 @@ def generate(
     Also warns when more replies hit max_tokens than the catalog allows, with the max_tokens that would
     have covered 95% of them, and adds the engine's own figures (e.g. per SGLang server) when it has any.
     """
+    preflight(spec, store, engine.model)
     redo = {key: engine_side_rejections(spec, store, key) for key in partitions} if retry_rejected else {}
     if redo:
         log(f"{spec.name}: re-requesting {sum(map(len, redo.values()))} rows rejected for engine-side reasons")
@@ -191,6 +212,7 @@ def estimate(
     """Generate the canary sample (`canary_prompts`, default the catalog's, drawn across the whole
     dataset), judge it by the validation gates, and project tokens and dollars from it. The sample's rows
     stay in each partition's result log (no partial shard file): the full run reuses them, never pays twice."""
+    preflight(spec, store, engine.model)
     index = sources.load_index(spec, store)
     drawn = canary.draw(index.blocks(), canary_prompts or spec.canary_prompts, spec.shard_size)
     shards = {key: frame.select(list(sources.PROMPTS_SCHEMA)) for key, frame in drawn.items()}

@@ -27,7 +27,7 @@ import polars as pl
 from eagle_data import layout
 from eagle_data.catalog import Adapter, DatasetSpec, shard_index
 from eagle_data.storage import ShardStore
-from eagle_data.types import Message
+from eagle_data.types import Message, encodable
 
 ROLE_MAP = {
     "system": "system",
@@ -102,6 +102,8 @@ def normalize(row: dict[str, Any], adapter: Adapter, max_prompt_chars: int) -> l
             raise BadRow("non_string_content")
         if not content.strip():
             raise BadRow("empty_content")
+        if not encodable(content):  # a lone surrogate escaped in the JSON: no file or shard can hold it
+            raise BadRow("bad_encoding")
         messages.append({"role": ROLE_MAP[role.lower()], "content": content})
 
     if not any(m["role"] == "user" for m in messages):
@@ -148,13 +150,16 @@ class Source:
             return {"etag": head["ETag"], "size": head["ContentLength"]}
         path = self._local_path()
         stat = path.stat()
-        return {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": _sha256(path)}
+        times = {"mtime_ns": stat.st_mtime_ns, "ctime_ns": stat.st_ctime_ns}
+        return {"size": stat.st_size, **times, "sha256": _sha256(path)}
 
     def same_content(self, saved: dict[str, Any] | None) -> bool:
-        """Whether the source still holds the content `saved` was taken from. A local file whose size and
-        mtime are unchanged is not re-hashed. A source that cannot be looked at (a hub revision offline, a
-        local file since removed, e.g. on another machine sharing an S3 root) counts as unchanged: the saved
-        index stands, and nothing else needs the source."""
+        """Whether the source still holds the content `saved` was taken from. A local file whose size, mtime
+        and ctime are unchanged is not re-hashed (so a big file costs a stat); any other same-size file is
+        compared by its SHA-256. The ctime is what makes this safe: the kernel sets it on every write and
+        no call sets it back, so an edit that restores the mtime (`touch -d`, `cp -p`) is still hashed. A
+        source that cannot be looked at (a hub revision offline, a local file since removed, e.g. on another
+        machine sharing an S3 root) counts as unchanged: the saved index stands, and nothing else needs it."""
         if self.location.startswith(("hf://", "s3://")):
             now = self.identity()
             return now is None or now == saved
@@ -164,13 +169,15 @@ class Source:
         if not path.is_file():
             return True
         stat = path.stat()
-        if (stat.st_size, stat.st_mtime_ns) == (saved.get("size"), saved.get("mtime_ns")):
+        quick = (stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
+        if quick == (saved.get("size"), saved.get("mtime_ns"), saved.get("ctime_ns")):
             return True
         return stat.st_size == saved.get("size") and _sha256(path) == saved.get("sha256")
 
     def rows(self) -> Iterator[dict[str, Any]]:
         """Raw source rows as dicts, streamed. A JSONL line that is not JSON, not an object or not UTF-8
-        is a counted skip (`malformed_row`, `bad_encoding`), never a reason to reject the file."""
+        is a counted skip (`malformed_row`, `bad_encoding`), never a reason to reject the file; so is a
+        row whose text holds a lone surrogate (`bad_encoding`, from `normalize`)."""
         if self.location.startswith("hf://"):
             yield from self._parquet_rows(self.location, self.location)
         elif self.location.startswith("s3://"):

@@ -12,9 +12,11 @@ from __future__ import annotations
 import errno
 import hashlib
 import io
+import logging
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,10 +30,24 @@ from eagle_data.secrets import mask_url
 ROOT_ENV = "EAGLE_DATA_ROOT"
 DEFAULT_ROOT = "eagle-output"
 LINK_EXPIRES_S = 7 * 24 * 3600
+FILE_MODE = 0o666  # what open() asks for; the process umask takes away the rest, as for any file it writes
+RETRY_ENV = "EAGLE_DATA_STORAGE_RETRY_S"
+DEFAULT_RETRY_S = 120.0  # how long an S3 call rides out an outage before the step fails
+RETRY_PAUSE_S = (0.25, 5.0)  # first and longest pause between attempts (doubling)
+TRANSIENT_CODES = ("SlowDown", "Throttling", "RequestTimeout", "InternalError", "ServiceUnavailable")
+log = logging.getLogger(__name__)
 
 
 class StorageError(RuntimeError):
     """A storage problem the user must fix; the message names the location and the fix."""
+
+
+class CorruptFile(StorageError):
+    """A stored file that cannot be read (a torn write, a disk fault): `key` names it, `why` says what is wrong."""
+
+    def __init__(self, message: str, key: str, why: str) -> None:
+        super().__init__(message)
+        self.key, self.why = key, why
 
 
 # what to say when the output root refuses a write, by errno (others quote the system's own words)
@@ -110,7 +126,7 @@ class ShardStore:
         return self.write_bytes(key, parquet_bytes(frame))
 
     def read_frame(self, key: str) -> pl.DataFrame:
-        return pl.read_parquet(io.BytesIO(self.read_bytes(key)))
+        return self._parquet(key, self.read_bytes(key))
 
     def write_shard(self, dataset: str, asset: str, partition: str, frame: pl.DataFrame) -> str:
         return self.write_frame(self.shard_key(dataset, asset, partition), frame)
@@ -119,12 +135,45 @@ class ShardStore:
         self, dataset: str, asset: str, partition: str, columns: Sequence[str] | None = None
     ) -> pl.DataFrame:
         """A shard; with `columns`, only those of them the file has (a reader that skips the token lists)."""
-        data = io.BytesIO(self.shard_bytes(dataset, asset, partition))
-        if columns is None:
-            return pl.read_parquet(data)
-        present = pl.read_parquet_schema(data)
-        data.seek(0)
-        return pl.read_parquet(data, columns=[c for c in columns if c in present])
+        key = self.shard_key(dataset, asset, partition)
+        data = self.shard_bytes(dataset, asset, partition)
+        return self._parquet(key, data, columns)
+
+    def _parquet(self, key: str, data: bytes, columns: Sequence[str] | None = None) -> pl.DataFrame:
+        """The parquet file `data` stored at `key`; a CorruptFile naming it when it cannot be read."""
+        try:
+            if columns is None:
+                return pl.read_parquet(io.BytesIO(data))
+            present = pl.read_parquet_schema(io.BytesIO(data))
+            return pl.read_parquet(io.BytesIO(data), columns=[c for c in columns if c in present])
+        except (pl.exceptions.PolarsError, OSError) as exc:
+            why = f"not a readable parquet file ({len(data)} bytes; {str(exc).splitlines()[0]})"
+            raise self.corrupt(key, why) from None
+
+    def corrupt(self, key: str, why: str) -> CorruptFile:
+        """The one-line error for an unreadable stored file: which, why, and the command to move it aside."""
+        return CorruptFile(
+            f"{self.uri(key)} is {why}: move it aside with `{self._move_command(key)}` and re-materialize "
+            "the asset that writes it",
+            key,
+            why,
+        )
+
+    def move_aside(self, key: str) -> str:
+        """Rename an unreadable `key` to `<key>.corrupt-<UTC time>` (never deleted: someone may want to look
+        at it); readers then see it as a stray. Returns the new key."""
+        aside = f"{key}.corrupt-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
+        if self.is_s3:
+            source = {"Bucket": self.bucket, "Key": self._s3_key(key)}
+            self._client().copy_object(Bucket=self.bucket, Key=self._s3_key(aside), CopySource=source)
+            self._client().delete_object(Bucket=self.bucket, Key=self._s3_key(key))
+        else:
+            os.replace(Path(self.root, key), Path(self.root, aside))
+        return aside
+
+    def _move_command(self, key: str) -> str:
+        aside = f"{self.uri(key)}.corrupt"
+        return f"aws s3 mv {self.uri(key)} {aside}" if self.is_s3 else f"mv {self.uri(key)} {aside}"
 
     def shard_bytes(self, dataset: str, asset: str, partition: str) -> bytes:
         """A shard's stored bytes (a parquet file), or a one-line error naming what to materialize."""
@@ -213,6 +262,7 @@ class ShardStore:
         folder = Path(self.root, key).parent if local else Path(tempfile.gettempdir())
         folder.mkdir(parents=True, exist_ok=True)
         fd, name = tempfile.mkstemp(dir=folder, prefix=f".{Path(key).name}.", suffix=".tmp")
+        os.fchmod(fd, FILE_MODE & ~process_umask())
         os.close(fd)
         tmp = Path(name)
         try:
@@ -260,11 +310,15 @@ class ShardStore:
     def list(self, prefix: str) -> list[str]:
         """Keys under `prefix` (a folder-like key), sorted."""
         if self.is_s3:
-            pages = self._client().get_paginator("list_objects_v2").paginate(
-                Bucket=self.bucket, Prefix=self._s3_key(layout.join(prefix) + layout.SEP)
-            )
-            cut = len(self.prefix) + 1 if self.prefix else 0
-            return sorted(obj["Key"][cut:] for page in pages for obj in page.get("Contents", []))
+            client, cut = self._client(), len(self.prefix) + 1 if self.prefix else 0
+
+            def listing() -> list[str]:
+                pages = client.get_paginator("list_objects_v2").paginate(
+                    Bucket=self.bucket, Prefix=self._s3_key(layout.join(prefix) + layout.SEP)
+                )
+                return sorted(obj["Key"][cut:] for page in pages for obj in page.get("Contents", []))
+
+            return client.call(listing)
         base = Path(self.root, prefix)
         if not base.is_dir():
             return []
@@ -298,10 +352,12 @@ class ShardStore:
         return layout.under(self.prefix, key)
 
     def _client(self) -> Any:
+        """The S3 client every store call goes through, its calls retried through an outage (`_Retrying`).
+        The bucket check on first use is not retried: before anything is written there is nothing to keep."""
         if self._s3 is None:
             client = self.s3_client()
             self._check_bucket(client)
-            self._s3 = client
+            self._s3 = _Retrying(client, retry_window_s())
         return self._s3
 
     def _check_bucket(self, client: Any) -> None:
@@ -319,9 +375,82 @@ class ShardStore:
                 ) from None
             raise StorageError(f"S3 bucket {self.bucket!r} at {endpoint}: {code} ({exc}); check credentials") from None
         except EndpointConnectionError:
-            raise StorageError(
-                f"cannot reach the S3 endpoint {endpoint}: start it or fix AWS_ENDPOINT_URL"
-            ) from None
+            raise StorageError(f"cannot reach the S3 endpoint {endpoint}: start it or fix AWS_ENDPOINT_URL") from None
+
+
+def process_umask() -> int:
+    """This process's umask, read without changing it (Linux: /proc; elsewhere set and restored at once)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def retry_window_s() -> float:
+    """$EAGLE_DATA_STORAGE_RETRY_S, else 120 s: how long S3 calls are retried through an outage."""
+    text = settings.get(RETRY_ENV)
+    try:
+        window = float(text) if text else DEFAULT_RETRY_S
+    except ValueError:
+        raise StorageError(f"{RETRY_ENV}={text!r} is not a number of seconds: give e.g. {RETRY_ENV}=120") from None
+    if window < 0:
+        raise StorageError(f"{RETRY_ENV} must be >= 0 seconds, got {text}")
+    return window
+
+
+def _transient(exc: BaseException) -> bool:
+    """An S3 failure that waiting may cure: no connection, a timeout, a 5xx or a slow-down answer."""
+    from botocore.exceptions import ClientError, HTTPClientError
+    from botocore.exceptions import ConnectionError as NoConnection
+
+    if isinstance(exc, (HTTPClientError, NoConnection)):
+        return True
+    if isinstance(exc, ClientError):
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+        return status >= 500 or exc.response.get("Error", {}).get("Code") in TRANSIENT_CODES
+    return False
+
+
+class _Retrying:
+    """An S3 client whose calls ride out an outage: a transient failure is retried with doubling pauses for
+    up to `window_s`, then becomes one StorageError line. Meanwhile the caller waits, and what it holds
+    (answered turns not yet written) stays in memory: nothing is lost, nothing is paid for twice."""
+
+    def __init__(self, client: Any, window_s: float) -> None:
+        self._client, self._window_s = client, window_s
+        self.meta = client.meta
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._client, name)
+        if name == "get_paginator" or not callable(attr):
+            return attr  # a paginator calls as it is read: `call` wraps the whole read
+        return lambda *args, **kwargs: self.call(lambda: attr(*args, **kwargs))
+
+    def call(self, attempt: Callable[[], Any]) -> Any:
+        deadline, pause, said = time.monotonic() + self._window_s, RETRY_PAUSE_S[0], False
+        while True:
+            try:
+                return attempt()
+            except Exception as exc:
+                if not _transient(exc):
+                    raise
+                endpoint = mask_url(self.meta.endpoint_url or "")
+                if time.monotonic() + pause > deadline:
+                    raise StorageError(
+                        f"S3 at {endpoint} still failing after {self._window_s:g} s of retries "
+                        f"({type(exc).__name__}: {str(exc).splitlines()[0]}): bring it back and re-run (what was "
+                        f"written stays), or set {RETRY_ENV} to wait longer"
+                    ) from None
+                if not said:
+                    said = True
+                    log.warning("S3 at %s: %s; retrying for up to %g s", endpoint, type(exc).__name__, self._window_s)
+                time.sleep(pause)
+                pause = min(pause * 2, RETRY_PAUSE_S[1])
 
 
 def _write_temp(path: Path, data: bytes) -> Path:
@@ -329,6 +458,7 @@ def _write_temp(path: Path, data: bytes) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, FILE_MODE & ~process_umask())  # mkstemp makes 0600 files; a shard is made like any file
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()

@@ -131,3 +131,13 @@ class Engine(Protocol):
     def describe(self) -> str:
         """What serves, in a few words, for logs and metadata (e.g. `local (demo model, random weights)`)."""
         return f"{self.name} {self.model}"
+
+
+def encodable(text: str) -> bool:
+    """Whether `text` can be stored: JSON may carry lone surrogates (`"\\ud800"`) that UTF-8, and so Parquet
+    and every text file, refuses."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True

@@ -102,3 +102,43 @@ def test_only_the_settings_module_reads_the_environment():
         if "os.environ" in path.read_text() or "getenv(" in path.read_text()
     )
     assert readers == ["settings.py"]
+
+
+@pytest.mark.parametrize(
+    ("table", "key", "value"),
+    [("datasets.b7_sharegpt.checks", "max_failed_share", "2"), ("defaults.checks", "max_repeat_share", "-0.1"),
+     ("datasets.b7_sharegpt.checks", "min_loss_tokens", "-1"), ("datasets.b7_sharegpt", "shard_size", "0")],
+)  # fmt: skip
+def test_a_share_or_size_out_of_range_in_the_users_file_is_one_line_naming_that_file_and_key(
+    tmp_path: Path, monkeypatch, table: str, key: str, value: str
+):
+    user = tmp_path / "my-catalog.toml"
+    user.write_text(f"[{table}]\n{key} = {value}\n")  # e.g. a percent typed for a fraction: 2 for 2 %
+    monkeypatch.setenv("EAGLE_DATA_CATALOG", str(user))
+    with pytest.raises(CatalogError) as err:
+        load_catalog(profile="")
+    assert f"{key} = {value}: " in str(err.value) and str(err.value).endswith(f"(fix {user})")
+    assert "\n" not in str(err.value) and err.value.__cause__ is None and err.value.__suppress_context__
+
+
+def test_a_bad_value_the_user_file_does_not_set_names_the_packaged_catalog(tmp_path: Path, monkeypatch):
+    bad = tmp_path / "catalog.toml"
+    bad.write_text(CATALOG_PATH.read_text().replace("max_failed_share = 0.02", "max_failed_share = 2"))
+    with pytest.raises(CatalogError, match=rf"checks.max_failed_share = 2: .*\(fix {bad}\)"):
+        load_catalog(bad, profile="")
+
+
+def test_loading_the_definitions_with_a_bad_catalog_prints_its_one_line_without_a_traceback(tmp_path: Path):
+    import os
+    import subprocess
+    import sys
+
+    user = tmp_path / "my-catalog.toml"
+    user.write_text("[datasets.b7_sharegpt]\nshard_size = -1\n")
+    env = {**os.environ, "EAGLE_DATA_CATALOG": str(user)}
+    out = subprocess.run([sys.executable, "-c", "import eagle_data.definitions"], env=env, capture_output=True,
+                         text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert out.stderr.strip().splitlines()[-1] == (
+        f"eagle-data: catalog entry 'b7_sharegpt': shard_size = -1: Input should be greater than 0 (fix {user})"
+    )

@@ -67,7 +67,7 @@ def test_datasets_run_one_after_the_other_in_catalog_order(
 ):
     first, second = demo_specs
     server = FakeOpenAI(Faults())
-    base_url = server.start()
+    monkeypatch.setenv("EAGLE_DATA_BASE_URL", server.start())
     monkeypatch.setenv("EAGLE_TEST_KEY", "k")
     monkeypatch.setenv("EAGLE_DATA_ENGINE", "openai")  # the code location's engine: its pool holds generation
     monkeypatch.delenv("EAGLE_DATA_POOL", raising=False)  # ... named after it
@@ -76,7 +76,7 @@ def test_datasets_run_one_after_the_other_in_catalog_order(
         asset_checks=build_checks(demo_specs),
         sensors=[catalog_order_sensor(demo_specs)],
         resources={"storage": StorageResource(root=str(tmp_path / "out")),
-                   "engine": EngineResource(kind="openai", model="m", base_url=base_url, api_key_env="EAGLE_TEST_KEY")},
+                   "engine": EngineResource(kind="openai", model="m", api_key_env="EAGLE_TEST_KEY")},
     )  # fmt: skip
     try:
         _walk(defs, instance, server, (first, second), ShardStore(str(tmp_path / "out")))

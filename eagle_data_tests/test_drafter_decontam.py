@@ -128,6 +128,14 @@ def test_folder_file_without_the_text_field_fails_with_one_line(tmp_path: Path) 
         evalsets.load_items(Decontamination(folder=str(tmp_path)))
 
 
+@pytest.mark.parametrize("name", ["empty.jsonl", "empty.parquet", "empty.jsonl.gz"])
+def test_an_empty_folder_file_fails_with_one_line_naming_it(tmp_path: Path, name: str) -> None:
+    (tmp_path / name).write_bytes(b"")
+    with pytest.raises(evalsets.BenchmarkError) as err:
+        evalsets.load_items(Decontamination(folder=str(tmp_path)))
+    assert str(err.value).startswith(f"benchmark empty: {tmp_path / name} is empty;") and "\n" not in str(err.value)
+
+
 def test_the_packaged_catalog_lists_only_benchmarks_it_reads_offline() -> None:
     settings = load_drafter_settings().decontamination
     assert settings.use_hub is False and settings.ngram == 13

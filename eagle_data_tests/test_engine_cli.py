@@ -8,6 +8,7 @@ key a server echoes nor a base URL's password reaches the output root, DAGSTER_H
 from __future__ import annotations
 
 import base64
+import json
 import os
 import subprocess
 import sys
@@ -104,3 +105,13 @@ def test_a_base_url_password_is_sent_as_basic_auth_and_shown_nowhere(
     assert server.auth_headers == {f"Basic {basic}"} and prompts_asked(server) == SHARD
     assert f"http://***@127.0.0.1:{server.port}/v1" in out.stdout + out.stderr
     assert leaks(tmp_path, out, PASSWORD) == []
+
+
+def test_a_base_url_with_a_password_in_run_config_is_refused_before_dagster_stores_it(
+    env: dict[str, str], server: FakeOpenAI, tmp_path: Path
+) -> None:
+    url = f"http://user:{PASSWORD}@127.0.0.1:{server.port}/v1"
+    out = materialize(env, "--config-json", json.dumps({"resources": {"engine": {"config": {"base_url": url}}}}))
+    assert out.returncode != 0 and 'unexpected config entry "base_url"' in out.stdout + out.stderr, out.stderr[-2000:]
+    assert server.received == 0
+    assert leaks(tmp_path, out, PASSWORD) == []  # the run database, event log and compute logs included

@@ -83,6 +83,23 @@ def test_run_config_overrides_the_environment_field_by_field_and_the_kind_stays(
     assert settings.key_env() == "OPENAI_API_KEY" and EngineResource(api_key_env="").settings().key_env() == ""
 
 
+def test_run_config_names_the_variable_holding_the_base_url_never_the_url(env) -> None:
+    env.setenv(ENGINE_ENV, "openai")
+    env.setenv("OTHER_SERVER_URL", "http://127.0.0.1:8/v1")
+    assert "base_url" not in EngineResource.model_fields  # run config cannot carry a URL (with a password)
+    assert EngineResource(base_url_env="OTHER_SERVER_URL").settings().base_url == "http://127.0.0.1:8/v1"
+    with pytest.raises(FatalError, match="run config base_url_env names UNSET_URL, which is empty") as err:
+        EngineResource(base_url_env="UNSET_URL").settings()
+    assert "\n" not in str(err.value)
+
+
+def test_a_run_config_base_url_on_the_demo_profile_is_refused_not_ignored(env) -> None:
+    env.setenv(PROFILE_ENV, "demo")
+    env.setenv("OTHER_SERVER_URL", "http://127.0.0.1:8/v1")
+    with pytest.raises(FatalError, match="the local engine of the demo profile serves in this process and takes no"):
+        EngineResource(base_url_env="OTHER_SERVER_URL").settings()
+
+
 def test_no_engine_chosen_is_a_one_line_error_and_the_demo_profile_runs_the_local_model(env) -> None:
     choices = "local, openai, openrouter, sglang, vllm"
     with pytest.raises(FatalError, match=f"^no engine chosen: set {ENGINE_ENV} to one of .*{choices}") as err:
@@ -108,7 +125,7 @@ def test_a_run_config_kind_other_than_the_environments_is_refused_in_one_line_ev
     env.setenv(ENGINE_ENV, "echo")
     env.setenv(POOL_ENV, "shared")  # every kind's generation steps would sit in this pool: no pool tells them apart
     env.setenv("EAGLE_DATA_MODEL", "echo-1")
-    other = EngineResource(kind="openai", model="m", base_url="http://127.0.0.1:9/v1")
+    other = EngineResource(kind="openai", model="m")
     for ask in (other.settings, other.runner_settings, lambda: other.make(spec_for_tests())):
         with pytest.raises(FatalError, match=f"asks for engine openai, but this code location runs echo: set "
                                              f"{ENGINE_ENV}=openai and restart the code server") as err:  # fmt: skip
@@ -128,7 +145,8 @@ def test_a_run_config_kind_in_another_pool_fails_estimate_and_generation_before_
     env.setenv(POOL_ENV, pool)
     spec = load_catalog(profile="demo")["b7_sharegpt"]
     prompts, estimate, generation, _ = build_dataset_assets(spec)
-    engine = EngineResource(kind="openai", model="m", base_url=f"http://127.0.0.1:{server.port}/v1", api_key_env="")
+    env.setenv("EAGLE_DATA_BASE_URL", f"http://127.0.0.1:{server.port}/v1")
+    engine = EngineResource(kind="openai", model="m", api_key_env="")
     resources = {"storage": StorageResource(root=str(tmp_path)), "engine": engine}
     for step in (estimate, generation):
         result = dg.materialize([prompts, step], partition_key="00000", raise_on_error=False, resources=resources)
@@ -194,3 +212,17 @@ def test_a_sampling_mixture_for_an_engine_that_cannot_take_one_is_refused_when_t
     with pytest.raises(FatalError, match=r"^b7_sharegpt: engine echo takes no per-request sampling settings; remove"):
         build_engine(EngineSettings(kind="echo", model="e"), mixed)
     assert build_engine(EngineSettings(kind="echo", model="e"), spec).model == "e"
+
+
+def test_a_run_config_base_url_is_refused_at_launch_before_dagster_stores_it() -> None:
+    """Dagster stores run config as given: a URL field would put a `user:password@` in the run database.
+    (The storage resource's nested S3 client settings are not run config at all.)"""
+    config = {"base_url": "http://user:run-config-SECRET@127.0.0.1:9/v1"}
+
+    @dg.asset
+    def uses_both(storage: StorageResource, engine: EngineResource) -> None:
+        """Nothing: the launch must fail before this runs."""
+
+    with pytest.raises(dg.DagsterInvalidConfigError, match="unexpected config entry"):
+        dg.materialize([uses_both], resources={"storage": StorageResource(), "engine": EngineResource()},
+                       run_config={"resources": {"engine": {"config": config}}})  # fmt: skip

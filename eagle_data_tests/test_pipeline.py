@@ -2,8 +2,10 @@
 
 from pathlib import Path
 
+import pytest
+
 from eagle_data import pipeline
-from eagle_data.catalog import load_catalog
+from eagle_data.catalog import DatasetSpec, load_catalog
 from eagle_data.engines import make_engine
 from eagle_data.runner import RunnerSettings
 from eagle_data.storage import ShardStore
@@ -80,3 +82,47 @@ def test_the_estimate_projects_from_this_configs_sample_not_from_rows_of_an_earl
     finally:
         server.stop()
     assert estimate is not None and estimate.sample_rows == 4 and estimate.avg_completion_tokens == 50
+
+
+def _refused_before_any_request(store: ShardStore, spec: DatasetSpec, match: str) -> None:
+    server = FakeOpenAI()
+    server.start()
+    try:
+        engine = make_engine("openai", base_url=f"http://127.0.0.1:{server.port}/v1", model="m")
+        quiet = {"log": lambda _: None, "settings": RunnerSettings(progress_bar=False)}
+        with pytest.raises(pipeline.PreflightError, match=match) as err:
+            pipeline.generate(spec, store, ["00000"], engine, **quiet)
+        assert "\n" not in str(err.value)
+        with pytest.raises(pipeline.PreflightError, match=match):
+            pipeline.estimate(spec, store, engine, canary_prompts=2, usd_per_prompt_token=0.0,
+                              usd_per_completion_token=0.0, **quiet)  # fmt: skip
+    finally:
+        server.stop()
+    assert server.received == 0
+
+
+def test_a_missing_target_tokenizer_stops_generation_and_the_estimate_before_any_request(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setenv("EAGLE_DATA_TARGET_TOKENIZER", str(tmp_path / "no-such-tokenizer"))
+    spec = spec_for_tests(target="qwen3")
+    _refused_before_any_request(ShardStore(str(tmp_path)), spec, r"b7_sharegpt: before any request: "
+                                r"target qwen3: cannot fetch tokenizer .*set EAGLE_DATA_TARGET_TOKENIZER")  # fmt: skip
+
+
+def test_an_output_root_that_takes_no_write_stops_generation_before_any_request(tmp_path: Path):
+    (tmp_path / "out").write_text("a file where the output folder should be")
+    store = ShardStore(str(tmp_path / "out"))
+    _refused_before_any_request(store, spec_for_tests(), r"before any request: cannot write .* is not a folder")
+
+
+def test_an_unreadable_benchmark_file_stops_generation_before_any_request(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench" / "mt_bench.jsonl").write_bytes(b"")
+    user = tmp_path / "catalog.toml"
+    user.write_text(f'[drafter.decontamination]\nfolder = "{tmp_path / "bench"}"\n')
+    monkeypatch.setenv("EAGLE_DATA_CATALOG", str(user))
+    _refused_before_any_request(ShardStore(str(tmp_path / "out")), spec_for_tests(),
+                                r"before any request: benchmark mt_bench: .*mt_bench.jsonl is empty")  # fmt: skip

@@ -200,3 +200,15 @@ def test_a_bad_shard_is_not_hidden_among_good_ones(clean: pl.DataFrame) -> None:
 def test_one_shard_gives_the_same_results_as_run_checks(clean: pl.DataFrame) -> None:
     inputs = Inputs(THRESHOLDS, True)
     assert combine({"00000": run_checks(clean, inputs)}) == run_checks(clean, inputs)
+
+
+def test_a_shard_that_keeps_no_training_row_fails_a_blocking_check(clean: pl.DataFrame) -> None:
+    """Every reply answered and well shaped, every one rejected (no reasoning while thinking is on, a
+    non-blocking error alone): no blocking check used to fail, so validation was green with nothing to train on."""
+    complete = clean.filter(pl.col("status") == "ok")
+    frame = set_rows(complete, list(range(complete.height)), reasoning="")
+    r = check(frame, "empty_response")
+    assert (r.passed, r.blocking) == (False, True)
+    assert r.message.startswith(f"the shard keeps no training row (missing_reasoning {complete.height})")
+    assert "\n" not in r.message
+    assert check(clean, "empty_response").passed

@@ -56,7 +56,8 @@ def test_b7_sharegpt_materializes_through_the_sglang_resource_with_one_server_ki
         stop = threading.Event()
         killer = threading.Thread(target=kill_when, args=(logs, 15, victim.process.pid, stop))
         killer.start()
-        engine = EngineResource(kind="sglang", base_url=",".join(fleet.urls), model=MODEL, max_in_flight=9)
+        monkeypatch.setenv("EAGLE_DATA_BASE_URL", ",".join(fleet.urls))
+        engine = EngineResource(kind="sglang", model=MODEL, max_in_flight=9)
         keys = spec.partition_keys
         try:
             result = dg.materialize(

@@ -216,3 +216,18 @@ def test_a_smaller_shard_size_cuts_the_same_prompts_across_blocks(tmp_path: Path
     shards = [load_index(spec, store).shard(spec, key) for key in spec.partition_keys]
     assert [s.height for s in shards] == [7, 7, 7, 7, 7, 1]
     assert pl.concat(shards)["prompt_id"].to_list() == whole["prompt_id"].to_list()
+
+
+def test_a_same_size_edit_with_its_mtime_restored_rebuilds_the_index(tmp_path: Path):
+    source = tmp_path / "src.jsonl"
+    source.write_text(SPECS["b7_sharegpt"].sample_path.read_text())
+    spec, store = SPECS["b7_sharegpt"].model_copy(update={"source": str(source)}), ShardStore(str(tmp_path / "out"))
+    first = load_index(spec, store)
+    before = source.stat()
+    edited = source.read_text().replace("a", "b", 1)  # same size, other content
+    source.write_text(edited)
+    os.utime(source, ns=(before.st_atime_ns, before.st_mtime_ns))  # mtime put back, as `touch -d` or `cp -p` do
+    assert source.stat().st_size == before.st_size and source.stat().st_mtime_ns == before.st_mtime_ns
+    again = load_index(spec, store)
+    assert "changed since its prompt index was built" in again.rebuilt
+    assert again.summary.digest != first.summary.digest

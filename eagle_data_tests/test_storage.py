@@ -1,4 +1,6 @@
 import errno
+import os
+import stat
 from pathlib import Path
 
 import boto3
@@ -67,3 +69,17 @@ def test_unreachable_s3_endpoint_is_a_one_line_error():
     )
     with pytest.raises(StorageError, match=r"cannot reach the S3 endpoint http://127\.0\.0\.1:9"):
         store.exists("x")
+
+
+@pytest.mark.parametrize(("umask", "mode"), [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_shards_are_written_honouring_the_process_umask(tmp_path: Path, umask: int, mode: int):
+    store, old = ShardStore(str(tmp_path)), os.umask(umask)
+    try:
+        store.write_shard("ds", "ds", "00000", pl.DataFrame({"a": [1]}))  # readable by a colleague under 022
+        store.create_exclusive("ds/ds/_lease/00000/lease.json", b"{}")
+        with store.staged("ds/export/all.parquet") as path:
+            path.write_bytes(b"x")
+    finally:
+        os.umask(old)
+    for key in ("ds/ds/00000.parquet", "ds/ds/_lease/00000/lease.json", "ds/export/all.parquet"):
+        assert stat.S_IMODE(Path(tmp_path, key).stat().st_mode) == mode, key

@@ -1,4 +1,6 @@
-"""Dagster resources: one per external system. Secrets arrive only through `dg.EnvVar`."""
+"""Dagster resources: one per external system. Secrets arrive only through the environment: a field that
+could carry one (a URL with a password, a key) takes the NAME of a variable, because Dagster stores run
+config as given (the run's record, its events) before any step could refuse it."""
 
 from __future__ import annotations
 
@@ -49,8 +51,10 @@ class EngineResource(dg.ConfigurableResource):
         "only repeat it.",
     )
     model: str | None = Field(None, description="Served model name (EAGLE_DATA_MODEL); local: a checkpoint folder.")
-    base_url: str | None = Field(
-        None, description="API base URL, or comma-separated server URLs (EAGLE_DATA_BASE_URL)."
+    base_url_env: str | None = Field(
+        None,
+        description="Name of the variable holding the API base URL or comma-separated server URLs (default "
+        "EAGLE_DATA_BASE_URL). Never the URL: Dagster stores run config as given, and a URL may carry a password.",
     )
     api_key_env: str | None = Field(
         None, description="Name of the variable holding the API key (never the key); default the kind's; '' for none."
@@ -86,6 +90,19 @@ class EngineResource(dg.ConfigurableResource):
                 f"(or {PROFILE_ENV}=demo for the local demo model)",
                 kind="config",
             )
+        if (url_env := given.pop("base_url_env", None)) is not None:
+            if env.demo and kind == demo_kind().name:
+                raise FatalError(
+                    f"run config sets base_url_env, but the {kind} engine of the demo profile serves in this "
+                    f"process and takes no URL: remove it, or set {ENGINE_ENV} to a served kind",
+                    kind="config",
+                )
+            given["base_url"] = settings.get(url_env)
+            if not given["base_url"]:
+                raise FatalError(
+                    f"run config base_url_env names {url_env}, which is empty: export the server's URL there",
+                    kind="config",
+                )
         values = {**{k: v for k, v in env.settings.items() if v is not None}, **given, "kind": kind}
         if env.demo and kind == demo_kind().name and not values.get("model"):
             values["model"] = str(demo_model_path())

@@ -58,11 +58,18 @@ def folder_items(folder: Path, text_field: str) -> tuple[pl.DataFrame, dict[str,
         if suffix is None:
             continue
         name = path.name.removesuffix(suffix)
-        if suffix == ".parquet":
-            frame = pl.read_parquet(path)
-        else:
-            raw = path.read_bytes()
-            frame = _read_jsonl(gzip.decompress(raw) if suffix == ".jsonl.gz" else raw)
+        try:
+            if suffix == ".parquet":
+                frame = pl.read_parquet(path)
+            else:
+                raw = path.read_bytes()
+                frame = _read_jsonl(gzip.decompress(raw) if suffix == ".jsonl.gz" else raw)
+        except (pl.exceptions.PolarsError, OSError, EOFError) as exc:  # gzip's BadGzipFile is an OSError
+            why = "is empty" if path.stat().st_size == 0 else f"cannot be read ({str(exc).splitlines()[0]})"
+            raise BenchmarkError(
+                f"benchmark {name}: {path} {why}; fix or replace the file, or remove it from the "
+                "[drafter.decontamination] folder"
+            ) from None
         frames.append(_texts(name, frame, (text_field,), str(path)))
         sources[name] = str(path)
     if not frames:

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from eagle_data.targets.reasoning import THINK_TAGS, ReasoningMarkers
+from eagle_data.types import FatalError, encodable
 
 DETAIL_TEXT_FIELDS = {"reasoning.text": "text", "reasoning.summary": "summary"}
 Piece = TypeVar("Piece", str, int)
@@ -81,7 +82,8 @@ def split_ids(
 
 
 def reply_text(message: dict[str, Any], markers: ReasoningMarkers | None = THINK_TAGS) -> tuple[str, str]:
-    """(reasoning, content) of one chat `message`; null fields read as ""."""
+    """(reasoning, content) of one chat `message`; null fields read as "". Text that cannot be stored (a lone
+    surrogate escaped in the JSON) fails the reply as `bad_encoding`: that row fails, never the shard."""
     content = message.get("content")
     content = content if isinstance(content, str) else ""
     reasoning = ""
@@ -93,4 +95,6 @@ def reply_text(message: dict[str, Any], markers: ReasoningMarkers | None = THINK
     else:
         reasoning = _details_text(message.get("reasoning_details"))
     inline, content = split_text(content, markers)
+    if not (encodable(content) and encodable(reasoning or inline)):
+        raise FatalError("the reply holds text that is not valid Unicode (a lone surrogate)", kind="bad_encoding")
     return (reasoning or inline), content

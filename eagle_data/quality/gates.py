@@ -115,6 +115,12 @@ def _empty_response(d: CheckDef, s: Summary, i: Inputs) -> CheckResult:
         (repeat, c.max_repeat_share, f"{repeat_text} (limit {limit(c.max_repeat_share)})"),
     ]  # fmt: skip
     failing = [p for p in parts if p[0] > p[1]]
+    if not failing and not s.train_rows:  # every answered row rejected: nothing to train on never passes
+        verdicts = ", ".join(f"{v} {n}" for v, n in sorted(s.verdicts.items(), key=lambda kv: -kv[1]))
+        return _result(
+            d, False, None, c.max_short_share,
+            f"the shard keeps no training row ({verdicts}); see its quality report, fix the cause and regenerate",
+        )  # fmt: skip
     worst = max(failing or parts, key=lambda p: p[0] / p[1] if p[1] else float("inf"))
     message = "; ".join(text for _, _, text in failing or parts)
     return _result(

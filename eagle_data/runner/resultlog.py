@@ -23,13 +23,16 @@ Resume, keyed by content (prompt_id + config hash + turn index), never by positi
     hit the old cap is not replayed under a raised one) and continues from the first missing turn.
 Failed and skipped_budget rows are never reused: the next run retries them, from their stored turns.
 Only usable replies are reused or replayed: a row or turn without text (an empty reply stored by an
-older version) is requested again.
+older version), or with text that cannot be stored (a lone surrogate), is requested again. A row that
+still holds such text when its shard is written (e.g. in an error message) is written failed,
+`bad_encoding`: one poison reply never keeps a shard from being written.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import time
 from collections.abc import Iterable
@@ -41,11 +44,12 @@ import polars as pl
 from eagle_data import layout
 from eagle_data.catalog import DatasetSpec
 from eagle_data.runner.rows import GENERATION_SCHEMA, Row, to_frame
-from eagle_data.storage import ShardStore
-from eagle_data.types import Completion
+from eagle_data.storage import CorruptFile, ShardStore
+from eagle_data.types import Completion, encodable
 
 MAX_TOKENS_KEYS = ("max_tokens", "max_new_tokens", "max_completion_tokens")
 Turn = dict[str, Any]  # one turn record: TURN_KEYS, then the Completion's fields
+log = logging.getLogger(__name__)
 TURN_KEYS = ("prompt_id", "turn", "config_hash", "base_hash", "max_tokens", "attempts", "latency_s", "finished_at")
 
 
@@ -117,7 +121,8 @@ def replayable(turns: Iterable[Turn], key: ResumeKey) -> dict[str, list[Turn]]:
             and turn["finish_reason"] != "length"
             and turn["max_tokens"] <= key.max_tokens
         )
-        has_text = str(turn.get("content") or "").strip() or str(turn.get("reasoning") or "").strip()
+        text = (str(turn.get("content") or ""), str(turn.get("reasoning") or ""))
+        has_text = (text[0].strip() or text[1].strip()) and all(map(encodable, text))
         at = (turn["prompt_id"], turn["turn"])
         if (same or raised) and has_text and (at not in best or turn["finished_at"] >= best[at]["finished_at"]):
             best[at] = turn
@@ -148,6 +153,27 @@ def completion_of(turn: Turn) -> Completion:
     return Completion(**{k: v for k, v in turn.items() if k not in TURN_KEYS})
 
 
+BAD_ENCODING = "bad_encoding: the row holds text that is not valid Unicode (a lone surrogate)"
+
+
+def _storable(row: Row) -> Row:
+    """`row`, or a failed row in its place when some text in it cannot be stored."""
+    try:
+        json.dumps(row, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        blank = dict.fromkeys(("provider", "served_model", "finish_reason", "reasoning", "content"), "")
+        return {**row, **blank, "status": "failed", "error": BAD_ENCODING, "output_ids": None, "messages": []}
+    return row
+
+
+def _rows_frame(rows: list[Row]) -> pl.DataFrame:
+    """The rows as a frame; checked row by row only when a whole-frame build meets unstorable text."""
+    try:
+        return to_frame(rows)
+    except UnicodeEncodeError:
+        return to_frame([_storable(r) for r in rows])
+
+
 def _encode(turns: list[Turn]) -> bytes:
     return "".join(json.dumps(t, separators=(",", ":")) + "\n" for t in turns).encode()
 
@@ -157,10 +183,38 @@ def _kind(key: str) -> str:
     return parsed.kind if parsed else ""
 
 
-def _decode(data: bytes) -> list[Turn]:
-    """Turn records of one log; a last line cut short by a kill mid-write is dropped."""
-    lines = data.split(b"\n")
-    return [json.loads(line) for line in lines[:-1] if line]
+def _turn(line: bytes) -> Turn | None:
+    """One turn record, or None for a line that is not one (torn by a kill mid-write, garbage)."""
+    try:
+        turn = json.loads(line)
+        completion_of(turn)
+    except (ValueError, TypeError, AttributeError):
+        return None
+    return turn if set(TURN_KEYS) <= set(turn) else None
+
+
+def _decode(store: ShardStore, key: str) -> list[Turn]:
+    """Turn records of one log. A last line cut short by a kill mid-write is dropped; any other line that
+    is not a turn record (a torn line the next batch was appended to, garbage) is skipped with a warning
+    naming the file: its turn, if any, is requested again."""
+    lines = store.read_bytes(key).split(b"\n")
+    turns = [_turn(line) for line in lines[:-1] if line]
+    if skipped := turns.count(None):
+        log.warning("%s: skipped %d unreadable line(s) of %d; their turns are requested again", store.uri(key),
+                    skipped, len(turns))  # fmt: skip
+    return [t for t in turns if t is not None]
+
+
+def _read_part(store: ShardStore, key: str) -> pl.DataFrame | None:
+    """A stored rows file (checkpoint part, final shard); None after moving an unreadable one aside, with a
+    warning naming both names: its rows are rebuilt from the turn logs, or requested again."""
+    try:
+        return store.read_frame(key)
+    except CorruptFile as exc:
+        aside = store.move_aside(key)
+        log.warning("%s is %s; moved aside to %s; its rows are rebuilt from the turn logs or requested again",
+                    store.uri(key), exc.why, store.uri(aside))  # fmt: skip
+        return None
 
 
 class ResultLog:
@@ -174,16 +228,20 @@ class ResultLog:
 
     def load(self) -> pl.DataFrame:
         """Every stored row of this partition: the last final shard plus all checkpoint parts."""
-        frames = [self.store.read_frame(k) for k in self.store.list(self.prefix) if _kind(k) == "log_part"]
+        keys = [k for k in self.store.list(self.prefix) if _kind(k) == "log_part"]
         if self.store.shard_exists(self.dataset, self.dataset, self.partition):
-            frames.append(self.store.read_shard(self.dataset, self.dataset, self.partition))
-        frames = [f.select([c for c in GENERATION_SCHEMA if c in f.columns]) for f in frames]
+            keys.append(layout.shard(self.dataset, self.dataset, self.partition))
+        frames = [
+            f.select([c for c in GENERATION_SCHEMA if c in f.columns])
+            for k in keys
+            if (f := _read_part(self.store, k)) is not None
+        ]
         return pl.concat(frames, how="diagonal_relaxed") if frames else to_frame([])
 
     def load_turns(self) -> list[Turn]:
         """Every stored turn record of this partition (turn logs of every run, carried turns)."""
         keys = [k for k in self.store.list(self.prefix) if _kind(k) in ("turn_log", "turn_carry")]
-        return [turn for key in keys for turn in _decode(self.store.read_bytes(key))]
+        return [turn for key in keys for turn in _decode(self.store, key)]
 
     def append_turns(self, turns: list[Turn]) -> None:
         """Make `turns` durable: appended and fsync'd, or one part object on S3 (blocking)."""
@@ -202,7 +260,7 @@ class ResultLog:
         """
         superseded = [k for k in self.store.list(self.prefix) if whole or _kind(k) in ("turn_log", "turn_carry")]
         written: set[str] = set()
-        frame = to_frame(rows)
+        frame = _rows_frame(rows)
         if whole:
             uri = self.store.write_shard(self.dataset, self.dataset, self.partition, frame)
             usage = {"tokens": _tokens(frame), "cost_usd": float(frame["cost_usd"].sum())}
@@ -241,11 +299,10 @@ def stored_usage(store: ShardStore, dataset: str) -> tuple[int, float]:
         if where.kind == "usage":
             usage = json.loads(store.read_bytes(key))
             tokens, usd = tokens + usage["tokens"], usd + usage["cost_usd"]
-        elif where.kind == "log_part":
-            frame = store.read_frame(key)
+        elif where.kind == "log_part" and (frame := _read_part(store, key)) is not None:
             tokens, usd = tokens + _tokens(frame), usd + float(frame["cost_usd"].sum())
         elif where.kind == "turn_log":
-            turns = _decode(store.read_bytes(key))
+            turns = _decode(store, key)
             tokens += sum(t["prompt_tokens"] + t["completion_tokens"] for t in turns)
             usd += sum(t["cost_usd"] for t in turns)
     return tokens, usd

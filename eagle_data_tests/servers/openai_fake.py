@@ -64,6 +64,7 @@ class Faults:
     shape: str = "split"  # how the reply's text comes back: one of SHAPES
     fixed_text: str | None = None  # every reply's content is this text, no reasoning ("" for empty replies) ...
     reported_tokens: int = 0  # ... with this many completion tokens reported (0: one per word of the text)
+    poison_prompts: tuple[str, ...] = ()  # these prompts' replies hold a lone surrogate ("\\ud800" in the JSON)
     echo_auth: bool = False  # error bodies repeat the Authorization header received (a careless server)
     served_models: tuple[str, ...] = ()  # the ids GET /models lists (none: an empty list, which no engine checks)
     ignore_token_ids: bool = False  # answer `return_token_ids` without ids (a server that does not know the field)
@@ -206,7 +207,8 @@ class FakeOpenAI:
         self.outcomes["truncated" if finish == "length" else "ok"] += 1
         self.answered[turn] += 1
         prompt_tokens = sum(len(str(m["content"]).split()) for m in body["messages"])
-        message = shaped_message(self.faults.shape, " ".join(["tok"] * n), f"think {turn}")
+        poison = "\ud800" if prompt_id in self.faults.poison_prompts else ""
+        message = shaped_message(self.faults.shape, " ".join(["tok"] * n) + poison, f"think {turn}")
         if self.faults.shape == "special_only":
             n, finish = cap, "length"
         if self.faults.fixed_text is not None:  # a broken server or model: the same text, whatever was asked
@@ -318,8 +320,9 @@ def prompt_shards(shards: int, per_shard: int, turns: int = 1, dataset: str = "b
 
 
 def spec_for_tests(**update: Any) -> DatasetSpec:
-    """The b7_sharegpt entry (regenerate all), no budgets unless given, without any profile overlay."""
-    base = {"token_budget": 0, "cost_budget_usd": 0.0, "regenerate": "all"}
+    """The b7_sharegpt entry (regenerate all), no budgets unless given, without any profile overlay; its
+    target's vocabulary ships with the package, so the pre-flight of generation needs no download."""
+    base = {"token_budget": 0, "cost_budget_usd": 0.0, "regenerate": "all", "target": "qwen3-test"}
     return load_catalog(profile="")["b7_sharegpt"].model_copy(update={**base, **update})
 
 
