@@ -96,6 +96,7 @@ def setup(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[dict[str,
     monkeypatch.delenv(POOL_ENV, raising=False)
     server = FakeOpenAI(Faults(reply_tokens=(20, 90)))
     server.start()
+    monkeypatch.setenv("EAGLE_DATA_BASE_URL", f"http://127.0.0.1:{server.port}/v1")
     with dg.DagsterInstance.ephemeral() as instance:
         yield {"server": server, "instance": instance, "root": str(tmp_path / "out")}
     server.stop()
@@ -111,8 +112,7 @@ def _run(setup: dict[str, Any], spec: DatasetSpec, steps: tuple[str, ...], **con
     assets = dict(zip(("prompts", "estimate", "generation"), build_dataset_assets(spec)[:3], strict=True))
     ops = {"estimate": f"{spec.name}_estimate", "generation": spec.name}
     run_config = {"ops": {ops[step]: {"config": config[step]} for step in config}}
-    engine = EngineResource(kind="openai", model="m", base_url=f"http://127.0.0.1:{setup['server'].port}/v1",
-                            api_key_env="")  # fmt: skip
+    engine = EngineResource(kind="openai", model="m", api_key_env="")
     return dg.materialize(
         [assets[step] for step in steps], instance=setup["instance"], tags=RANGE, run_config=run_config,
         resources={"storage": StorageResource(root=setup["root"]), "engine": engine}, raise_on_error=False,
