@@ -27,7 +27,9 @@ from eagle_data import provenance
 from eagle_data.catalog import DatasetSpec
 from eagle_data.engines import lookup
 from eagle_data.engines.truncation import ReplyLengths
+from eagle_data.quality.reply import BILLED_REJECTS, EMPTY
 from eagle_data.runner import mixture
+from eagle_data.runner.breaker import Breaker, BreakerTripped
 from eagle_data.runner.budget import Budget
 from eagle_data.runner.concurrency import AdaptiveLimiter
 from eagle_data.runner.lease import Holder, LeaseLost, Leases
@@ -60,6 +62,10 @@ class LeaseHeld(RuntimeError):
     """Shards another live run kept generating for longer than this run would wait."""
 
 
+class NothingAnswered(RuntimeError):
+    """Requests were sent and every one failed: a step with no answer is never green."""
+
+
 @dataclass
 class ShardReport:
     """What one partition ended with; `figures` is plain JSON-able data for Dagster metadata."""
@@ -80,6 +86,7 @@ class _Conversation:
     replies: list[Completion] = field(default_factory=list)
     attempts: int = 0
     latency_s: float = 0.0
+    held: tuple[int, float | None] | None = None  # the budget held for its first request at dispatch
 
     def add(self, done: Completion, turn: Turn) -> None:
         self.messages.extend(self.segments[len(self.replies)])
@@ -170,6 +177,10 @@ class _Run:
         self.expected = {p: known.get(p, spec.shard_size) for p in shards}
         self.total = Tally(total=sum(self.expected.values()))
         self.budget = Budget(spec.name, spec.token_budget, spec.cost_budget_usd)
+        self.landed = asyncio.Event()  # a request in flight landed: its budget hold is free again
+        self.breaker = Breaker(spec)
+        self.said_wait = -float("inf")  # when a long Retry-After was last announced
+        self.usable = 0  # replies this run received with text to train on
         self.bar = ProgressBar(settings.progress_bar)
         self.stop_reason = ""
         self.stop_status: Status = "skipped_budget"
@@ -212,6 +223,8 @@ class _Run:
             self.say(self.stop_reason)
         if self.fatal is not None:
             raise FatalError(self.stop_reason, kind=self.fatal.kind)
+        if self.breaker.tripped:
+            raise BreakerTripped(self.breaker.tripped)
         if self.lease_lost:
             raise LeaseLost(self.lease_lost)
         if held:
@@ -221,6 +234,13 @@ class _Run:
                 f"lease_wait_s={self.settings.lease_wait_s:g} s: "
                 + "; ".join(f"{p} by {h.describe(now)}" for p, h in sorted(held.items()))
                 + "; every other shard is written: re-run once that run ends"
+            )
+        if self.total.requests and not self.usable:
+            kinds = ", ".join(f"{k} x{n}" for k, n in self.total.errors.most_common(3))
+            raise NothingAnswered(
+                f"{self.spec.name}: every request failed, no usable reply ({self.total.failed} prompts "
+                f"failed; {kinds}); check the server ({self.engine.describe()}) and re-run: failed rows are "
+                "requested again"
             )
         return {p: self.reports[p] for p in self.frames}
 
@@ -275,8 +295,8 @@ class _Run:
         for conversation in shard.todo:
             if not self.stop_reason:
                 await self.limiter.acquire()
-                if not self.stop_reason and (reason := self.budget.exhausted()):
-                    self._stop(reason, "skipped_budget")
+                if self.budget.limited and conversation.segments and not self.stop_reason:
+                    await self._hold_budget(conversation)
                 if self.stop_reason:
                     self.limiter.release()
             if self.stop_reason:
@@ -314,6 +334,22 @@ class _Run:
         shard.open = len(shard.todo)
         return shard, prompts.height
 
+    async def _hold_budget(self, conversation: _Conversation) -> None:
+        """Wait until the first request's worst case fits beside those in flight, then hold it;
+        stop for budget when it cannot fit even with nothing in flight."""
+        while not self.stop_reason:
+            asked = conversation.messages + conversation.segments[len(conversation.replies)]
+            worst = self.budget.worst(_prompt_bytes([asked]), self.key.max_tokens)
+            if self.budget.fits(*worst):
+                self.budget.hold(*worst)
+                conversation.held = worst
+                return
+            if not self.budget.in_flight:
+                self._stop(self.budget.reason(*worst), "skipped_budget")
+                return
+            self.landed.clear()
+            await self.landed.wait()
+
     def _stop(self, reason: str, status: Status) -> None:
         self.stop_reason, self.stop_status = reason, status
         self.say(
@@ -339,6 +375,10 @@ class _Run:
             row = await self._generate(shard, conversation)
         finally:
             self.limiter.release()
+            if conversation.held is not None:  # held at dispatch, never sent (a stop came first)
+                self.budget.release(*conversation.held)
+                conversation.held = None
+                self.landed.set()
         self._finish(shard, row, conversation)
 
     async def _generate(self, shard: _Shard, conversation: _Conversation) -> Row:
@@ -352,7 +392,7 @@ class _Run:
             index = len(conversation.replies)
             started = time.monotonic()
             asked = conversation.messages + conversation.segments[index]
-            done, tries, error = await self._complete(shard, asked, conversation.prompt_id)
+            done, tries, error = await self._complete(shard, conversation, asked)
             if done is None:
                 conversation.messages = asked
                 conversation.attempts += tries
@@ -362,58 +402,94 @@ class _Run:
             shard.pending.append(turn)
             if len(shard.pending) >= self.settings.flush_every_rows:
                 self.flush_now.set()
-            self.budget.spend(done.prompt_tokens + done.completion_tokens, done.cost_usd)
         return conversation.row("ok", "")
 
     async def _complete(
-        self, shard: _Shard, conversation: list[Message], prompt_id: str
+        self, shard: _Shard, conversation: _Conversation, asked: list[Message]
     ) -> tuple[Completion | None, int, str]:
-        """One reply with retries: (completion or None, attempts made, error text)."""
-        attempts = throttles = 0
+        """One reply with retries: (completion or None, attempts made, error text). A reply paid for but
+        holding no usable text is asked again at most `breaker.empty_retries` times, never like an outage."""
+        attempts = throttles = rejects = 0
+        prompt_id = conversation.prompt_id
         while True:
+            if self.stop_reason and self.stop_status != "skipped_budget":  # stopped: nothing more is sent
+                return None, attempts + throttles + rejects, f"stopped: {self.stop_reason}"
             await self.limiter.wait_unpaused()
             epoch = self.limiter.epoch
             shard.tally.requests += 1
             self.total.requests += 1
+            held, conversation.held = conversation.held, None
             try:
-                done = await self._send(conversation, prompt_id)
-                if done.empty:  # paid for, but nothing to train on: a failed attempt, retried like a 5xx
-                    self.budget.spend(done.prompt_tokens + done.completion_tokens, done.cost_usd)
-                    raise RetryableError(
-                        f"no content or reasoning (finish_reason {done.finish_reason or 'none'}, "
-                        f"{done.completion_tokens} completion tokens)",
-                        kind="empty_reply",
-                    )
+                done = await self._send(asked, prompt_id, held)
             except EngineError as exc:
                 throttled = isinstance(exc, RetryableError) and exc.throttle
                 throttles += throttled
                 attempts += not throttled
                 delay = self._on_error(shard, exc, epoch, attempts, throttles)
                 if delay is None:
-                    return None, attempts + throttles, f"{exc.kind}: {exc}"
+                    return None, attempts + throttles + rejects, f"{exc.kind}: {exc}"
                 await asyncio.sleep(delay)
                 continue
             except Exception as exc:  # an engine bug: fail this prompt loudly, never retry it
                 self._count_error(shard, "internal", f"{type(exc).__name__}: {exc}")
-                return None, attempts + throttles + 1, f"internal: {type(exc).__name__}: {exc}"
+                return None, attempts + throttles + rejects + 1, f"internal: {type(exc).__name__}: {exc}"
             self.limiter.on_success()
-            return done, attempts + throttles + 1, ""
+            if not (error := self._judge(shard, prompt_id, done)):
+                self.usable += 1
+                return done, attempts + throttles + rejects + 1, ""
+            rejects += 1
+            if rejects > self.spec.breaker.empty_retries or self.stop_reason:
+                return None, attempts + throttles + rejects, error
 
-    async def _send(self, conversation: list[Message], prompt_id: str) -> Completion:
-        """One request, registered in flight while it is out (the heartbeat reports the oldest)."""
+    def _judge(self, shard: _Shard, prompt_id: str, done: Completion) -> str:
+        """Account for an answered reply and give the breaker its verdict; the error when the reply is a
+        billed reject (counted as wasted), else ""."""
+        self.budget.spend(done.prompt_tokens + done.completion_tokens, done.cost_usd)
+        self.budget.learn(done)
+        verdict, warning = self.breaker.judge(prompt_id, done)
+        if warning:
+            self.say(warning)
+        if self.breaker.tripped and not self.stop_reason:
+            self._stop(self.breaker.tripped, "failed")
+        if verdict not in BILLED_REJECTS:
+            return ""
+        for tally in (shard.tally, self.total):
+            tally.wasted += 1
+            tally.wasted_usd += done.cost_usd
+        if verdict == EMPTY:
+            kind, text = "empty_reply", "no content" + ("" if done.reasoning.strip() else " or reasoning")
+        else:
+            kind, text = verdict, f"{len(done.content.encode()) + len(done.reasoning.encode())} bytes of text"
+        message = f"{text} (finish_reason {done.finish_reason or 'none'}, {done.completion_tokens} completion tokens)"
+        self._count_error(shard, kind, message)
+        return f"{kind}: {message}"
+
+    async def _send(
+        self, conversation: list[Message], prompt_id: str, held: tuple[int, float | None] | None
+    ) -> Completion:
+        """One request, registered in flight while it is out (the heartbeat reports the oldest) and
+        counted in the budget at its worst case (`held` at dispatch, else here) until it lands."""
         ticket = next(self.tickets)
         self.sent_at[ticket] = time.monotonic()
+        if held is None and self.budget.limited:
+            held = self.budget.worst(_prompt_bytes([conversation]), self.key.max_tokens)
+            self.budget.hold(*held)
         try:
             setting = mixture.assign(prompt_id, self.spec.generation.mixture, self.spec.generation.mixture_seed)
             chosen = {"sampling": setting} if setting else {}
             return await self.engine.complete(list(conversation), prompt_id=prompt_id, **chosen)
         finally:
             del self.sent_at[ticket]
+            if held is not None:
+                self.budget.release(*held)
+                self.landed.set()
 
     def _on_error(self, shard: _Shard, exc: EngineError, epoch: int, attempts: int, throttles: int) -> float | None:
         """Count the error and adapt the limit; the wait before the next attempt, or None to give up."""
         self._count_error(shard, exc.kind, str(exc))
         if isinstance(exc, RetryableError):
+            if exc.retry_after:
+                exc.retry_after = self._capped_wait(exc.retry_after)
             if exc.throttle:
                 self.limiter.on_throttle(epoch, exc.retry_after)
             if should_retry(exc, attempts, throttles, self.settings):
@@ -422,6 +498,21 @@ class _Run:
             self.fatal = exc
             self._stop(f"{self.spec.name}: {exc.kind}: {exc}", "failed")
         return None
+
+    def _capped_wait(self, asked: float) -> float:
+        """A server's Retry-After, capped at max_retry_wait_s; a long one is announced (at most once per
+        heartbeat), so a wait is never silence."""
+        wait = min(asked, self.settings.max_retry_wait_s)
+        now = time.monotonic()
+        if (asked > wait or wait >= self.settings.heartbeat_every_s) and (
+            now - self.said_wait >= self.settings.heartbeat_every_s
+        ):
+            self.said_wait = now
+            self.say(
+                f"{self.spec.name}: provider asked to wait {asked:.0f} s (Retry-After); waiting {wait:g} s, then "
+                f"retrying; set max_retry_wait_s to wait less, or max_throttle_waits=0 to fail these prompts instead"
+            )
+        return wait
 
     def _count_error(self, shard: _Shard, kind: str, message: str) -> None:
         shard.tally.errors[kind] += 1
@@ -464,8 +555,8 @@ class _Run:
 
     def _progress_line(self) -> str:
         """The standard line, plus the engine's own figures when it has any (an SGLang fleet's servers)."""
-        engine_line = self.engine.stats_line()
-        return f"{self.spec.name}: {self.total.line()}" + (f" | {engine_line}" if engine_line else "")
+        extra = [line for line in (self.breaker.pulse(), self.engine.stats_line()) if line]
+        return f"{self.spec.name}: {self.total.line()}" + "".join(f" | {line}" for line in extra)
 
     def _in_flight(self) -> str:
         """`12 in flight, oldest 31 s`: what the heartbeat and the bar show."""
@@ -479,9 +570,10 @@ class _Run:
             await asyncio.sleep(self.settings.heartbeat_every_s)
             if self.tasks:
                 errors = sum(self.total.errors.values())
+                pulse = f", {line}" if (line := self.breaker.pulse()) else ""
                 self.say(
                     f"{self.spec.name}: heartbeat: {self._in_flight()}, {self.total.done}/{self.total.total} done, "
-                    f"{errors} errors so far"
+                    f"{errors} errors so far{pulse}"
                 )
             self.bar.update(self.total, self.limiter.current, self._in_flight(), force=True)
 
@@ -511,7 +603,9 @@ class _Run:
         figures = shard.tally.figures(self.limiter.current)
         figures.update(
             config_hash=self.key.config_hash,
-            budget_stop=self.stop_reason,
+            budget_stop=self.stop_reason if self.stop_status == "skipped_budget" else "",
+            breaker_stop=self.breaker.tripped,
+            **{f"window_{verdict}_share": share for verdict, share in self.breaker.shares().items()},
             token_budget=self.budget.max_tokens,
             cost_budget_usd=self.budget.max_usd,
             dataset_tokens_used=self.budget.tokens,
@@ -552,6 +646,12 @@ class _Run:
                 self.lease_lost = str(exc)
                 if not self.stop_reason:
                     self._stop(str(exc), "failed")
+
+
+def _prompt_bytes(turns: list[list[Message]]) -> int:
+    """An upper bound on a request's prompt tokens: no token holds less than one byte; a few per message
+    for the chat template's own tokens."""
+    return sum(len(m.get("content", "").encode()) + len(m.get("reasoning", "").encode()) + 8 for t in turns for m in t)
 
 
 @contextlib.contextmanager
