@@ -12,7 +12,9 @@ import pytest
 from eagle_data.catalog import Breaker
 from eagle_data.engines import make_engine
 from eagle_data.runner import RunnerSettings, run_generation
+from eagle_data.runner.budget import Budget
 from eagle_data.storage import ShardStore
+from eagle_data.types import Completion
 from eagle_data_tests.servers.openai_fake import FakeOpenAI, Faults, prompt_shards, spec_for_tests
 
 DS = "b7_sharegpt"
@@ -99,3 +101,18 @@ def test_a_cost_budget_at_2000_in_flight_is_overshot_by_at_most_2_percent(tmp_pa
         assert max(server.stats()["outcomes"].values()) < 4000  # it stopped before the prompts ran out
     finally:
         server.stop()
+
+
+def test_in_flight_worst_cases_are_priced_by_bounds_the_replies_give() -> None:
+    budget = Budget(DS, 0, 1.0)
+    assert budget.worst(10, 100) == (110, None) and budget.fits(110, None)
+    budget.hold(110, None)
+    assert not budget.fits(110, None)  # price unknown: one request at a time until one lands
+    budget.release(110, None)
+    budget.learn(Completion("x", prompt_tokens=10, completion_tokens=100, cost_usd=10 * 1e-5 + 100 * 2e-5))
+    budget.learn(Completion("x", prompt_tokens=1000, completion_tokens=10, cost_usd=1000 * 1e-5 + 10 * 2e-5))
+    _, usd = budget.worst(50, 4000)
+    assert usd is not None and 50 * 1e-5 + 4000 * 2e-5 <= usd <= 1.1 * (50 * 1e-5 + 4000 * 2e-5)
+    unpriced = Budget(DS, 0, 1.0)  # an engine that reports no cost (local, SGLang)
+    unpriced.learn(Completion("x", prompt_tokens=5, completion_tokens=5))
+    assert unpriced.worst(10, 100) == (110, 0.0)

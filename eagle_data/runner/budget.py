@@ -5,7 +5,8 @@ holds less than a byte) plus max_tokens, priced at the least upper bound the rep
 token price. A reply costing `c` for `p` prompt and `k` completion tokens shows the completion price is
 at most c/k and the prompt price at most c/p (prices are not negative), so the smallest such ratios
 seen bound both. Before any priced reply the price is unknown: with a cost budget, one request at a
-time is sent until one lands. A new prompt is sent only when its worst case fits beside everything in
+time is sent until one lands (a reply reporting no cost, from an engine that reports none, prices tokens
+at 0 until a priced one lands). A new prompt is sent only when its worst case fits beside everything in
 flight, so the spend stays under the budget; only the later turns of a conversation already under way
 may cross it (their paid first turns would be lost otherwise).
 """
@@ -29,6 +30,7 @@ class Budget:
     in_flight: int = 0
     prompt_price: float | None = None  # upper bounds on the USD price of a token, from replies so far
     completion_price: float | None = None
+    priced: bool = False  # a reply reported a cost
 
     @property
     def limited(self) -> bool:
@@ -39,15 +41,21 @@ class Budget:
         self.usd += usd
 
     def learn(self, done: Completion) -> None:
-        """Tighten the price bounds with one priced reply."""
+        """Tighten the price bounds with one reply. A reply with no cost, before any priced one, is an
+        engine that reports none (local, SGLang): its requests cost nothing until a priced reply says
+        otherwise."""
         if done.cost_usd <= 0:
+            if not self.priced:
+                self.prompt_price = self.completion_price = 0.0
             return
+        if not self.priced:
+            self.priced, self.prompt_price, self.completion_price = True, None, None
         if done.completion_tokens > 0:
             bound = done.cost_usd / done.completion_tokens
-            self.completion_price = min(self.completion_price or bound, bound)
+            self.completion_price = bound if self.completion_price is None else min(self.completion_price, bound)
         if done.prompt_tokens > 0:
             bound = done.cost_usd / done.prompt_tokens
-            self.prompt_price = min(self.prompt_price or bound, bound)
+            self.prompt_price = bound if self.prompt_price is None else min(self.prompt_price, bound)
 
     def worst(self, prompt_bytes: int, max_tokens: int) -> tuple[int, float | None]:
         """(tokens, USD) a request may cost at most; USD None while no price is known."""
