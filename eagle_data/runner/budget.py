@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 from eagle_data.types import Completion
 
+Hold = tuple[int, float | None]  # a request's worst case while it is out: tokens, USD (None: price unknown)
+
 
 @dataclass
 class Budget:
