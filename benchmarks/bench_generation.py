@@ -3,11 +3,13 @@
 2,000 in flight, a server answering after 1 s (in its own process, so it does not take the client's
 core), >= 10,000 requests. The pipeline is the whole `run_generation` call: engine, limiter, retries,
 result log parts, shard files. Both sides start at 2,000 in flight, so the ratio measures client
-overhead; the cold-start ramp (the default low start) is reported as a separate figure.
+overhead; the cold-start ramp (the default low start) is reported as a separate figure. The pipeline runs
+with the breaker (every reply judged on arrival, eagle_data/runner/breaker.py) on and off in the same run.
 
     python benchmarks/bench_generation.py [--requests 10000] [--in-flight 2000] [--latency 1.0]
     pytest benchmarks/bench_generation.py -m benchmark
-Last line: `RESULT generation_vs_aiohttp <ratio>` (target >= 0.9).
+Last lines: `RESULT generation_vs_aiohttp <ratio>` (target >= 0.9), `RESULT breaker_overhead <on/off
+throughput>` (target >= 0.95).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import aiohttp
 import polars as pl
 import pytest
 
-from eagle_data.catalog import load_catalog
+from eagle_data.catalog import Breaker, load_catalog
 from eagle_data.engines import make_engine
 from eagle_data.runner import RunnerSettings, run_generation
 from eagle_data.storage import ShardStore
@@ -35,7 +37,7 @@ PROMPT = [{"role": "user", "content": "Write a haiku about speculative decoding.
 
 
 def start_server(latency_s: float) -> tuple[subprocess.Popen[str], str]:
-    faults = json.dumps({"latency_s": latency_s, "reply_tokens": [176, 176]})
+    faults = json.dumps({"latency_s": latency_s, "reply_tokens": [150, 200]})  # replies of many lengths: no repeat
     proc = subprocess.Popen(
         [sys.executable, "-m", "eagle_data_tests.servers.openai_fake", "--faults", faults],
         stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1],
@@ -64,9 +66,11 @@ async def bare_loop(url: str, n: int, in_flight: int) -> float:
         return n / (time.perf_counter() - started)
 
 
-def pipeline(url: str, n: int, in_flight: int, initial: int) -> tuple[float, dict[str, int]]:
+def pipeline(url: str, n: int, in_flight: int, initial: int, breaker: bool = True) -> tuple[float, dict[str, int]]:
     """The whole run_generation call over n prompts in shards of 500. Returns (req/s, errors)."""
-    spec = load_catalog(profile="")["b7_sharegpt"].model_copy(update={"token_budget": 0, "cost_budget_usd": 0})
+    spec = load_catalog(profile="")["b7_sharegpt"].model_copy(
+        update={"token_budget": 0, "cost_budget_usd": 0, "breaker": Breaker(enabled=breaker)}
+    )
     shards = {
         f"{s:05d}": pl.DataFrame({
             "prompt_id": [f"p{s}-{i}" for i in range(SHARD_SIZE)], "dataset": spec.name, "shard": s,
@@ -96,7 +100,7 @@ def main(argv: list[str] | None = None) -> float:
     n = args.requests // SHARD_SIZE * SHARD_SIZE
     proc, url = start_server(args.latency)
     try:
-        bare, pipe, bare_cpu, pipe_cpu = [], [], [], []
+        bare, pipe, bare_cpu, pipe_cpu, off, off_cpu = [], [], [], [], [], []
         for _ in range(args.rounds):
             cpu = time.process_time()
             bare.append(asyncio.run(bare_loop(url, n, args.in_flight)))
@@ -104,8 +108,12 @@ def main(argv: list[str] | None = None) -> float:
             cpu = time.process_time()
             pipe.append(pipeline(url, n, args.in_flight, args.in_flight)[0])
             pipe_cpu.append((time.process_time() - cpu) / n * 1e6)
+            cpu = time.process_time()
+            off.append(pipeline(url, n, args.in_flight, args.in_flight, breaker=False)[0])
+            off_cpu.append((time.process_time() - cpu) / n * 1e6)
             print(f"bare aiohttp {bare[-1]:.0f} req/s ({bare_cpu[-1]:.0f} us CPU/req), "
-                  f"pipeline {pipe[-1]:.0f} req/s ({pipe_cpu[-1]:.0f} us CPU/req)", flush=True)  # fmt: skip
+                  f"pipeline {pipe[-1]:.0f} req/s ({pipe_cpu[-1]:.0f} us CPU/req), "
+                  f"breaker off {off[-1]:.0f} req/s ({off_cpu[-1]:.0f} us CPU/req)", flush=True)  # fmt: skip
         cold, _ = pipeline(url, n, args.in_flight, RunnerSettings().initial_in_flight)
     finally:
         proc.kill()
@@ -116,7 +124,10 @@ def main(argv: list[str] | None = None) -> float:
     print(f"pipeline (run_generation, warm start): {max(pipe):.0f} req/s, client CPU {min(pipe_cpu):.0f} us/req")
     print(f"pipeline, cold start from {RunnerSettings().initial_in_flight} in flight: {cold:.0f} req/s "
           f"({cold / max(bare):.2f}x)")  # fmt: skip
+    print(f"breaker on vs off: {max(pipe):.0f} vs {max(off):.0f} req/s, client CPU {min(pipe_cpu):.0f} vs "
+          f"{min(off_cpu):.0f} us/req")  # fmt: skip
     print(f"RESULT generation_vs_aiohttp {ratio:.3f}")
+    print(f"RESULT breaker_overhead {max(pipe) / max(off):.3f}")
     return ratio
 
 

@@ -107,6 +107,28 @@ class Checks(_Frozen):
     max_lost_text_share: float = Field(0.01, ge=0, le=1)
 
 
+class Breaker(_Frozen):
+    """The breaker that judges replies as they arrive (eagle_data/runner/breaker.py, docs/breaker.md).
+
+    Over the last `window` answered replies (judged once `min_replies` are in), a blocking verdict's
+    share trips it when its one-sided Wilson lower bound at `confidence` exceeds the verdict's gate in
+    `checks`, so healthy noise just under a gate does not. `empty_retries`: how often a billed reply
+    with no usable text (empty, lost text) is asked for again before its row is recorded failed.
+    """
+
+    enabled: bool = True
+    window: int = Field(200, gt=0)
+    min_replies: int = Field(50, gt=0)
+    confidence: float = Field(0.9999999, gt=0.5, lt=1)
+    empty_retries: int = Field(1, ge=0)
+
+    @model_validator(mode="after")
+    def _min_within_window(self) -> Breaker:
+        if self.min_replies > self.window:
+            raise ValueError(f"min_replies {self.min_replies} exceeds window {self.window}")
+        return self
+
+
 class DatasetSpec(_Frozen):
     """One catalog entry with defaults and the active profile applied."""
 
@@ -132,6 +154,7 @@ class DatasetSpec(_Frozen):
     canary_prompts: int = Field(64, gt=0)
     generation: Generation = Generation()
     checks: Checks = Checks()
+    breaker: Breaker = Breaker()
     # Shown as the assets' owners in the Dagster catalog: an email or "team:<name>" (Dagster's two forms).
     owners: tuple[str, ...] = ()
 

@@ -378,6 +378,8 @@ ADDITIVE = (
     "reasoning_tokens",
     "tokens",
     "cost_usd",
+    "wasted_replies",
+    "wasted_usd",
 )
 
 

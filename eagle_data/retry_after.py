@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from email.utils import parsedate_to_datetime
 
-MAX_RETRY_AFTER_S = 600.0  # never trust a server to park us for longer than this
-
 
 def parse_retry_after(value: str | None, now: float) -> float | None:
-    """Seconds to wait from a Retry-After header: delta-seconds (fractions accepted) or an HTTP date."""
+    """Seconds to wait from a Retry-After header: delta-seconds (fractions accepted) or an HTTP date. Not
+    capped here: the runner caps the wait (`max_retry_wait_s`) and says so when the server asked for more."""
     if not value:
         return None
     value = value.strip()
@@ -19,4 +18,4 @@ def parse_retry_after(value: str | None, now: float) -> float | None:
             seconds = parsedate_to_datetime(value).timestamp() - now
         except (TypeError, ValueError, IndexError):
             return None
-    return min(max(seconds, 0.0), MAX_RETRY_AFTER_S)
+    return max(seconds, 0.0)

@@ -16,6 +16,7 @@ from eagle_data.quality.verdicts import ENGINE_SIDE_REJECTIONS
 from eagle_data.runner import RunnerSettings, run_generation
 from eagle_data.runner.resultlog import ResultLog, resume_key
 from eagle_data.runner.rows import build_row, to_frame
+from eagle_data.runner.run import NothingAnswered
 from eagle_data.storage import ShardStore
 from eagle_data.targets import profile, reasoning, reasoning_markers
 from eagle_data.targets.reasoning import THINK_TAGS
@@ -94,18 +95,21 @@ def test_a_parsed_reasoning_field_wins_and_nulls_read_as_empty() -> None:
 
 
 @pytest.mark.parametrize("shape", ["null_content", "special_only"])
-def test_an_empty_reply_is_retried_then_recorded_failed_never_ok(
+def test_an_empty_reply_is_asked_again_once_then_recorded_failed_never_ok(
     server: FakeOpenAI, tmp_path: Path, shape: str
 ) -> None:
+    """A billed empty reply is not an outage: asked again `breaker.empty_retries` (1) times, not max_attempts."""
     server.faults = Faults(shape=shape)
     lines: list[str] = []
-    generate(server, tmp_path, prompt_shards(1, 5), lines)
+    with pytest.raises(NothingAnswered):
+        generate(server, tmp_path, prompt_shards(1, 5), lines)
     rows = shard(tmp_path)
     assert rows["status"].to_list() == ["failed"] * 5
     assert all(error.startswith("empty_reply: no content or reasoning") for error in rows["error"])
-    assert rows["attempts"].to_list() == [FAST.max_attempts] * 5
-    assert server.received == 5 * FAST.max_attempts
+    assert rows["attempts"].to_list() == [2] * 5
+    assert server.received == 5 * 2
     assert any("first empty_reply error" in line for line in lines)
+    assert any("wasted: 10 replies, $" in line for line in lines)
 
 
 def test_resume_re_requests_empty_replies_stored_as_ok_by_older_versions(server: FakeOpenAI, tmp_path: Path) -> None:

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import io
 import re
+import time
 from collections import Counter
 from pathlib import Path
 
 import polars as pl
 import pytest
 
+from eagle_data.catalog import Breaker
 from eagle_data.engines import make_engine
 from eagle_data.runner import RunnerSettings, run_generation
 from eagle_data.runner.progress import ProgressBar, Tally
+from eagle_data.runner.run import NothingAnswered
 from eagle_data.storage import ShardStore
 from eagle_data.types import FatalError
 from eagle_data_tests.servers.openai_fake import FakeOpenAI, Faults, prompt_shards, spec_for_tests
@@ -20,15 +23,18 @@ from eagle_data_tests.servers.openai_fake import FakeOpenAI, Faults, prompt_shar
 # The issue's acceptance at full scale: a 429 burst over the first 2,000 requests, a client allowed 2,000
 # in flight, 10% random 5xx and resets; the server takes at most 48 at once during the burst.
 BURST = Faults(latency_s=0.02, latency_jitter_s=0.02, rate_limit_first=2000, rate_limit_cap=48, retry_after="0.5")
-PROGRESS_RE = r"b7_sharegpt: \d+/\d+ \(\d+ err, \d+ ok\) [\d.]+ req/s avg_comp=\d+tok tot=[\d.]+M ~\$[\d.]+ ETA=[\d.]+h"
+PROGRESS_RE = (
+    r"b7_sharegpt: \d+/\d+ \(\d+ err, \d+ ok\) [\d.]+ req/s avg_comp=\d+tok tot=[\d.]+M ~\$[\d.]+ ETA=[\d.]+h"
+    r"( \| window \d+: [\d.]+% rejected, [\d.]+% truncated)?"  # the breaker's pulse
+)
 FAST_RETRY = {"backoff_base_s": 0.01, "backoff_cap_s": 0.1, "progress_bar": False}
 
 
 def _run(server: FakeOpenAI, root: Path, shards: dict[str, pl.DataFrame], settings: RunnerSettings,
-         lines: list[str] | None = None) -> dict:  # fmt: skip
+         lines: list[str] | None = None, **spec: object) -> dict:  # fmt: skip
     engine = make_engine("openai", base_url=f"http://127.0.0.1:{server.port}/v1", model="m", timeout_s=2.0)
     log = lines.append if lines is not None else (lambda _: None)
-    return run_generation(engine, spec_for_tests(), shards, ShardStore(str(root)), settings=settings, log=log)
+    return run_generation(engine, spec_for_tests(**spec), shards, ShardStore(str(root)), settings=settings, log=log)
 
 
 def test_burst_plus_5xx_and_resets_every_prompt_ends_ok_nothing_lost_or_duplicated(
@@ -64,15 +70,21 @@ def test_the_same_burst_hits_a_client_that_starts_at_full_width(server: FakeOpen
     assert server.outcomes["429"] / server.received > 0.05
 
 
-def test_exhausted_retries_end_failed_with_reason_and_the_next_run_retries_them(
+def test_a_step_whose_every_request_failed_fails_in_one_line_and_the_next_run_retries_them(
     server: FakeOpenAI, tmp_path: Path
 ) -> None:
+    """#20.4: a server failing every request gave "0 ok, 10 failed" and a green step."""
     shards = prompt_shards(1, 30)
     server.faults = Faults(force_status=500)
-    first = _run(server, tmp_path, shards, RunnerSettings(max_attempts=2, **FAST_RETRY))["00000"].figures
+    one_line = r"^b7_sharegpt: every request failed, no usable reply \(30 prompts failed; http_500 x60\); [^\n]*$"
+    with pytest.raises(NothingAnswered, match=one_line):
+        _run(server, tmp_path, shards, RunnerSettings(max_attempts=2, **FAST_RETRY))
     failed = ShardStore(str(tmp_path)).read_shard("b7_sharegpt", "b7_sharegpt", "00000")
-    assert first["failed"] == 30 and first["errors_by_kind"] == {"http_500": 60}
-    assert set(failed["error"]) == {"http_500: HTTP 500: forced 500"} and set(failed["attempts"]) == {2}
+    assert (
+        failed.height == 30
+        and set(failed["error"]) == {"http_500: HTTP 500: forced 500"}
+        and set(failed["attempts"]) == {2}
+    )
     server.faults = Faults()
     second = _run(server, tmp_path, shards, RunnerSettings(**FAST_RETRY))["00000"].figures
     assert (second["ok"], second["reused"], second["requests"]) == (30, 0, 30)
@@ -99,7 +111,8 @@ def test_multi_turn_rows_hold_the_regenerated_conversation_and_progress_is_logge
     server.faults = Faults(reply_tokens=(5, 5))
     lines: list[str] = []
     settings = RunnerSettings(progress_every=10, **FAST_RETRY)
-    _run(server, tmp_path, prompt_shards(1, 20, turns=3), settings, lines)
+    # 60 identical 5-token replies: short and repeated, which the breaker would stop
+    _run(server, tmp_path, prompt_shards(1, 20, turns=3), settings, lines, breaker=Breaker(enabled=False))
     row = ShardStore(str(tmp_path)).read_shard("b7_sharegpt", "b7_sharegpt", "00000").row(0, named=True)
     assert [m["role"] for m in row["messages"]] == ["user", "assistant"] * 3
     assert [m["content"] for m in row["messages"][1::2]] == ["tok tok tok tok tok"] * 3  # old replies replaced
@@ -117,8 +130,9 @@ def test_a_server_that_never_answers_gets_a_heartbeat_with_the_oldest_requests_a
     lines: list[str] = []
     engine = make_engine("openai", base_url=f"http://127.0.0.1:{server.port}/v1", model="m", timeout_s=2.5)
     settings = RunnerSettings(max_attempts=1, heartbeat_every_s=0.5, **FAST_RETRY)
-    run_generation(engine, spec_for_tests(), prompt_shards(1, 2), ShardStore(str(tmp_path)), settings=settings,
-                   log=lines.append)  # fmt: skip
+    with pytest.raises(NothingAnswered):
+        run_generation(engine, spec_for_tests(), prompt_shards(1, 2), ShardStore(str(tmp_path)), settings=settings,
+                       log=lines.append)  # fmt: skip
     beats = [line for line in lines if "heartbeat" in line]
     assert re.fullmatch(r"b7_sharegpt: heartbeat: 2 in flight, oldest [01] s, 0/2 done, 0 errors so far", beats[0])
     ages = [int(m.group(1)) for line in beats if (m := re.search(r"oldest (\d+) s", line))]
@@ -133,3 +147,22 @@ def test_the_progress_bar_shows_what_is_in_flight() -> None:
     stream = Terminal()
     ProgressBar(True, stream).update(Tally(total=10), 32, "3 in flight, oldest 41 s", force=True)
     assert "inflight<=32 3 in flight, oldest 41 s" in stream.getvalue()
+
+
+def test_a_long_retry_after_is_announced_and_waited_for_at_most_max_retry_wait_s(
+    server: FakeOpenAI, tmp_path: Path
+) -> None:
+    """#20.8: `Retry-After: 3600` gave minutes of silence; the wait is said, capped, then retried."""
+    server.faults = Faults(rate_limit_first=3, retry_after="3600")
+    lines: list[str] = []
+    started = time.monotonic()
+    _run(server, tmp_path, prompt_shards(1, 3), RunnerSettings(max_retry_wait_s=0.3, **FAST_RETRY), lines)
+    assert time.monotonic() - started < 10
+    said = [line for line in lines if "provider asked to wait" in line]
+    assert len(said) == 1  # once per heartbeat interval, not once per request
+    assert re.fullmatch(
+        r"b7_sharegpt: provider asked to wait \d+ s \(Retry-After\); waiting 0.3 s, then retrying; "
+        r"set max_retry_wait_s to wait less, or max_throttle_waits=0 to fail these prompts instead",
+        said[0],
+    )
+    assert set(ShardStore(str(tmp_path)).read_shard("b7_sharegpt", "b7_sharegpt", "00000")["status"]) == {"ok"}

@@ -3,9 +3,10 @@
 A single producer walks the partitions in order. For each it takes the shard's lease (one writer per
 shard; a shard another live run holds is deferred and waited for at the end), reads the prompts only
 then (a range over 1,800 partitions holds just the shards in flight), and replays what the result log
-already holds. Each remaining prompt takes a slot from the shared limiter and walks its user turns,
-retrying per the retry policy; every answered turn goes to the shard's turn log, durable within
-`flush_every_s`; a finished shard is written whole, its lease released and its rows dropped from memory.
+already holds. Each remaining prompt is admitted by the dispatcher (`dispatch.py`: in-flight limit,
+budget, retries, the breaker) and walks its user turns; every answered turn goes to the shard writer
+(`writer.py`: durable within `flush_every_s`); a finished shard is written whole, its lease released and
+its rows dropped from memory. `reporter.py` says how it goes.
 """
 
 from __future__ import annotations
@@ -13,8 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import itertools
-import random
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -27,36 +26,29 @@ from eagle_data import provenance
 from eagle_data.catalog import DatasetSpec
 from eagle_data.quality.truncation import ReplyLengths
 from eagle_data.runner import mixture
-from eagle_data.runner.budget import Budget
-from eagle_data.runner.concurrency import AdaptiveLimiter
-from eagle_data.runner.lease import Holder, LeaseLost, Leases
-from eagle_data.runner.progress import ProgressBar, Tally
-from eagle_data.runner.resultlog import (
-    ResultLog,
-    Turn,
-    completion_of,
-    replayable,
-    resume_key,
-    reusable,
-    stored_usage,
-    turn_record,
-)
-from eagle_data.runner.retry import retry_delay, should_retry
+from eagle_data.runner.breaker import BreakerTripped
+from eagle_data.runner.budget import Hold
+from eagle_data.runner.dispatch import Dispatcher
+from eagle_data.runner.lease import Holder, LeaseLost
+from eagle_data.runner.progress import Tally
+from eagle_data.runner.reporter import Reporter
+from eagle_data.runner.resultlog import Turn, completion_of, replayable, resume_key, reusable, stored_usage, turn_record
 from eagle_data.runner.rows import Row, assistant_message, build_row, plan_turns
 from eagle_data.runner.settings import RunnerSettings
+from eagle_data.runner.writer import OpenShard, ShardWriter
 from eagle_data.storage import ShardStore
-from eagle_data.types import Completion, Engine, EngineError, FatalError, Message, RetryableError, Status
+from eagle_data.types import Completion, Engine, FatalError, Message, Status
 
 GC_GEN0_THRESHOLD = 50_000  # see _fewer_gc_passes
 LEASE_POLL_S = 1.0  # how often a deferred shard's lease is tried again
 
-# Fatal kinds that every later request would hit too (bad or missing key, no access, no budget, a model
-# the server does not have): stop sending, keep what landed, then fail the call with the server's line.
-ABORT_KINDS = ("http_401", "http_403", "http_402_budget", "http_404", "auth_missing", "model_mismatch", "config")
-
 
 class LeaseHeld(RuntimeError):
     """Shards another live run kept generating for longer than this run would wait."""
+
+
+class NothingAnswered(RuntimeError):
+    """Requests were sent and every one failed: a step with no answer is never green."""
 
 
 @dataclass
@@ -79,6 +71,7 @@ class _Conversation:
     replies: list[Completion] = field(default_factory=list)
     attempts: int = 0
     latency_s: float = 0.0
+    held: Hold | None = None  # the budget held for its first request at admission
 
     def add(self, done: Completion, turn: Turn) -> None:
         self.messages.extend(self.segments[len(self.replies)])
@@ -113,46 +106,16 @@ class _Conversation:
         )
 
 
-class _Shard:
-    """One partition while it is open; its rows are dropped once it is written."""
-
-    def __init__(self, partition: str, log: ResultLog, order: list[str], rows: dict[str, Row]) -> None:
-        self.partition, self.log, self.order = partition, log, order
-        self.rows = rows
-        self.reused = set(rows)
-        self.todo: list[_Conversation] = []
-        self.open = 0
-        self.pending: list[Turn] = []  # answered turns not yet durable
-        self.carry: list[Turn] = []  # turns of conversations that ended unfinished: kept for the next run
-        self.tally = Tally(total=len(order))
-        self.lock = asyncio.Lock()
-        self.finalizing = False
-
-
 class _Run:
     def __init__(
-        self,
-        engine: Engine,
-        spec: DatasetSpec,
-        shards: Mapping[str, pl.DataFrame],
-        store: ShardStore,
-        settings: RunnerSettings,
-        log: Callable[[str], None],
-        write_shards: bool,
-        lengths: ReplyLengths,
-        run_id: str,
+        self, engine: Engine, spec: DatasetSpec, shards: Mapping[str, pl.DataFrame], store: ShardStore,
+        settings: RunnerSettings, log: Callable[[str], None], write_shards: bool, lengths: ReplyLengths, run_id: str,
         redo: Mapping[str, set[str]],
-    ) -> None:
+    ) -> None:  # fmt: skip
         self.engine, self.spec, self.frames, self.store, self.settings, self.say = (
-            engine,
-            spec,
-            shards,
-            store,
-            settings,
-            log,
-        )
-        self.write_shards, self.lengths, self.redo = write_shards, lengths, redo
-        self.run_id = run_id or uuid.uuid4().hex
+            engine, spec, shards, store, settings, log,
+        )  # fmt: skip
+        self.lengths, self.redo = lengths, redo
         self.key = resume_key(engine.config(), spec)
         self.sampling = provenance.sampling(engine.config())
         if spec.generation.mixture and not engine.takes_sampling:
@@ -161,39 +124,32 @@ class _Run:
                 "entry's generation.mixture or use an OpenAI-compatible engine (openai, openrouter, vllm)",
                 kind="config",
             )
-        self.leases = Leases(store, spec.name, self.run_id, settings.lease_ttl_s)
-        self.limiter = AdaptiveLimiter(settings.initial_in_flight, settings.min_in_flight, settings.max_in_flight)
-        self.rng = random.Random()
         # Exact once a shard is read; until then a lazily read shard counts as a full one.
         known = {p: f.height for p, f in shards.items()} if isinstance(shards, dict) else {}
         self.expected = {p: known.get(p, spec.shard_size) for p in shards}
         self.total = Tally(total=sum(self.expected.values()))
-        self.budget = Budget(spec.name, spec.token_budget, spec.cost_budget_usd)
-        self.bar = ProgressBar(settings.progress_bar)
-        self.stop_reason = ""
-        self.stop_status: Status = "skipped_budget"
-        self.fatal: EngineError | None = None  # the abort that ended the call
+        self.writer = ShardWriter(store, spec, run_id or uuid.uuid4().hex, settings, write_shards, log)
+        self.dispatch = Dispatcher(engine, spec, settings, self.key.max_tokens, self.total, log)
+        self.reporter = Reporter(spec.name, settings, self.total, self.dispatch, engine, log)
         self.lease_lost = ""
         self.checked = False
-        self.finished_new = 0
-        self.seen_kinds: set[str] = set()
-        self.open_shards: dict[str, _Shard] = {}
         self.tasks: set[asyncio.Task[None]] = set()
         self.finalizers: list[asyncio.Task[None]] = []
         self.reports: dict[str, ShardReport] = {}
-        self.flush_now = asyncio.Event()
-        self.sent_at: dict[int, float] = {}  # request ticket -> send time, oldest first (the heartbeat's)
-        self.tickets = itertools.count()
 
     # ---- the call ---------------------------------------------------------------------------------
     async def main(self) -> dict[str, ShardReport]:
         tokens, usd = await asyncio.to_thread(stored_usage, self.store, self.spec.name)
-        self.budget.spend(tokens, usd)
+        self.dispatch.budget.spend(tokens, usd)
         self.say(
             f"{self.spec.name}: {len(self.frames)} shards, about {self.total.total} prompts "
             f"(config {self.key.config_hash}), engine {self.engine.name} model {self.engine.model}"
         )
-        loops = [asyncio.create_task(loop()) for loop in (self._flush_loop, self._heartbeat_loop, self._lease_loop)]
+        loops = [
+            asyncio.create_task(self.writer.flush_loop()),
+            asyncio.create_task(self.writer.lease_loop(self._lease_lost)),
+            asyncio.create_task(self.reporter.heartbeat_loop(lambda: bool(self.tasks))),
+        ]
         try:
             held = await self._produce()
             while self.tasks:
@@ -202,15 +158,23 @@ class _Run:
         finally:
             for task in loops:
                 task.cancel()
-            self.bar.close()
-            self._abandon()  # blocking on purpose: it must run even when the loop is being cancelled
+            self.reporter.close()
+            self.writer.abandon()  # blocking on purpose: it must run even when the loop is being cancelled
             await self.engine.aclose()
         self.total.ended = time.monotonic()
-        self.say(self._progress_line())
-        if self.stop_reason:
-            self.say(self.stop_reason)
-        if self.fatal is not None:
-            raise FatalError(self.stop_reason, kind=self.fatal.kind)
+        self.say(self.reporter.line())
+        self._raise_failure(held)
+        return {p: self.reports[p] for p in self.frames}
+
+    def _raise_failure(self, held: dict[str, Holder]) -> None:
+        """After every shard is written: the one line that says why the call failed, if it did."""
+        d = self.dispatch
+        if d.stop_reason:
+            self.say(d.stop_reason)
+        if d.fatal is not None:
+            raise FatalError(d.stop_reason, kind=d.fatal.kind)
+        if d.breaker.tripped:
+            raise BreakerTripped(d.breaker.tripped)
         if self.lease_lost:
             raise LeaseLost(self.lease_lost)
         if held:
@@ -221,23 +185,25 @@ class _Run:
                 + "; ".join(f"{p} by {h.describe(now)}" for p, h in sorted(held.items()))
                 + "; every other shard is written: re-run once that run ends"
             )
-        return {p: self.reports[p] for p in self.frames}
+        if self.total.requests and not d.usable:
+            kinds = ", ".join(f"{k} x{n}" for k, n in self.total.errors.most_common(3))
+            raise NothingAnswered(
+                f"{self.spec.name}: every request failed, no usable reply ({self.total.failed} prompts "
+                f"failed; {kinds}); check the server ({self.engine.describe()}) and re-run: failed rows are "
+                "requested again"
+            )
 
-    def _abandon(self) -> None:
-        """Interrupted (Ctrl-C, Dagster termination) or done: keep what landed, free the leases."""
-        for shard in self.open_shards.values():
-            if shard.pending and self.leases.holds(shard.partition):
-                shard.log.append_turns(shard.pending)
-                shard.pending = []
-        for partition in list(self.leases.held):
-            self.leases.release(partition)
+    def _lease_lost(self, message: str) -> None:
+        self.lease_lost = message
+        if not self.dispatch.stop_reason:
+            self.dispatch.stop(message, "failed")
 
     async def _produce(self) -> dict[str, Holder]:
         """Every shard in order; those under another live run's lease at the end, waiting up to
         lease_wait_s for them. Returns the shards still held by others."""
         deferred: dict[str, Holder] = {}
         for partition in self.frames:
-            if (holder := await asyncio.to_thread(self.leases.take, partition)) is not None:
+            if (holder := await asyncio.to_thread(self.writer.take, partition)) is not None:
                 self.say(f"{self.spec.name} {partition}: held by {holder.describe(time.time())}; coming back to it")
                 deferred[partition] = holder
                 continue
@@ -246,7 +212,7 @@ class _Run:
         while deferred and time.monotonic() < deadline:
             await asyncio.sleep(LEASE_POLL_S)
             for partition in list(deferred):
-                if (holder := await asyncio.to_thread(self.leases.take, partition)) is None:
+                if (holder := await asyncio.to_thread(self.writer.take, partition)) is None:
                     del deferred[partition]
                     await self._produce_shard(partition)
                 else:
@@ -261,42 +227,42 @@ class _Run:
         return deferred
 
     async def _produce_shard(self, partition: str) -> None:
-        shard, height = await asyncio.to_thread(self._open, partition)
-        self.open_shards[partition] = shard
+        shard, todo, height = await asyncio.to_thread(self._open, partition)
+        self.writer.opened(shard)
         self.total.total += height - self.expected[partition]
         for row in shard.rows.values():
             for tally in (shard.tally, self.total):
                 tally.add(row, reused=True)
-        if shard.todo and not self.checked and not self.stop_reason:
+        if todo and not self.checked and not self.dispatch.stop_reason:
             self.checked = True
             self.say(await self.engine.check())
         loop = asyncio.get_running_loop()
-        for conversation in shard.todo:
-            if not self.stop_reason:
-                await self.limiter.acquire()
-                if not self.stop_reason and (reason := self.budget.exhausted()):
-                    self._stop(reason, "skipped_budget")
-                if self.stop_reason:
-                    self.limiter.release()
-            if self.stop_reason:
-                self._finish(shard, self._stopped_row(conversation.prompt_id), conversation)
+        for conversation in todo:
+            first = (
+                conversation.messages + conversation.segments[len(conversation.replies)]
+                if conversation.segments
+                else None
+            )
+            admitted, conversation.held = await self.dispatch.admit(first)
+            if not admitted:
+                self._finish(shard, self.dispatch.stopped_row(conversation.prompt_id), conversation)
                 continue
             task = loop.create_task(self._prompt(shard, conversation))
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
-        shard.todo = []
         self._maybe_finalize(shard)
 
-    def _open(self, partition: str) -> tuple[_Shard, int]:
-        """Read the shard's prompts and what its result log holds (blocking; the lease is ours);
-        returns the shard and its number of prompts."""
+    def _open(self, partition: str) -> tuple[OpenShard, list[_Conversation], int]:
+        """Read the shard's prompts and what its result log holds (blocking; the lease is ours); returns
+        the shard, its conversations to generate and its number of prompts."""
         prompts = self.frames[partition]
-        log = ResultLog(self.store, self.spec.name, partition, self.run_id)
+        log = self.writer.log(partition)
         ids, redo = prompts["prompt_id"], self.redo.get(partition, set())
         keep = ids.filter(~ids.is_in(list(redo)))
         stored = reusable(log.load(), self.key).filter(pl.col("prompt_id").is_in(keep.implode()))
-        shard = _Shard(partition, log, ids.to_list(), {r["prompt_id"]: r for r in stored.iter_rows(named=True)})
+        shard = OpenShard(partition, log, ids.to_list(), {r["prompt_id"]: r for r in stored.iter_rows(named=True)})
         turns = {p: chain for p, chain in replayable(log.load_turns(), self.key).items() if p not in redo}
+        todo = []
         for prompt in prompts.select("prompt_id", "messages").iter_rows(named=True):
             if prompt["prompt_id"] in shard.rows:
                 continue
@@ -309,128 +275,44 @@ class _Run:
                 shard.rows[conversation.prompt_id] = self._stamp(row)
                 shard.reused.add(conversation.prompt_id)
             else:
-                shard.todo.append(conversation)
-        shard.open = len(shard.todo)
-        return shard, prompts.height
-
-    def _stop(self, reason: str, status: Status) -> None:
-        self.stop_reason, self.stop_status = reason, status
-        self.say(
-            f"{reason}: stopped sending; letting {self.limiter.in_flight} in-flight requests land, "
-            f"the rest are marked {status}"
-        )
-
-    def _stopped_row(self, prompt_id: str) -> Row:
-        return build_row(
-            prompt_id,
-            self.stop_status,
-            [],
-            [],
-            attempts=0,
-            latency_s=0.0,
-            error=self.stop_reason,
-            finished_at=time.time(),
-        )
+                todo.append(conversation)
+        shard.open = len(todo)
+        return shard, todo, prompts.height
 
     # ---- one prompt -------------------------------------------------------------------------------
-    async def _prompt(self, shard: _Shard, conversation: _Conversation) -> None:
+    async def _prompt(self, shard: OpenShard, conversation: _Conversation) -> None:
         try:
             row = await self._generate(shard, conversation)
         finally:
-            self.limiter.release()
+            self.dispatch.leave(conversation.held)
+            conversation.held = None
         self._finish(shard, row, conversation)
 
-    async def _generate(self, shard: _Shard, conversation: _Conversation) -> Row:
+    async def _generate(self, shard: OpenShard, conversation: _Conversation) -> Row:
         if not conversation.segments:
             return conversation.row("failed", "bad_prompt: no user turn to answer")
         while not conversation.ended:
             # A budget stop lets a conversation already under way finish its turns: its paid replies
             # would be lost otherwise (a skipped row is regenerated whole). Other stops end it here.
-            if conversation.replies and self.stop_reason and self.stop_status != "skipped_budget":
-                return conversation.row(self.stop_status, self.stop_reason)
+            if conversation.replies and self.dispatch.stopped_hard:
+                return conversation.row(self.dispatch.stop_status, self.dispatch.stop_reason)
             index = len(conversation.replies)
             started = time.monotonic()
             asked = conversation.messages + conversation.segments[index]
-            done, tries, error = await self._complete(shard, asked, conversation.prompt_id)
+            held, conversation.held = conversation.held, None
+            done, tries, error = await self.dispatch.complete(shard.tally, asked, conversation.prompt_id, held)
             if done is None:
                 conversation.messages = asked
                 conversation.attempts += tries
                 return conversation.row("failed", error)
             turn = turn_record(conversation.prompt_id, index, self.key, done, tries, time.monotonic() - started)
             conversation.add(done, turn)
-            shard.pending.append(turn)
-            if len(shard.pending) >= self.settings.flush_every_rows:
-                self.flush_now.set()
-            self.budget.spend(done.prompt_tokens + done.completion_tokens, done.cost_usd)
+            self.writer.add(shard, turn)
         return conversation.row("ok", "")
-
-    async def _complete(
-        self, shard: _Shard, conversation: list[Message], prompt_id: str
-    ) -> tuple[Completion | None, int, str]:
-        """One reply with retries: (completion or None, attempts made, error text)."""
-        attempts = throttles = 0
-        while True:
-            await self.limiter.wait_unpaused()
-            epoch = self.limiter.epoch
-            shard.tally.requests += 1
-            self.total.requests += 1
-            try:
-                done = await self._send(conversation, prompt_id)
-                if done.empty:  # paid for, but nothing to train on: a failed attempt, retried like a 5xx
-                    self.budget.spend(done.prompt_tokens + done.completion_tokens, done.cost_usd)
-                    raise RetryableError(
-                        f"no content or reasoning (finish_reason {done.finish_reason or 'none'}, "
-                        f"{done.completion_tokens} completion tokens)",
-                        kind="empty_reply",
-                    )
-            except EngineError as exc:
-                throttled = isinstance(exc, RetryableError) and exc.throttle
-                throttles += throttled
-                attempts += not throttled
-                delay = self._on_error(shard, exc, epoch, attempts, throttles)
-                if delay is None:
-                    return None, attempts + throttles, f"{exc.kind}: {exc}"
-                await asyncio.sleep(delay)
-                continue
-            except Exception as exc:  # an engine bug: fail this prompt loudly, never retry it
-                self._count_error(shard, "internal", f"{type(exc).__name__}: {exc}")
-                return None, attempts + throttles + 1, f"internal: {type(exc).__name__}: {exc}"
-            self.limiter.on_success()
-            return done, attempts + throttles + 1, ""
-
-    async def _send(self, conversation: list[Message], prompt_id: str) -> Completion:
-        """One request, registered in flight while it is out (the heartbeat reports the oldest)."""
-        ticket = next(self.tickets)
-        self.sent_at[ticket] = time.monotonic()
-        try:
-            setting = mixture.assign(prompt_id, self.spec.generation.mixture, self.spec.generation.mixture_seed)
-            chosen = {"sampling": setting} if setting else {}
-            return await self.engine.complete(list(conversation), prompt_id=prompt_id, **chosen)
-        finally:
-            del self.sent_at[ticket]
-
-    def _on_error(self, shard: _Shard, exc: EngineError, epoch: int, attempts: int, throttles: int) -> float | None:
-        """Count the error and adapt the limit; the wait before the next attempt, or None to give up."""
-        self._count_error(shard, exc.kind, str(exc))
-        if isinstance(exc, RetryableError):
-            if exc.throttle:
-                self.limiter.on_throttle(epoch, exc.retry_after)
-            if should_retry(exc, attempts, throttles, self.settings):
-                return retry_delay(exc, attempts + throttles, self.settings, self.rng)
-        elif exc.kind.startswith(ABORT_KINDS) and self.fatal is None:
-            self.fatal = exc
-            self._stop(f"{self.spec.name}: {exc.kind}: {exc}", "failed")
-        return None
-
-    def _count_error(self, shard: _Shard, kind: str, message: str) -> None:
-        shard.tally.errors[kind] += 1
-        self.total.errors[kind] += 1
-        if kind not in self.seen_kinds:
-            self.seen_kinds.add(kind)
-            self.say(f"{self.spec.name}: first {kind} error: {message}")
 
     # ---- results ----------------------------------------------------------------------------------
     def _stamp(self, row: Row) -> Row:
+        g = self.spec.generation
         row.update(
             dataset=self.spec.name,
             config_hash=self.key.config_hash,
@@ -439,118 +321,40 @@ class _Run:
             engine=self.engine.name,
             model=self.engine.model,
             sampling=self.sampling,
-            sampling_setting=getattr(
-                mixture.assign(row["prompt_id"], self.spec.generation.mixture, self.spec.generation.mixture_seed),
-                "name",
-                "",
-            ),
+            sampling_setting=getattr(mixture.assign(row["prompt_id"], g.mixture, g.mixture_seed), "name", ""),
         )
         return row
 
-    def _finish(self, shard: _Shard, row: Row, conversation: _Conversation) -> None:
+    def _finish(self, shard: OpenShard, row: Row, conversation: _Conversation) -> None:
         shard.rows[row["prompt_id"]] = self._stamp(row)
         if row["status"] not in ("ok", "truncated"):
             shard.carry.extend(conversation.turns)  # paid turns of an unfinished conversation stay
         shard.open -= 1
         shard.tally.add(row)
         self.total.add(row)
-        if row["status"] != "skipped_budget":
-            self.finished_new += 1
-            if self.finished_new % self.settings.progress_every == 0:
-                self.say(self._progress_line())
-        self.bar.update(self.total, self.limiter.current, self._in_flight())
+        self.reporter.finished_one(row["status"])
         self._maybe_finalize(shard)
 
-    def _progress_line(self) -> str:
-        """The standard line, plus the engine's own figures when it has any (an SGLang fleet's servers)."""
-        engine_line = self.engine.stats_line()
-        return f"{self.spec.name}: {self.total.line()}" + (f" | {engine_line}" if engine_line else "")
-
-    def _in_flight(self) -> str:
-        """`12 in flight, oldest 31 s`: what the heartbeat and the bar show."""
-        oldest = next(iter(self.sent_at.values()), None)
-        age = f", oldest {time.monotonic() - oldest:.0f} s" if oldest is not None else ""
-        return f"{len(self.sent_at)} in flight{age}"
-
-    async def _heartbeat_loop(self) -> None:
-        """A sign of life while prompts are open, even when nothing lands (a hung server, long backoff)."""
-        while True:
-            await asyncio.sleep(self.settings.heartbeat_every_s)
-            if self.tasks:
-                errors = sum(self.total.errors.values())
-                self.say(
-                    f"{self.spec.name}: heartbeat: {self._in_flight()}, {self.total.done}/{self.total.total} done, "
-                    f"{errors} errors so far"
-                )
-            self.bar.update(self.total, self.limiter.current, self._in_flight(), force=True)
-
-    def _maybe_finalize(self, shard: _Shard) -> None:
+    def _maybe_finalize(self, shard: OpenShard) -> None:
         if shard.open == 0 and not shard.finalizing:
             shard.finalizing = True
             self.finalizers.append(asyncio.create_task(self._finalize(shard)))
 
-    async def _finalize(self, shard: _Shard) -> None:
-        async with shard.lock:
-            if not self.leases.holds(shard.partition):  # taken over: the other run writes this shard
-                uri = ""
-            elif self.write_shards:
-                rows = [shard.rows[p] for p in shard.order]
-                uri = await asyncio.to_thread(shard.log.finalize, rows, shard.carry, whole=True)
-            else:  # a sample: rows stay in the result log, where the full run reuses them
-                rows = [r for p, r in shard.rows.items() if p not in shard.reused and r["status"] != "skipped_budget"]
-                uri = await asyncio.to_thread(shard.log.finalize, rows, shard.carry, whole=False)
-            shard.pending = []
-            await asyncio.to_thread(self.leases.release, shard.partition)
+    async def _finalize(self, shard: OpenShard) -> None:
+        uri = await self.writer.write(shard)
         for row in shard.rows.values():
             if row["status"] in ("ok", "truncated"):
                 self.lengths.add(row["completion_tokens"], row["finish_reason"])
-        del self.open_shards[shard.partition]
         shard.rows, shard.carry = {}, []
         shard.tally.ended = time.monotonic()
-        figures = shard.tally.figures(self.limiter.current)
-        figures.update(
-            config_hash=self.key.config_hash,
-            budget_stop=self.stop_reason,
-            token_budget=self.budget.max_tokens,
-            cost_budget_usd=self.budget.max_usd,
-            dataset_tokens_used=self.budget.tokens,
-            dataset_cost_used_usd=round(self.budget.usd, 6),
-        )
+        figures = shard.tally.figures(self.dispatch.limiter.current)
+        figures.update(config_hash=self.key.config_hash, **self.dispatch.figures())
         self.reports[shard.partition] = ShardReport(shard.partition, uri, figures)
         t = shard.tally
         self.say(
             f"{self.spec.name} {shard.partition}: {t.ok} ok, {t.truncated} truncated, {t.failed} failed, "
             f"{t.skipped_budget} skipped_budget ({t.reused} reused) -> {uri}"
         )
-
-    async def _flush_loop(self) -> None:
-        while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.flush_now.wait(), self.settings.flush_every_s)
-            self.flush_now.clear()
-            for shard in list(self.open_shards.values()):
-                if shard.pending and not shard.finalizing:
-                    async with shard.lock:
-                        await self._flush(shard)
-
-    async def _flush(self, shard: _Shard) -> None:
-        turns, shard.pending = shard.pending, []
-        try:
-            await asyncio.to_thread(shard.log.append_turns, turns)
-        except Exception as exc:  # storage trouble must not kill the run: keep the turns, retry next tick
-            shard.pending = turns + shard.pending
-            self.say(f"{self.spec.name} {shard.partition}: checkpoint failed, retrying: {exc!r}")
-
-    async def _lease_loop(self) -> None:
-        """Renew the held leases; a lost one stops the run (another run is generating that shard)."""
-        while True:
-            await asyncio.sleep(self.settings.lease_ttl_s / 3)
-            try:
-                await asyncio.to_thread(self.leases.renew)
-            except LeaseLost as exc:
-                self.lease_lost = str(exc)
-                if not self.stop_reason:
-                    self._stop(str(exc), "failed")
 
 
 @contextlib.contextmanager

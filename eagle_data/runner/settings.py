@@ -28,6 +28,7 @@ class RunnerSettings:
         progress_bar: draw a terminal bar on stderr when it is a TTY.
         heartbeat_every_s: while prompts are open, a sign-of-life line at least this often (in flight,
             the oldest request's age, done, errors so far), so a hung server is visible within seconds.
+        max_retry_wait_s: the longest a server's Retry-After is honoured; a long one is announced.
         lease_ttl_s: a shard's lease expires this long after its last renewal (renewed every third of
             it): how long a run that died on another host keeps others off its shards.
         lease_wait_s: how long to wait, after every other shard, for shards another live run holds;
@@ -46,6 +47,7 @@ class RunnerSettings:
     progress_every: int = 500
     progress_bar: bool = True
     heartbeat_every_s: float = 30.0
+    max_retry_wait_s: float = 600.0
     lease_ttl_s: float = 60.0
     lease_wait_s: float = 3600.0
 
@@ -75,5 +77,7 @@ class RunnerSettings:
             raise ValueError("runner settings: need 0 <= backoff_base_s <= backoff_cap_s")
         if self.flush_every_s <= 0 or self.flush_every_rows < 1 or self.progress_every < 1:
             raise ValueError("runner settings: flush_every_s, flush_every_rows and progress_every must be > 0")
+        if self.max_retry_wait_s < 0:
+            raise ValueError("runner settings: max_retry_wait_s must be >= 0")
         if self.heartbeat_every_s <= 0 or self.lease_ttl_s <= 0 or self.lease_wait_s < 0:
             raise ValueError("runner settings: heartbeat_every_s and lease_ttl_s must be > 0, lease_wait_s >= 0")

@@ -72,6 +72,11 @@ class Faults:
     key_limit: float = 100.0
     key_usage: float = 12.5
     seed: int = 0
+    # Replies that lose their text, billed in full (the breaker's faults): after `healthy_first` answers,
+    # each answer is empty or one character with these probabilities; usage reports the whole reply.
+    healthy_first: int = 0
+    p_empty: float = 0.0
+    p_lost_text: float = 0.0
 
 
 class FakeOpenAI:
@@ -86,6 +91,7 @@ class FakeOpenAI:
         self.auth_headers: set[str] = set()
         self.settings: dict[str, dict[str, Any]] = {}  # per "prompt_id#turn": the request's fields but messages
         self.received = 0
+        self.billed_usd = 0.0  # the `cost` of every answer sent
         self.open = 0
         self.port = 0
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -108,6 +114,7 @@ class FakeOpenAI:
             "requests": dict(self.requests),
             "answered": dict(self.answered),
             "outcomes": dict(self.outcomes),
+            "billed_usd": self.billed_usd,
             "auth_headers": sorted(self.auth_headers),
         }
 
@@ -209,6 +216,7 @@ class FakeOpenAI:
         prompt_tokens = sum(len(str(m["content"]).split()) for m in body["messages"])
         poison = "\ud800" if prompt_id in self.faults.poison_prompts else ""
         message = shaped_message(self.faults.shape, " ".join(["tok"] * n) + poison, f"think {turn}")
+        message = self._lose_text(message)
         if self.faults.shape == "special_only":
             n, finish = cap, "length"
         if self.faults.fixed_text is not None:  # a broken server or model: the same text, whatever was asked
@@ -221,6 +229,7 @@ class FakeOpenAI:
             "completion_tokens_details": {"reasoning_tokens": 2},
             "cost": round((prompt_tokens + n) * self.faults.cost_per_token, 9),
         }
+        self.billed_usd += usage["cost"]
         reply = {
             "id": f"gen-{turn}",
             "object": "chat.completion",
@@ -232,6 +241,20 @@ class FakeOpenAI:
         if body.get("return_token_ids") and not self.faults.ignore_token_ids:
             reply["prompt_token_ids"], reply["choices"][0]["token_ids"] = token_ids(body["messages"], message, finish)
         return web.json_response(reply)
+
+    def _lose_text(self, message: dict[str, Any]) -> dict[str, Any]:
+        """The reply-text faults (see Faults.healthy_first), drawn after the first healthy answers."""
+        f = self.faults
+        if sum(self.answered.values()) <= f.healthy_first or not (f.p_empty or f.p_lost_text):
+            return message
+        draw = self.rng.random()
+        if draw < f.p_empty:
+            self.outcomes["empty"] += 1
+            return {"role": "assistant", "content": ""}
+        if draw < f.p_empty + f.p_lost_text:
+            self.outcomes["lost_text"] += 1
+            return {"role": "assistant", "content": "x"}
+        return message
 
     # ---- running -----------------------------------------------------------------------------------
     async def serve(self, port: int = 0) -> int:

@@ -1,0 +1,113 @@
+"""The shard writer: one writer per shard (its lease), answered turns durable within `flush_every_s`
+(the shard's result log), and each finished shard written whole, its lease released."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+
+from eagle_data.catalog import DatasetSpec
+from eagle_data.runner.lease import Holder, LeaseLost, Leases
+from eagle_data.runner.progress import Tally
+from eagle_data.runner.resultlog import ResultLog, Turn
+from eagle_data.runner.rows import Row
+from eagle_data.runner.settings import RunnerSettings
+from eagle_data.storage import ShardStore
+
+
+class OpenShard:
+    """One partition while it is open; its rows are dropped once it is written."""
+
+    def __init__(self, partition: str, log: ResultLog, order: list[str], rows: dict[str, Row]) -> None:
+        self.partition, self.log, self.order = partition, log, order
+        self.rows = rows
+        self.reused = set(rows)
+        self.open = 0  # prompts not finished yet
+        self.pending: list[Turn] = []  # answered turns not yet durable
+        self.carry: list[Turn] = []  # turns of conversations that ended unfinished: kept for the next run
+        self.tally = Tally(total=len(order))
+        self.lock = asyncio.Lock()
+        self.finalizing = False
+
+
+class ShardWriter:
+    def __init__(
+        self, store: ShardStore, spec: DatasetSpec, run_id: str, settings: RunnerSettings, write_shards: bool,
+        say: Callable[[str], None],
+    ) -> None:  # fmt: skip
+        self.store, self.spec, self.run_id, self.settings, self.write_shards, self.say = (
+            store, spec, run_id, settings, write_shards, say,
+        )  # fmt: skip
+        self.leases = Leases(store, spec.name, run_id, settings.lease_ttl_s)
+        self.open_shards: dict[str, OpenShard] = {}
+        self.flush_now = asyncio.Event()
+
+    def take(self, partition: str) -> Holder | None:
+        """Take the shard's lease (blocking); the live run holding it, or None when it is ours."""
+        return self.leases.take(partition)
+
+    def log(self, partition: str) -> ResultLog:
+        return ResultLog(self.store, self.spec.name, partition, self.run_id)
+
+    def opened(self, shard: OpenShard) -> None:
+        self.open_shards[shard.partition] = shard
+
+    def add(self, shard: OpenShard, turn: Turn) -> None:
+        """An answered turn: durable within flush_every_s, sooner when flush_every_rows wait."""
+        shard.pending.append(turn)
+        if len(shard.pending) >= self.settings.flush_every_rows:
+            self.flush_now.set()
+
+    async def write(self, shard: OpenShard) -> str:
+        """Write a finished shard whole (a sample's rows only to its result log) and release its lease;
+        its URI, "" when another run took it over."""
+        async with shard.lock:
+            if not self.leases.holds(shard.partition):  # taken over: the other run writes this shard
+                uri = ""
+            elif self.write_shards:
+                rows = [shard.rows[p] for p in shard.order]
+                uri = await asyncio.to_thread(shard.log.finalize, rows, shard.carry, whole=True)
+            else:  # a sample: rows stay in the result log, where the full run reuses them
+                rows = [r for p, r in shard.rows.items() if p not in shard.reused and r["status"] != "skipped_budget"]
+                uri = await asyncio.to_thread(shard.log.finalize, rows, shard.carry, whole=False)
+            shard.pending = []
+            await asyncio.to_thread(self.leases.release, shard.partition)
+        del self.open_shards[shard.partition]
+        return uri
+
+    async def flush_loop(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.flush_now.wait(), self.settings.flush_every_s)
+            self.flush_now.clear()
+            for shard in list(self.open_shards.values()):
+                if shard.pending and not shard.finalizing:
+                    async with shard.lock:
+                        await self._flush(shard)
+
+    async def _flush(self, shard: OpenShard) -> None:
+        turns, shard.pending = shard.pending, []
+        try:
+            await asyncio.to_thread(shard.log.append_turns, turns)
+        except Exception as exc:  # storage trouble must not kill the run: keep the turns, retry next tick
+            shard.pending = turns + shard.pending
+            self.say(f"{self.spec.name} {shard.partition}: checkpoint failed, retrying: {exc!r}")
+
+    async def lease_loop(self, lost: Callable[[str], None]) -> None:
+        """Renew the held leases; `lost` hears of one another run took (it is generating that shard)."""
+        while True:
+            await asyncio.sleep(self.settings.lease_ttl_s / 3)
+            try:
+                await asyncio.to_thread(self.leases.renew)
+            except LeaseLost as exc:
+                lost(str(exc))
+
+    def abandon(self) -> None:
+        """Interrupted (Ctrl-C, Dagster termination) or done: keep what landed, free the leases."""
+        for shard in self.open_shards.values():
+            if shard.pending and self.leases.holds(shard.partition):
+                shard.log.append_turns(shard.pending)
+                shard.pending = []
+        for partition in list(self.leases.held):
+            self.leases.release(partition)
