@@ -217,7 +217,9 @@ def estimate(
     drawn = canary.draw(index.blocks(), canary_prompts or spec.canary_prompts, spec.shard_size)
     shards = {key: frame.select(list(sources.PROMPTS_SCHEMA)) for key, frame in drawn.items()}
     log(f"{spec.name}: canary of {sum(f.height for f in shards.values())} prompts over {len(shards)} partitions")
-    run_generation(engine, spec, shards, store, settings=settings, log=log, write_shards=False, run_id=run_id)
+    # The canary judges the whole sample below; the breaker, which would stop it part-way, stays off here.
+    unbroken = spec.model_copy(update={"breaker": spec.breaker.model_copy(update={"enabled": False})})
+    run_generation(engine, unbroken, shards, store, settings=settings, log=log, write_shards=False, run_id=run_id)
     key = resume_key(engine.config(), spec)
     rows = {partition: sample_rows(spec, store, partition, prompts, key) for partition, prompts in shards.items()}
     validated = pl.concat(  # with each row's error, which names why a failed row failed (e.g. empty_reply)

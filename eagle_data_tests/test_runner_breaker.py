@@ -15,8 +15,9 @@ from eagle_data.catalog import Breaker as BreakerSettings
 from eagle_data.catalog import DatasetSpec
 from eagle_data.engines import make_engine
 from eagle_data.quality.reply import reply_verdict
+from eagle_data.quality.summary import wilson_lower
 from eagle_data.runner import RunnerSettings, run_generation
-from eagle_data.runner.breaker import Breaker, BreakerTripped, wilson_lower
+from eagle_data.runner.breaker import Breaker, BreakerTripped
 from eagle_data.storage import ShardStore
 from eagle_data.types import Completion
 from eagle_data_tests.servers.openai_fake import FakeOpenAI, Faults, prompt_shards, spec_for_tests

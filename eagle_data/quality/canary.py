@@ -5,6 +5,9 @@ text, answers "OK." to everything or cuts a fifth of the replies at max_tokens s
 dozen replies. The canary judges those with the same row verdicts and dataset gates as validation
 (`row_verdicts`, `run_checks`); it fails when a gate of severity ERROR fails, or when more replies hit
 max_tokens than `max_truncated_share` allows (a warning at validation, but cheap to fix before the run).
+A sample is small, so a share gate fails it only when the sample makes it sure: the one-sided Wilson
+lower bound of the share at CONFIDENCE must exceed the gate's threshold (one stray short reply in 64 is
+1.6%, over a 1% gate, yet says nothing; the breaker judges its window the same way).
 
 The sample is the `k` prompts with the smallest hash of (seed, prompt_id) over every prompt of the
 dataset, so it is spread over all partitions, the same on every run, and drawn from the prompt index
@@ -17,15 +20,19 @@ import hashlib
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from statistics import NormalDist
 
 import polars as pl
 
 from eagle_data.catalog import Checks, shard_key
-from eagle_data.quality.gates import FAILED_RATE, TRUNCATION_RATE, Inputs, pct, run_checks
-from eagle_data.quality.summary import share
+from eagle_data.quality.gates import FAILED_RATE, TRUNCATION_RATE, CheckResult, Inputs, pct, run_checks
+from eagle_data.quality.summary import share, wilson_lower
 from eagle_data.quality.verdicts import KEPT, LOST_TEXT, STRUCTURE_REASONS, is_answered, is_truncated
 
 EXAMPLES = 3  # prompt ids quoted in the one-line verdict
+# How sure a failed share gate must be on the sample: at 0.999, 64 prompts with 18% of replies cut fail a 5%
+# gate, and 4 of 64 short replies fail a 1% gate, while a healthy 0.8% rate does so about once in 400 canaries.
+CONFIDENCE = 0.999
 IGNORE_SETTING = "ignore_canary"  # the generation run config's override (eagle_data/defs/assets.py)
 # The row verdicts each gate counts, so a failure names the verdict behind it (a failed row's by its error kind).
 GATE_VERDICTS: dict[str, tuple[str, ...]] = {
@@ -117,10 +124,16 @@ def judge(
     """Judge the sample's validated rows (with verdicts) by the validation gates; `max_tokens` is the cap
     the sample ran under and `suggested_max_tokens` the one covering 95% of its replies."""
     results = run_checks(rows, Inputs(checks, thinking))
-    failing = tuple(r.name for r in results if not r.passed and (r.severity == "ERROR" or r.name == TRUNCATION_RATE))
+    answered = rows.filter(is_answered())
+    failing = tuple(
+        r.name
+        for r in results
+        if not r.passed
+        and (r.severity == "ERROR" or r.name == TRUNCATION_RATE)
+        and sure(r, answered.height if r.name == TRUNCATION_RATE else rows.height)
+    )
     named = labels(rows)
     counts = Counter(named.to_list())
-    answered = rows.filter(is_answered())
     truncated = share(answered.filter(is_truncated()).height, answered.height)
     common = dict(
         dataset=dataset, sample=rows.height, shares={v: share(n, rows.height) for v, n in counts.items()},
@@ -153,6 +166,15 @@ def judge(
                      f"max_tokens={suggested_max_tokens} would cover 95% of them: raise max_tokens in the catalog "
                      "and re-run")  # fmt: skip
     return Canary(**common, line=f"{head}: {'; '.join(parts)}", examples=examples)  # type: ignore[arg-type]
+
+
+def sure(result: CheckResult, n: int) -> bool:
+    """A failed gate whose figure is a share of `n` rows fails the sample only when its Wilson lower bound at
+    CONFIDENCE is above the threshold; a gate without a share figure fails it as it stands."""
+    if result.figure is None or result.threshold is None or not 0 <= result.figure <= 1 or n == 0:
+        return True
+    z = NormalDist().inv_cdf(CONFIDENCE)
+    return wilson_lower(round(result.figure * n), n, z) > result.threshold
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ partition-aware: a partitioned asset check summarizes its shard, a dataset repor
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import polars as pl
@@ -17,6 +18,16 @@ from eagle_data.quality.verdicts import KEPT, LOST_TEXT, STRUCTURE_REASONS, is_a
 def share(part: int, whole: int) -> float:
     """part / whole, 0.0 for an empty whole (an empty shard has no regression to report)."""
     return part / whole if whole else 0.0
+
+
+def wilson_lower(hits: int, n: int, z: float) -> float:
+    """One-sided Wilson score lower bound of the share hits/n at normal quantile z."""
+    if n == 0:
+        return 0.0
+    p = hits / n
+    centre = p + z * z / (2 * n)
+    spread = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return (centre - spread) / (1 + z * z / n)
 
 
 @dataclass(frozen=True)

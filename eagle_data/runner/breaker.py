@@ -10,13 +10,13 @@ is caught within a few dozen replies. Truncation is a warning gate: it is announ
 
 from __future__ import annotations
 
-import math
 from collections import Counter, deque
 from dataclasses import dataclass
 from statistics import NormalDist
 
 from eagle_data.catalog import DatasetSpec
 from eagle_data.quality.reply import EMPTY, REPEAT, SHORT, reply_verdict
+from eagle_data.quality.summary import wilson_lower
 from eagle_data.quality.verdicts import LOST_TEXT, PASS, TRUNCATED
 from eagle_data.types import Completion
 
@@ -50,14 +50,6 @@ REJECTS = frozenset({EMPTY, LOST_TEXT, SHORT})  # the pulse's "rejected" share
 EXAMPLES = 3
 
 
-def wilson_lower(hits: int, n: int, z: float) -> float:
-    """One-sided Wilson score lower bound of the share hits/n at normal quantile z."""
-    if n == 0:
-        return 0.0
-    p = hits / n
-    centre = p + z * z / (2 * n)
-    spread = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-    return (centre - spread) / (1 + z * z / n)
 
 
 class Breaker:
