@@ -57,6 +57,14 @@ def digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def read_columns(data: bytes, columns: Sequence[str] | None = None) -> pl.DataFrame:
+    """A shard's frame from its bytes; with `columns`, only those of them the file has."""
+    if columns is None:
+        return pl.read_parquet(io.BytesIO(data))
+    present = pl.read_parquet_schema(io.BytesIO(data))
+    return pl.read_parquet(io.BytesIO(data), columns=[c for c in columns if c in present])
+
+
 def write_failure(root: str, key: str, exc: OSError) -> StorageError:
     """One line for a write the output root refused: which root, why, and what to do."""
     why = WRITE_FAILURES.get(exc.errno or 0, f"refused the write ({exc.strerror or exc})")
@@ -119,12 +127,7 @@ class ShardStore:
         self, dataset: str, asset: str, partition: str, columns: Sequence[str] | None = None
     ) -> pl.DataFrame:
         """A shard; with `columns`, only those of them the file has (a reader that skips the token lists)."""
-        data = io.BytesIO(self.shard_bytes(dataset, asset, partition))
-        if columns is None:
-            return pl.read_parquet(data)
-        present = pl.read_parquet_schema(data)
-        data.seek(0)
-        return pl.read_parquet(data, columns=[c for c in columns if c in present])
+        return read_columns(self.shard_bytes(dataset, asset, partition), columns)
 
     def shard_bytes(self, dataset: str, asset: str, partition: str) -> bytes:
         """A shard's stored bytes (a parquet file), or a one-line error naming what to materialize."""

@@ -15,7 +15,6 @@ from eagle_data.quality import Inputs, figures, rollup, row_verdicts, run_checks
 from eagle_data.report import (
     bar_chart,
     inputs_for,
-    partition_label,
     read_record,
     render_report,
     write_dataset_report,
@@ -126,8 +125,3 @@ def test_a_record_of_an_older_schema_is_rebuilt_from_its_shard_with_one_notice(t
     stricter = spec.model_copy(update={"checks": spec.checks.model_copy(update={"max_short_share": 0.5})})
     assert read_record(stricter, store, "00001", notices.append).inputs.checks.max_short_share == 0.5
     assert notices[-1].endswith("quality record judged with other thresholds; rebuilt from the validated shard")
-
-
-def test_partition_label_names_one_partition_or_a_range() -> None:
-    assert partition_label(["00003"]) == "00003"
-    assert partition_label(["00000", "00001", "00002"]) == "00000...00002"

@@ -1,6 +1,6 @@
 """Alert sensors: open-source Dagster announces neither failed checks nor failed runs, so these do.
 
-`quality_alerts` posts once per failed ERROR check evaluation of any catalog dataset: the ERROR quality
+`quality_alerts` posts once per failed ERROR check evaluation (one per shard) of any catalog dataset: the ERROR quality
 gates, the pre-flight `within_budget` and `decontamination` (cursor: the last check execution it
 handled). `run_failure_alerts` posts once per failed run (Dagster keeps its cursor), except runs a
 failed blocking check stopped: every blocking check is an ERROR one `quality_alerts` announces, so a
@@ -23,8 +23,7 @@ from eagle_data.defs.checks import failed_blocking_checks, validated_key
 from eagle_data.defs.drafter import DECONTAMINATION
 
 if TYPE_CHECKING:
-    from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecord
-    from dagster._utils.error import SerializableErrorInfo
+    from eagle_data.defs.instance import AssetCheckExecutionRecord, SerializableErrorInfo
 
 UI_URL_ENV = "EAGLE_DATA_UI_URL"
 DEFAULT_UI_URL = "http://localhost:3000"
@@ -54,10 +53,9 @@ def _number(metadata: Mapping[str, dg.MetadataValue], name: str) -> float | None
 def _check_payload(record: AssetCheckExecutionRecord, dataset: str) -> alerts.Payload:
     evaluation = record.event.dagster_event.event_specific_data
     metadata = dict(evaluation.metadata)
-    partitions = metadata.get("partitions")
     return alerts.check_alert(
         dataset=dataset,
-        partition=record.partition or (partitions.value if partitions is not None else None),
+        partition=record.partition,
         check=evaluation.check_name,
         severity=evaluation.severity.value,
         figure=_number(metadata, "figure"),
