@@ -159,13 +159,19 @@ def write_shard_report(spec: DatasetSpec, store: ShardStore, record: ShardRecord
 
 
 def read_record(spec: DatasetSpec, store: ShardStore, key: str, log: Log = print) -> ShardRecord:
-    """A shard's stored record. One that is stale (older schema, or judged with other thresholds than the
-    catalog's now) is rebuilt from the validated shard, stored, and announced in one line."""
+    """A shard's stored record. One that is stale (older schema, judged with other thresholds than the
+    catalog's now, or without the digest of the bytes it judged) is rebuilt from the validated shard,
+    stored, and announced in one line."""
     path = layout.quality_record(spec.name, key)
     record = ShardRecord.from_json(store.read_bytes(path)) if store.exists(path) else None
-    if record is not None and (record.inputs.checks, record.inputs.thinking) == (spec.checks, spec.generation.thinking):
+    if record is None:
+        why = "missing or of an older schema"
+    elif (record.inputs.checks, record.inputs.thinking) != (spec.checks, spec.generation.thinking):
+        why = "judged with other thresholds"
+    elif not record.shard_sha256:
+        why = "without the digest of the shard it judged"
+    else:
         return record
-    why = "judged with other thresholds" if record else "missing or of an older schema"
     previous = record.inputs.previous_avg_completion_tokens if record else None
     data = store.shard_bytes(spec.name, layout.validated_asset(spec.name), key)
     frame = row_verdicts(read_columns(data, CHECK_COLUMNS), spec.checks, spec.generation.thinking)  # no token lists
