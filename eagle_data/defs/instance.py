@@ -2,11 +2,11 @@
 that imports `dagster._core`.
 
 Dagster 1.13 has no public API for a check's per-partition execution history (the event log storage's
-`get_asset_check_execution_history` and its `PartitionKeyFilter`, `AssetCheckExecutionRecord`) nor for
-the materialization an evaluation judged (`AssetCheckEvaluationTargetMaterializationData`); those imports
-live here. Evaluations and materializations are related by run id and shard digest, never by event
-storage id: on SQLite an evaluation's storage id comes from its run's own event-log file and a
-materialization's from the index, two numberings (docs/facts.md).
+`get_asset_check_execution_history`, its `AssetCheckExecutionRecord`) nor for the materialization an
+evaluation names (`AssetCheckEvaluationTargetMaterializationData`); those imports live here, as do the
+types other modules of `defs` name. Evaluations and materializations are related by run id and shard
+digest, never by event storage id: on SQLite an evaluation's storage id comes from its run's own
+event-log file and a materialization's from the index, two numberings (docs/facts.md).
 """
 
 from __future__ import annotations
@@ -66,14 +66,14 @@ def target(record: dg.EventLogRecord | None) -> AssetCheckEvaluationTargetMateri
     )
 
 
-def shard_digest(metadata: dict[str, dg.MetadataValue]) -> str | None:
+def _shard_digest(metadata: dict[str, dg.MetadataValue]) -> str | None:
     value = metadata.get(SHARD_DIGEST)
     return str(value.value) if value is not None else None
 
 
-def materialization(record: dg.EventLogRecord) -> exports.Materialization:
+def _materialization(record: dg.EventLogRecord) -> exports.Materialization:
     event = record.asset_materialization
-    digest = shard_digest(dict(event.metadata)) if event is not None else None
+    digest = _shard_digest(dict(event.metadata)) if event is not None else None
     return exports.Materialization(str(record.partition_key), record.run_id, digest)
 
 
@@ -89,7 +89,7 @@ def _evaluation(record: AssetCheckExecutionRecord) -> exports.Evaluation:
         record.run_id,
         passed=evaluation.passed,
         judged_run_id=judged.run_id if judged else None,
-        shard_sha256=shard_digest(dict(evaluation.metadata)),
+        shard_sha256=_shard_digest(dict(evaluation.metadata)),
         description=evaluation.description or "",
     )
 
@@ -118,7 +118,7 @@ def gate_records(
     instance: dg.DagsterInstance, key: dg.AssetKey, on_storage: Iterable[str], blocking: Sequence[dg.AssetCheckKey]
 ) -> exports.GateRecords:
     """What `exports.admit` judges for the validated asset `key`, gated by the `blocking` checks."""
-    latest = {p: materialization(r) for p, r in latest_materializations(instance, key).items()}
+    latest = {p: _materialization(r) for p, r in latest_materializations(instance, key).items()}
     stored = frozenset(on_storage)
     return exports.GateRecords(
         blocking=tuple(k.name for k in blocking),
