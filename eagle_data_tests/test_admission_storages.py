@@ -20,12 +20,15 @@ import pytest
 import yaml
 
 from eagle_data import exports, layout, pipeline
+from eagle_data.alerts import WEBHOOK_ENV
 from eagle_data.catalog import load_catalog
 from eagle_data.defs.checks import check_keys
+from eagle_data.defs.sensors import build_sensors
 from eagle_data.storage import ShardStore
 from eagle_data_tests.fixtures_postgres import postgres_storage
-from eagle_data_tests.fixtures_quality import generation_frame
+from eagle_data_tests.fixtures_quality import Receiver, generation_frame
 from eagle_data_tests.test_exports_defs import definitions, run, shard_frame, spec
+from eagle_data_tests.test_quality_defs import tick
 
 REPO = Path(__file__).resolve().parent.parent
 KEYS = ("00000", "00001", "00002")
@@ -225,3 +228,25 @@ def test_the_demo_range_run_twice_then_the_export_takes_every_shard(demo_model: 
     expected = sum(exports.exportable(shard, spec)[0].height for shard in validated)
     assert len(keys) == 4 and expected > 0
     assert pl.read_parquet(root / layout.export_file(spec.name, layout.TRAIN_FILE)).height == expected
+
+
+def test_a_range_run_failing_on_two_shards_is_announced_once_naming_both(
+    instance: dg.DagsterInstance, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Evaluations are per shard; the alert stays one per run and check, and names the failing shards."""
+    ds = Dataset(tmp_path)
+    defs = dg.Definitions(
+        assets=ds.defs.assets, asset_checks=ds.defs.asset_checks, sensors=build_sensors([ds.spec]),
+        resources=ds.defs.resources,
+    )  # fmt: skip
+    ds.generate("00000", 0.87)
+    ds.generate("00002", 0.87)
+    with Receiver() as receiver:
+        monkeypatch.setenv(WEBHOOK_ENV, receiver.url)
+        cursor = tick(defs, instance, "quality_alerts", None).cursor
+        assert not ds.range_run(instance).success
+        tick(defs, instance, "quality_alerts", cursor)
+    assert [a["blocks"][0]["text"]["text"] for a in receiver.bodies] == [
+        "ERROR check empty_response failed on b9_seq [00000, 00002]"
+    ]
+    assert "2 shards fail; shard 00000: 88.0% of 50 answered rows" in receiver.bodies[0]["text"]

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import dagster as dg
 from dagster._core.definitions.asset_checks.asset_check_evaluation import AssetCheckEvaluationTargetMaterializationData
+from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 
 from eagle_data import exports
 from eagle_data.defs.assets import SHARD_DIGEST
@@ -112,6 +113,14 @@ def latest_evaluations(
                 break
             cursor = page[-1].id
     return found
+
+
+def failed_executions(
+    instance: dg.DagsterInstance, key: dg.AssetCheckKey, limit: int
+) -> list[AssetCheckExecutionRecord]:
+    """The latest `limit` failed executions of one check, newest first."""
+    failed = {AssetCheckExecutionRecordStatus.FAILED}
+    return list(instance.event_log_storage.get_asset_check_execution_history(key, limit=limit, status=failed))
 
 
 def gate_records(
