@@ -4,9 +4,9 @@
 - Tokenized parquet for DFlash / EAGLE-3 offline training: prompt_id, dataset, input_ids, loss_mask.
 - A training mix across datasets with per-dataset weights, reproducible from a seed.
 
-Only shards the gate admitted are read (the caller decides which: the Dagster layer admits a shard when
-every blocking check passed on its latest materialization), only if their bytes are the ones those checks
-judged (`Admission.digests`), and of those only the rows that pass three looks on the way out: the verdict
+Only shards the gate admitted are read (`admit`: every blocking check's latest evaluation passed on the
+shard's latest materialization, matched by run and shard digest), only if their bytes are the ones those
+checks judged (`Admission.digests`), and of those only the rows that pass three looks on the way out: the verdict
 stored at validation, a fresh verdict under today's catalog thresholds (both must keep the row; a
 threshold tightened since validation takes effect without re-validating), and a look at the tokens
 themselves (`verify`), so no export can hold a zero-mask row whatever happened upstream.
@@ -65,6 +65,79 @@ class Admission:
     # partition -> sha256 of the shard bytes the checks judged; an admitted shard whose bytes differ now
     # (rewritten by a validation run that stopped part-way, or by hand) is left out
     digests: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Materialization:
+    """A validated shard's latest materialization: the run that made it and the sha256 of the bytes it wrote."""
+
+    partition: str
+    run_id: str
+    shard_sha256: str | None  # None: an older version made it without recording one
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """The latest execution of one blocking check on one shard."""
+
+    check: str
+    partition: str
+    run_id: str  # the run that evaluated it (or planned to)
+    passed: bool | None  # None: planned, no result yet (the run is going, or stopped before the check)
+    judged_run_id: str | None = None  # the run of the materialization it judged
+    shard_sha256: str | None = None  # the sha256 of the shard bytes it judged
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class GateRecords:
+    """What the gate of one dataset's export looks at, read from storage and the Dagster instance."""
+
+    blocking: tuple[str, ...]  # names of the blocking checks
+    on_storage: frozenset[str]  # partitions whose validated shard file exists
+    materializations: Mapping[str, Materialization]  # partition -> its latest materialization
+    evaluations: Mapping[tuple[str, str], Evaluation]  # (check, partition) -> its latest execution
+
+
+def _check_reason(latest: Materialization, evaluation: Evaluation | None, check: str) -> str | None:
+    """Why one blocking check keeps the shard out, or None when it lets it in."""
+    if evaluation is None:
+        return f"{check} never ran on this shard; run the checks"
+    run = evaluation.run_id[:8]
+    if evaluation.passed is None:
+        return f"{check} has no result for this shard (run {run} did not finish it); re-run the checks"
+    judged = (evaluation.judged_run_id, evaluation.shard_sha256)
+    if judged != (latest.run_id, latest.shard_sha256):
+        return f"{check} last ran on an earlier materialization of this shard; re-run the checks"
+    if not evaluation.passed:
+        said = evaluation.description.splitlines()[0] if evaluation.description else ""
+        return f"{check} failed in run {run}" + (f": {said}" if said else "")
+    return None
+
+
+def admit(records: GateRecords) -> Admission:
+    """The shards an export may read: on storage, materialized, and passed by the latest evaluation of every
+    blocking check on that very materialization (the same run, the same shard digest: identities, so the
+    answer does not depend on how a storage numbers its events); every other shard with why it is out."""
+    admitted, excluded = [], {}
+    for partition in sorted(records.on_storage | set(records.materializations)):
+        latest = records.materializations.get(partition)
+        if partition not in records.on_storage:
+            excluded[partition] = "its shard file is missing from storage; re-materialize it"
+        elif latest is None:
+            excluded[partition] = "this Dagster instance has no materialization of it; materialize it here"
+        elif latest.shard_sha256 is None:
+            excluded[partition] = "its materialization has no shard digest (an older version made it); re-materialize"
+        elif reasons := [
+            reason
+            for check in records.blocking
+            if (reason := _check_reason(latest, records.evaluations.get((check, partition)), check))
+        ]:
+            excluded[partition] = "; ".join(reasons)
+        else:
+            admitted.append(partition)
+    digests = {p: str(records.materializations[p].shard_sha256) for p in admitted}
+    return Admission(tuple(admitted), excluded, digests)
 
 
 @dataclass

@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ProcessPoolExecutor
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -312,11 +312,10 @@ def cores() -> int:
 
 @dataclass
 class Validation:
-    """What a validation run wrote, per partition: the quality record, and the sha256 of the shard's bytes
-    (its materialization carries it, so the export reads only the bytes the checks judged)."""
+    """What a validation run wrote, per partition: the quality record, with the sha256 of the shard's bytes
+    (its materialization and check evaluations carry it, so the export reads only the bytes the checks judged)."""
 
     records: dict[str, quality.ShardRecord] = field(default_factory=dict)
-    digests: dict[str, str] = field(default_factory=dict)
     report: str = ""  # the dataset report's URI
 
 
@@ -330,7 +329,7 @@ def validate(
     log: Log = print,
 ) -> Validation:
     """Build and write the validated shards and their HTML quality reports; returns each partition's
-    quality record (summary, figures and check results) and shard digest, and the dataset report's URI.
+    quality record (summary, figures, check results and shard digest), and the dataset report's URI.
 
     Shards are built in a pool of `workers` processes (default: every core, for runs of POOL_MIN_PROMPTS
     prompts or more) while this process reads and writes them, at most two shards per worker in flight;
@@ -343,8 +342,9 @@ def validate(
     def keep(rows: pl.DataFrame, record: quality.ShardRecord) -> None:
         data = parquet_bytes(rows)
         store.write_bytes(layout.shard(spec.name, validated_asset(spec), record.partition), data)
+        record = replace(record, shard_sha256=digest(data))
         report.write_shard_report(spec, store, record)
-        done.records[record.partition], done.digests[record.partition] = record, digest(data)
+        done.records[record.partition] = record
 
     if workers is None:
         workers = cores() if len(partitions) * spec.shard_size >= POOL_MIN_PROMPTS else 1

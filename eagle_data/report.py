@@ -8,6 +8,7 @@ dataset next to the data.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from html import escape
 
 from eagle_data import layout
@@ -15,7 +16,7 @@ from eagle_data.catalog import DatasetSpec
 from eagle_data.quality import CHECK_COLUMNS, Inputs, ShardRecord, rollup, row_verdicts, shard_record
 from eagle_data.quality.figures import Bins, Figures
 from eagle_data.quality.gates import CheckResult
-from eagle_data.storage import ShardStore
+from eagle_data.storage import ShardStore, digest, read_columns
 
 Log = Callable[[str], None]
 
@@ -146,11 +147,6 @@ def _verdict_rows(figures: Figures) -> list[tuple[str, int]]:
     return sorted(figures.verdicts.items(), key=lambda kv: -kv[1])
 
 
-def partition_label(keys: Sequence[str]) -> str:
-    """ "00003" for one partition, "00000...00009" for a range."""
-    return keys[0] if len(keys) == 1 else f"{keys[0]}...{keys[-1]}"
-
-
 def inputs_for(spec: DatasetSpec, previous_avg_completion_tokens: float | None = None) -> Inputs:
     return Inputs(spec.checks, spec.generation.thinking, previous_avg_completion_tokens)
 
@@ -163,18 +159,24 @@ def write_shard_report(spec: DatasetSpec, store: ShardStore, record: ShardRecord
 
 
 def read_record(spec: DatasetSpec, store: ShardStore, key: str, log: Log = print) -> ShardRecord:
-    """A shard's stored record. One that is stale (older schema, or judged with other thresholds than the
-    catalog's now) is rebuilt from the validated shard, stored, and announced in one line."""
+    """A shard's stored record. One that is stale (older schema, judged with other thresholds than the
+    catalog's now, or without the digest of the bytes it judged) is rebuilt from the validated shard,
+    stored, and announced in one line."""
     path = layout.quality_record(spec.name, key)
     record = ShardRecord.from_json(store.read_bytes(path)) if store.exists(path) else None
-    if record is not None and (record.inputs.checks, record.inputs.thinking) == (spec.checks, spec.generation.thinking):
+    if record is None:
+        why = "missing or of an older schema"
+    elif (record.inputs.checks, record.inputs.thinking) != (spec.checks, spec.generation.thinking):
+        why = "judged with other thresholds"
+    elif not record.shard_sha256:
+        why = "without the digest of the shard it judged"
+    else:
         return record
-    why = "judged with other thresholds" if record else "missing or of an older schema"
     previous = record.inputs.previous_avg_completion_tokens if record else None
-    checked = store.read_shard(spec.name, layout.validated_asset(spec.name), key, CHECK_COLUMNS)  # no token lists
-    frame = row_verdicts(checked, spec.checks, spec.generation.thinking)
+    data = store.shard_bytes(spec.name, layout.validated_asset(spec.name), key)
+    frame = row_verdicts(read_columns(data, CHECK_COLUMNS), spec.checks, spec.generation.thinking)  # no token lists
     log(f"{spec.name} shard {key}: quality record {why}; rebuilt from the validated shard")
-    rebuilt = shard_record(key, frame, inputs_for(spec, previous))
+    rebuilt = replace(shard_record(key, frame, inputs_for(spec, previous)), shard_sha256=digest(data))
     write_shard_report(spec, store, rebuilt)
     return rebuilt
 

@@ -73,6 +73,14 @@ def digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def read_columns(data: bytes, columns: Sequence[str] | None = None) -> pl.DataFrame:
+    """A shard's frame from its bytes; with `columns`, only those of them the file has."""
+    if columns is None:
+        return pl.read_parquet(io.BytesIO(data))
+    present = pl.read_parquet_schema(io.BytesIO(data))
+    return pl.read_parquet(io.BytesIO(data), columns=[c for c in columns if c in present])
+
+
 def write_failure(root: str, key: str, exc: OSError) -> StorageError:
     """One line for a write the output root refused: which root, why, and what to do."""
     why = WRITE_FAILURES.get(exc.errno or 0, f"refused the write ({exc.strerror or exc})")
@@ -142,10 +150,7 @@ class ShardStore:
     def _parquet(self, key: str, data: bytes, columns: Sequence[str] | None = None) -> pl.DataFrame:
         """The parquet file `data` stored at `key`; a CorruptFile naming it when it cannot be read."""
         try:
-            if columns is None:
-                return pl.read_parquet(io.BytesIO(data))
-            present = pl.read_parquet_schema(io.BytesIO(data))
-            return pl.read_parquet(io.BytesIO(data), columns=[c for c in columns if c in present])
+            return read_columns(data, columns)
         except (pl.exceptions.PolarsError, OSError) as exc:
             why = f"not a readable parquet file ({len(data)} bytes; {str(exc).splitlines()[0]})"
             raise self.corrupt(key, why) from None

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from eagle_data.storage import ShardStore
+from eagle_data_tests.fixtures_postgres import pg_database  # noqa: F401 (a fixture of every test module)
 from eagle_data_tests.servers.openai_fake import FakeOpenAI
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

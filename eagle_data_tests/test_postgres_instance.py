@@ -2,7 +2,8 @@
 deployment's instance settings (docker/dagster.yaml), then its run and events read back.
 
 Needs a server on 127.0.0.1 (`bash .ci/services.sh` as root starts Debian's, with the role below);
-EAGLE_TEST_PG_{HOST,PORT,USER,PASSWORD,DB} point elsewhere. Each test gets a fresh database."""
+EAGLE_TEST_PG_{HOST,PORT,USER,PASSWORD,DB} point elsewhere (fixtures_postgres). Each test gets a fresh
+database."""
 
 from __future__ import annotations
 
@@ -10,49 +11,18 @@ import os
 import shutil
 import subprocess
 import sys
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import dagster as dg
-import psycopg2
 import pytest
 from dagster_postgres import PostgresRunStorage
+
+from eagle_data_tests.fixtures_postgres import PG, connect
 
 pytestmark = pytest.mark.postgres
 
 REPO = Path(__file__).resolve().parent.parent
-DEFAULTS = {"HOST": "127.0.0.1", "PORT": "5432", "USER": "eagle_test", "PASSWORD": "eagle_test", "DB": "eagle_test"}
-PG = {name: os.environ.get(f"EAGLE_TEST_PG_{name}", default) for name, default in DEFAULTS.items()}
 ASSETS = ["b7_sharegpt", "b7_sharegpt_prompts", "b7_sharegpt_validated"]
-
-
-def connect(dbname: str):
-    return psycopg2.connect(host=PG["HOST"], port=int(PG["PORT"]), user=PG["USER"], password=PG["PASSWORD"],
-                            dbname=dbname, connect_timeout=3)
-
-
-@pytest.fixture
-def pg_database() -> Iterator[str]:
-    """A fresh database on the test server, dropped afterwards."""
-    try:
-        admin = connect(PG["DB"])
-    except psycopg2.OperationalError as exc:
-        reason = (f"no PostgreSQL at {PG['HOST']}:{PG['PORT']} for role {PG['USER']}: {str(exc).strip()}; "
-                  "run `bash .ci/services.sh` as root")
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must run the postgres tests: {reason}")
-        pytest.skip(reason)
-    admin.autocommit = True
-    name = f"eagle_test_{uuid.uuid4().hex[:12]}"
-    with admin.cursor() as cur:
-        cur.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield name
-    finally:
-        with admin.cursor() as cur:
-            cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.close()
 
 
 def test_cli_materializes_a_shard_into_postgres_and_reads_it_back(

@@ -192,7 +192,6 @@ def test_a_bad_shard_is_not_hidden_among_good_ones(clean: pl.DataFrame) -> None:
     r = results["truncation_rate"]
     assert not r.passed
     assert r.message == "shard 00002: 12.1% of 99 replies hit max_tokens (limit 5%)"
-    assert r.details["failing_shards"] == "00002"
     passing = results["failed_rate"]  # each shard has 1 failed row: 1% of 100 is closest to the 2% limit
     assert passing.message == "all 3 shards pass; closest, shard 00002: 1.0% of 100 requests failed (limit 2%)"
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import xml.etree.ElementTree as ET
+from dataclasses import replace
 from pathlib import Path
 
 import polars as pl
@@ -15,13 +16,12 @@ from eagle_data.quality import Inputs, figures, rollup, row_verdicts, run_checks
 from eagle_data.report import (
     bar_chart,
     inputs_for,
-    partition_label,
     read_record,
     render_report,
     write_dataset_report,
     write_shard_report,
 )
-from eagle_data.storage import ShardStore
+from eagle_data.storage import ShardStore, digest
 from eagle_data_tests.fixtures_quality import clean_frame, regression_frame, set_rows
 
 THRESHOLDS = Checks()
@@ -86,7 +86,8 @@ def write_reports(spec: DatasetSpec, store: ShardStore, frames: dict[str, pl.Dat
         shard = row_verdicts(frame, spec.checks, spec.generation.thinking).with_columns(
             pl.lit(int(key), pl.Int32).alias("shard")
         )
-        write_shard_report(spec, store, shard_record(key, shard, inputs_for(spec)))
+        record = shard_record(key, shard, inputs_for(spec))  # the digest of bytes not stored here
+        write_shard_report(spec, store, replace(record, shard_sha256=digest(key.encode())))
     return write_dataset_report(spec, store)
 
 
@@ -121,13 +122,9 @@ def test_a_record_of_an_older_schema_is_rebuilt_from_its_shard_with_one_notice(t
     assert notices == [
         "b9_fixture shard 00001: quality record missing or of an older schema; rebuilt from the validated shard"
     ]
-    assert record == shard_record("00001", shard, inputs_for(spec))
+    judged = digest(store.shard_bytes(spec.name, "b9_fixture_validated", "00001"))
+    assert record == replace(shard_record("00001", shard, inputs_for(spec)), shard_sha256=judged)
     assert read_record(spec, store, "00001", notices.append) == record and len(notices) == 1  # stored: read as is
     stricter = spec.model_copy(update={"checks": spec.checks.model_copy(update={"max_short_share": 0.5})})
     assert read_record(stricter, store, "00001", notices.append).inputs.checks.max_short_share == 0.5
     assert notices[-1].endswith("quality record judged with other thresholds; rebuilt from the validated shard")
-
-
-def test_partition_label_names_one_partition_or_a_range() -> None:
-    assert partition_label(["00003"]) == "00003"
-    assert partition_label(["00000", "00001", "00002"]) == "00000...00002"

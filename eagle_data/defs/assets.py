@@ -118,7 +118,7 @@ def previous_figure(instance: dg.DagsterInstance, key: dg.AssetKey, run_id: str)
         cursor = page.cursor
 
 
-SHARD_DIGEST = "shard_sha256"  # a validated partition's metadata: the sha256 of the shard bytes it judged
+SHARD_DIGEST = "shard_sha256"  # metadata of a validated partition and of each check on it: its bytes' sha256
 
 
 def shard_metadata(record: quality.ShardRecord) -> dict[str, Any]:
@@ -263,7 +263,7 @@ def build_dataset_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
         verdicts: Counter[str] = Counter()
         for key, record in done.records.items():
             page = dg.MetadataValue.url(store.link(layout.quality_page(ds, key)))
-            shard = {**shard_metadata(record), "shard_report": page, SHARD_DIGEST: done.digests[key]}
+            shard = {**shard_metadata(record), "shard_report": page, SHARD_DIGEST: record.shard_sha256}
             context.add_asset_metadata(shard, partition_key=key)
             verdicts.update(record.summary.verdicts)
         context.log.info(f"{ds}: verdicts {dict(sorted(verdicts.items()))}; quality report {done.report}")

@@ -2,31 +2,30 @@
 
 Validation evaluates every gate once per shard and stores the results in the shard's quality record;
 one multi-asset check per dataset reports those stored results (rebuilding a stale record from its
-shard), so a check re-run never re-reads token ids. A range run is judged shard by shard (one bad shard
-cannot hide among good ones).
-The blocking gates (`empty_response`, `token_structure`, `lost_text`, `failed_rate`) fail the run when
-one fails, and the exports downstream do not run. Check metadata carries `figure`, `threshold` and
-`partitions`, which alerts quote.
+shard), so a check re-run never re-reads token ids. Every run, one partition, a range or none, is judged
+shard by shard: one evaluation per gate and shard, naming its partition, the materialization it judged
+and the sha256 of the shard bytes it judged (`shard_sha256`), so each shard's status in the UI's Checks
+tab is its own and the export's gate can tell which materialization a result belongs to.
+The blocking gates (`empty_response`, `token_structure`, `lost_text`, `failed_rate`) fail the step when
+one fails on any shard, and the exports downstream do not run. Check metadata carries `figure` and
+`threshold`, which alerts quote.
 
 The check can run a subset of its gates (`can_subset`), which is what lets the UI re-run checks from the
-asset's Checks tab ("Execute all"). That button launches a run without a partition, where Dagster 1.13
-cannot turn a partitioned check's result into an evaluation (docs/facts.md); such a run judges every
-materialized shard on its own and reports one evaluation per gate and shard, each naming its shard and
-the materialization it judged, so every shard's check status in the UI is current.
+asset's Checks tab ("Execute all"). That button launches a run without a partition; such a run judges
+every materialized shard.
 """
 
 # No `from __future__ import annotations` here: Dagster reads the context annotation at definition time.
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import dagster as dg
-from dagster._core.definitions.asset_checks.asset_check_evaluation import AssetCheckEvaluationTargetMaterializationData
 
 from eagle_data import pipeline, quality, report
 from eagle_data.catalog import DatasetSpec
-from eagle_data.defs.assets import partitions
+from eagle_data.defs.assets import SHARD_DIGEST, partitions
+from eagle_data.defs.instance import latest_materializations, target
 from eagle_data.defs.resources import StorageResource
-from eagle_data.report import partition_label
 from eagle_data.storage import ShardStore
 
 
@@ -38,22 +37,6 @@ def check_keys(spec: DatasetSpec) -> list[dg.AssetCheckKey]:
     return [dg.AssetCheckKey(validated_key(spec), d.name) for d in quality.CHECKS]
 
 
-def _outcome(key: dg.AssetKey, r: quality.CheckResult, partitions: str) -> dict[str, Any]:
-    """What a check result and a check evaluation share."""
-    return {
-        "asset_key": key,
-        "check_name": r.name,
-        "passed": r.passed,
-        "severity": dg.AssetCheckSeverity(r.severity),
-        "description": r.message,
-        "metadata": {**r.metadata(), "partitions": partitions},
-    }
-
-
-def to_result(key: dg.AssetKey, r: quality.CheckResult, partitions: str) -> dg.AssetCheckResult:
-    return dg.AssetCheckResult(**_outcome(key, r, partitions))
-
-
 def failed_blocking_checks(instance: dg.DagsterInstance, run_id: str) -> list[str]:
     """Names of the blocking checks that failed in a run, by each evaluation's own blocking flag: every
     blocking check counts (the quality gates, the pre-flight `within_budget`, `decontamination`)."""
@@ -62,38 +45,65 @@ def failed_blocking_checks(instance: dg.DagsterInstance, run_id: str) -> list[st
     return [e.check_name for e in evaluations if e.blocking and not e.passed]
 
 
-def materialization_of(instance: dg.DagsterInstance, key: dg.AssetKey, partition: str) -> Any:
-    """The latest materialization of one partition, as an evaluation's target (None if there is none)."""
-    page = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=key, asset_partitions=[partition]), limit=1)
-    if not page.records:
-        return None
-    record = page.records[0]
-    return AssetCheckEvaluationTargetMaterializationData(
-        run_id=record.run_id, storage_id=record.storage_id, timestamp=record.timestamp
-    )
-
-
-def recheck_every_shard(
-    context: dg.AssetCheckExecutionContext, spec: DatasetSpec, store: ShardStore
-) -> Iterator[dg.AssetCheckEvaluation]:
-    """A checks-only run without a partition: each materialized shard's stored results reported on their
-    own. A failed blocking gate fails the run, as it would in a materialization."""
-    key = validated_key(spec)
-    partitions = sorted(context.instance.get_materialized_partitions(key))
-    if not partitions:
+def judged_partitions(context: dg.AssetCheckExecutionContext, key: dg.AssetKey) -> list[str]:
+    """The shards a check step judges: its partition or range, or every materialized shard in a run without
+    a partition (the Checks tab's "Execute all")."""
+    if context.has_partition_key or context.has_partition_key_range:
+        return list(context.partition_keys)
+    keys = sorted(context.instance.get_materialized_partitions(key))
+    if not keys:
         raise dg.Failure(f"no partition of {key.to_user_string()} is materialized yet: materialize one first")
+    return keys
+
+
+Judge = Callable[[str], tuple[str, list[dict[str, Any]]]]  # partition -> (shard digest, each check's outcome)
+
+
+def report_shards(
+    context: dg.AssetCheckExecutionContext, key: dg.AssetKey, partitions: Sequence[str], judge: Judge
+) -> Iterator[dg.AssetCheckEvaluation]:
+    """One evaluation per (selected check, shard): `judge(partition)` gives the digest of the shard bytes
+    judged and each check's outcome (AssetCheckEvaluation fields); each names the shard's latest
+    materialization. A failed blocking check fails the step with one line naming every failing shard, so
+    the run's downstream steps do not start; otherwise Dagster emits the checks' outputs they wait on
+    (implicit Nothing outputs: docs/facts.md)."""
     selected, blocked = {k.name for k in context.selected_asset_check_keys}, []
+    latest = latest_materializations(context.instance, key, partitions)
     for partition in partitions:
-        target = materialization_of(context.instance, key, partition)
-        for r in report.read_record(spec, store, partition, context.log.warning).results:
-            if r.name in selected:
-                yield dg.AssetCheckEvaluation(
-                    **_outcome(key, r, partition), blocking=r.blocking, partition=partition,
-                    target_materialization_data=target,
-                )  # fmt: skip
-                blocked += [f"{r.name} on {partition}"] if r.blocking and not r.passed else []
+        shard_sha256, outcomes = judge(partition)
+        for outcome in (o for o in outcomes if o["check_name"] in selected):
+            metadata = {**outcome.get("metadata", {}), SHARD_DIGEST: shard_sha256}
+            yield dg.AssetCheckEvaluation(
+                **{**outcome, "metadata": metadata}, asset_key=key, partition=partition,
+                target_materialization_data=target(latest.get(partition)),
+            )  # fmt: skip
+            if outcome["blocking"] and not outcome["passed"]:
+                blocked.append(f"{outcome['check_name']} on {partition}")
     if blocked:
-        raise dg.Failure(f"blocking check(s) failed: {', '.join(blocked)}; see each shard's evaluation")
+        raise dg.Failure(
+            f"{key.to_user_string()}: blocking check(s) failed: {', '.join(blocked)}; see each shard's evaluation"
+        )
+
+
+def _outcome(r: quality.CheckResult) -> dict[str, Any]:
+    return {
+        "check_name": r.name,
+        "passed": r.passed,
+        "severity": dg.AssetCheckSeverity(r.severity),
+        "blocking": r.blocking,
+        "description": r.message,
+        "metadata": r.metadata(),
+    }
+
+
+def stored_results(spec: DatasetSpec, store: ShardStore, log: Callable[[str], None]) -> Judge:
+    """A shard's stored check results (its quality record), with the digest of the bytes they judged."""
+
+    def judge(partition: str) -> tuple[str, list[dict[str, Any]]]:
+        record = report.read_record(spec, store, partition, log)
+        return record.shard_sha256, [_outcome(r) for r in record.results]
+
+    return judge
 
 
 def dataset_checks(spec: DatasetSpec) -> dg.AssetChecksDefinition:
@@ -109,15 +119,8 @@ def dataset_checks(spec: DatasetSpec) -> dg.AssetChecksDefinition:
         name=f"{spec.name}_quality_checks", specs=specs, can_subset=True, description=f"{spec.title}: quality gates."
     )
     def checks(context: dg.AssetCheckExecutionContext, storage: StorageResource):
-        store = storage.store()
-        if not (context.has_partition_key or context.has_partition_key_range):
-            yield from recheck_every_shard(context, spec, store)
-            return
-        keys, selected = list(context.partition_keys), {k.name for k in context.selected_asset_check_keys}
-        results = {k: report.read_record(spec, store, k, context.log.warning).results for k in keys}
-        for r in quality.combine(results):
-            if r.name in selected:
-                yield to_result(key, r, partition_label(keys))
+        judge = stored_results(spec, storage.store(), context.log.warning)
+        yield from report_shards(context, key, judged_partitions(context, key), judge)
 
     return checks
 

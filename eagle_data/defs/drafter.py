@@ -14,6 +14,7 @@ from pydantic import Field
 from eagle_data import layout, settings
 from eagle_data.catalog import PROFILE_ENV, DatasetSpec, shard_key
 from eagle_data.defs.assets import catalog_labels, partitions
+from eagle_data.defs.checks import judged_partitions, report_shards
 from eagle_data.defs.resources import StorageResource
 from eagle_data.drafter import verify
 from eagle_data.drafter.capture import CaptureError, resolve_target
@@ -29,7 +30,6 @@ from eagle_data.drafter.outputs import (
     write_hidden_states,
 )
 from eagle_data.drafter.settings import load_drafter_settings
-from eagle_data.report import partition_label
 
 DECONTAMINATION = "decontamination"
 
@@ -135,7 +135,7 @@ def build_capture_asset(owners: list[str], specs: list[DatasetSpec]) -> dg.Asset
             )
         except (CaptureError, LayerError) as exc:
             raise dg.Failure(description=str(exc), allow_retries=False) from None
-        label = partition_label(keys)
+        label = keys[0] if len(keys) == 1 else f"{keys[0]}...{keys[-1]}"  # the range these results judged
         results = [
             dg.AssetCheckResult(
                 check_name=name,
@@ -153,21 +153,18 @@ def build_capture_asset(owners: list[str], specs: list[DatasetSpec]) -> dg.Asset
     return hidden_states
 
 
-def _outcome(
-    key: dg.AssetKey, report: DecontamReport, index: BenchmarkIndex, sources: dict[str, str], partitions: str
-) -> dict[str, Any]:
-    """What a check result and a check evaluation share."""
+def _outcome(report: DecontamReport, index: BenchmarkIndex, sources: dict[str, str], asset: str) -> dict[str, Any]:
+    """One shard's decontamination evaluation (AssetCheckEvaluation fields)."""
     return {
-        "asset_key": key,
         "check_name": DECONTAMINATION,
         "passed": report.passed,
         "severity": dg.AssetCheckSeverity.ERROR,
-        "description": report.message(key.to_user_string()),
+        "blocking": True,
+        "description": report.message(asset),
         "metadata": {
             "figure": report.leaked,
             "unread_benchmarks": dg.MetadataValue.json(report.unread),
             "threshold": 0,
-            "partitions": partitions,
             "rows": report.rows,
             "matched_rows": report.matched,
             "per_benchmark": dg.MetadataValue.json(report.per_benchmark),
@@ -196,23 +193,12 @@ def decontamination_check(spec: DatasetSpec) -> dg.AssetChecksDefinition:
     def check(context: dg.AssetCheckExecutionContext, storage: StorageResource):
         index, sources = benchmark_index(load_drafter_settings().decontamination)
         store, missing = storage.store(), unread(sources)
-        if context.has_partition_key or context.has_partition_key_range:
-            keys = list(context.partition_keys)
-            report = decontamination_report(spec.name, store, keys, index, missing)
-            yield dg.AssetCheckResult(**_outcome(key, report, index, sources, partition_label(keys)))
-            return
-        # A checks-only run without a partition (the Checks tab): each materialized shard on its own.
-        keys = sorted(context.instance.get_materialized_partitions(key))
-        if not keys:
-            raise dg.Failure(f"no partition of {key.to_user_string()} is materialized yet: materialize one first")
-        leaked = []
-        for partition in keys:
+
+        def judge(partition: str) -> tuple[str, list[dict[str, Any]]]:  # each shard on its own
             report = decontamination_report(spec.name, store, [partition], index, missing)
-            outcome = _outcome(key, report, index, sources, partition)
-            yield dg.AssetCheckEvaluation(**outcome, blocking=True, partition=partition)
-            leaked += [partition] if not report.passed else []
-        if leaked:
-            raise dg.Failure(f"decontamination failed on {', '.join(leaked)}; see each shard's evaluation")
+            return report.digests[partition], [_outcome(report, index, sources, key.to_user_string())]
+
+        yield from report_shards(context, key, judged_partitions(context, key), judge)
 
     return check
 

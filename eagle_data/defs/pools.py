@@ -24,9 +24,7 @@ import dagster as dg
 from eagle_data.procs import Liveness, die_with_parent, liveness, worker_id
 
 if TYPE_CHECKING:
-    from dagster._core.execution.context.system import PlanOrchestrationContext
-    from dagster._core.execution.plan.plan import ExecutionPlan
-    from dagster._core.execution.retries import RetryMode
+    from eagle_data.defs.instance import ExecutionPlan, PlanOrchestrationContext, RetryMode
 
 WORKER_TAG = "eagle_data/run_worker"
 WATCH_INTERVAL_S = 3.0  # how often a waiting run re-checks the holders of its pool

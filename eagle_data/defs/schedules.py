@@ -25,7 +25,7 @@ from eagle_data.defs.assets import partitions
 from eagle_data.defs.checks import check_keys, validated_key
 
 if TYPE_CHECKING:
-    from dagster._core.definitions.assets.graph.base_asset_graph import BaseAssetGraph
+    from eagle_data.defs.instance import BaseAssetGraph
 
 NIGHTLY = "0 3 * * *"
 _DONE = {dg.AssetPartitionStatus.MATERIALIZED, dg.AssetPartitionStatus.IN_PROGRESS}

@@ -1,11 +1,12 @@
 """Alert sensors: open-source Dagster announces neither failed checks nor failed runs, so these do.
 
-`quality_alerts` posts once per failed ERROR check evaluation of any catalog dataset: the ERROR quality
-gates, the pre-flight `within_budget` and `canary`, and `decontamination` (cursor: the last check
-execution it handled). `run_failure_alerts` posts once per failed run (Dagster keeps its cursor), except runs a
-failed blocking check stopped: every blocking check is an ERROR one `quality_alerts` announces, so a
-regression gives exactly one message. The webhook URL comes only from $EAGLE_DATA_ALERT_WEBHOOK; with it
-unset both sensors skip (and still move their cursors, so setting it later does not replay history).
+`quality_alerts` posts once per run and failed ERROR check of any catalog dataset, naming every shard it
+failed on (checks are evaluated per shard): the ERROR quality gates, the pre-flight `within_budget` and
+`canary`, and `decontamination` (cursor: the last check execution it handled). `run_failure_alerts` posts once per
+failed run (Dagster keeps its cursor), except runs a failed blocking check stopped: every blocking check
+is an ERROR one `quality_alerts` announces, so a regression gives exactly one message. The webhook URL
+comes only from $EAGLE_DATA_ALERT_WEBHOOK; with it unset both sensors skip (and still move their cursors,
+so setting it later does not replay history).
 """
 
 from __future__ import annotations
@@ -21,14 +22,15 @@ from eagle_data.catalog import DatasetSpec
 from eagle_data.defs.assets import CANARY, WITHIN_BUDGET, estimate_asset
 from eagle_data.defs.checks import failed_blocking_checks, validated_key
 from eagle_data.defs.drafter import DECONTAMINATION
+from eagle_data.defs.instance import failed_executions
 
 if TYPE_CHECKING:
-    from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecord
-    from dagster._utils.error import SerializableErrorInfo
+    from eagle_data.defs.instance import AssetCheckExecutionRecord, SerializableErrorInfo
 
 UI_URL_ENV = "EAGLE_DATA_UI_URL"
 DEFAULT_UI_URL = "http://localhost:3000"
-_HISTORY = 100  # failed executions read per check and tick; more than a tick can produce
+_HISTORY = 1000  # failed executions read per check and tick (one per shard); more than a tick can produce
+_SHARDS_NAMED = 20  # failing shards an alert lists by name
 
 
 def ui_url() -> str:
@@ -51,19 +53,31 @@ def _number(metadata: Mapping[str, dg.MetadataValue], name: str) -> float | None
     return float(value.value) if value is not None and isinstance(value.value, int | float) else None
 
 
-def _check_payload(record: AssetCheckExecutionRecord, dataset: str) -> alerts.Payload:
-    evaluation = record.event.dagster_event.event_specific_data
+def _shards(partitions: Sequence[str]) -> str | None:
+    """The failing shards an alert names: all of a few, the first ones of many."""
+    if not partitions:
+        return None
+    more = f" and {len(partitions) - _SHARDS_NAMED} more" if len(partitions) > _SHARDS_NAMED else ""
+    return ", ".join(partitions[:_SHARDS_NAMED]) + more
+
+
+def _check_payload(records: Sequence[AssetCheckExecutionRecord], dataset: str) -> alerts.Payload:
+    """One alert for one check's failures in one run: every failing shard named, the first one's figures."""
+    evaluation = records[0].event.dagster_event.event_specific_data
     metadata = dict(evaluation.metadata)
-    partitions = metadata.get("partitions")
+    partitions = [r.partition for r in records if r.partition]
+    said = evaluation.description or ""
+    if len(partitions) > 1:
+        said = f"{len(partitions)} shards fail; shard {partitions[0]}: {said}"
     return alerts.check_alert(
         dataset=dataset,
-        partition=record.partition or (partitions.value if partitions is not None else None),
+        partition=_shards(partitions),
         check=evaluation.check_name,
         severity=evaluation.severity.value,
         figure=_number(metadata, "figure"),
         threshold=_number(metadata, "threshold"),
-        message=evaluation.description or "",
-        run_id=record.run_id,
+        message=said,
+        run_id=records[0].run_id,
         base_url=ui_url(),
     )
 
@@ -105,30 +119,31 @@ def build_sensors(specs: Sequence[DatasetSpec]) -> list[dg.SensorDefinition]:
         f"${alerts.WEBHOOK_ENV} (Slack format).",
     )
     def quality_alerts(context: dg.SensorEvaluationContext) -> dg.SkipReason:
-        storage = context.instance.event_log_storage
-        failed = [
-            (record, checks[key])
-            for key in checks
-            for record in storage.get_asset_check_execution_history(key, limit=_HISTORY)
-            if record.status.value == "FAILED"
-        ]
+        failed = [record for key in checks for record in failed_executions(context.instance, key, _HISTORY)]
         # Ordered by when the check was evaluated, not by record id: a record's id is given when the check
         # is planned, so a run that planned early but failed late would fall behind the cursor.
-        failed.sort(key=lambda pair: _evaluated(pair[0]))
+        failed.sort(key=_evaluated)
         if context.cursor is None:  # first tick: start from now, do not replay history
-            context.update_cursor(json.dumps(_evaluated(failed[-1][0]) if failed else (0.0, 0)))
+            context.update_cursor(json.dumps(_evaluated(failed[-1]) if failed else (0.0, 0)))
             return dg.SkipReason("started; alerting on check failures from now on")
         cursor, url, sent = tuple(json.loads(context.cursor)), alerts.webhook_url(), 0
-        for record, dataset in failed:
-            if _evaluated(record) <= cursor:
-                continue
+        groups: dict[tuple[str, dg.AssetCheckKey], list[AssetCheckExecutionRecord]] = {}  # run, check -> records
+        for record in failed:
+            if _evaluated(record) > cursor:
+                groups.setdefault((record.run_id, record.key), []).append(record)
+        order = list(groups.values())  # by each group's first failure
+        for i, group in enumerate(order):
             if url:
                 try:
-                    alerts.post_alert(_check_payload(record, dataset), url)
-                except alerts.AlertError as exc:  # the cursor stays on the last one sent: retried next tick
+                    alerts.post_alert(_check_payload(group, checks[group[0].key]), url)
+                except alerts.AlertError as exc:  # the cursor stays before every group not sent: retried next tick
                     return dg.SkipReason(f"{exc}; posted {sent}, retrying the rest next tick")
                 sent += 1
-            context.update_cursor(json.dumps(_evaluated(record)))
+            horizon = _evaluated(order[i + 1][0]) if i + 1 < len(order) else None
+            sent_before = [
+                _evaluated(r) for g in order[: i + 1] for r in g if horizon is None or _evaluated(r) < horizon
+            ]
+            context.update_cursor(json.dumps(max(sent_before)))
         return dg.SkipReason(f"posted {sent} alert(s)" if url else f"alerts off: ${alerts.WEBHOOK_ENV} is not set")
 
     @dg.run_failure_sensor(

@@ -15,7 +15,7 @@ from eagle_data.drafter import capture, decontam, hidden_states, layers, verify,
 from eagle_data.drafter.mixfile import content_hash, local_mix, mix_target
 from eagle_data.drafter.settings import CaptureSettings, HiddenStateRecipe
 from eagle_data.quality import KEPT
-from eagle_data.storage import ShardStore
+from eagle_data.storage import ShardStore, digest, read_columns
 from eagle_data.targets import load_target
 
 Log = Callable[[str], None]
@@ -92,6 +92,7 @@ class DecontamReport:
     per_match: dict[str, int] = field(default_factory=dict)
     matched_ids: list[str] = field(default_factory=list)
     leaked_ids: list[str] = field(default_factory=list)
+    digests: dict[str, str] = field(default_factory=dict)  # partition -> sha256 of the shard bytes scanned
 
     def add(self, shard: pl.DataFrame, found: pl.DataFrame) -> None:
         hits = found.join(shard.with_row_index("row").cast({"row": pl.Int64}), on="row")
@@ -138,8 +139,10 @@ def decontamination_report(
     report = DecontamReport(unread=list(unread))
     asset = layout.validated_asset(dataset)
     for key in partitions:
-        shard = store.read_shard(dataset, asset, key, ["prompt_id", "messages", "verdict"])  # no token lists
+        data = store.shard_bytes(dataset, asset, key)
+        shard = read_columns(data, ["prompt_id", "messages", "verdict"])  # no token lists
         report.add(shard, decontam.scan(shard, index))
+        report.digests[key] = digest(data)
     return report
 
 

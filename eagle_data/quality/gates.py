@@ -304,8 +304,7 @@ def combine(per_shard: Mapping[str, Sequence[CheckResult]]) -> list[CheckResult]
         if failing:
             key, first = failing[0]
             more = f" ({len(failing)} of {len(keys)} shards fail)" if len(failing) > 1 else ""
-            details = {**first.details, "failing_shards": ",".join(k for k, _ in failing)}
-            out.append(replace(first, message=f"shard {key}: {first.message}{more}", details=details))
+            out.append(replace(first, message=f"shard {key}: {first.message}{more}"))
         else:
             key, closest = max(column, key=lambda kr: _closeness(kr[1]))
             out.append(

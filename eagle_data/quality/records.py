@@ -24,7 +24,8 @@ from eagle_data.quality.verdicts import is_answered
 
 # 1: the untyped dicts written before records were versioned (they carry no `version`).
 # 2: typed records with token accounting (lost_text, the accounting ratio) and the inputs judged with.
-SCHEMA_VERSION = 2
+# 3: the sha256 of the shard bytes judged, which every check evaluation carries to the export's gate.
+SCHEMA_VERSION = 3
 _TOP_LOSS_KEPT = 20  # most common loss-mask sums kept per shard
 _TEXT_KEPT = 200  # characters of the most repeated completion kept
 
@@ -42,6 +43,7 @@ class ShardRecord:
     top_loss: list[tuple[int, int]]  # (loss-mask sum, rows), most common first
     results: list[CheckResult]  # in CHECKS order
     inputs: Inputs
+    shard_sha256: str = ""  # of the validated shard's bytes these results judged ("" until it is written)
     version: int = SCHEMA_VERSION
 
     def figures(self) -> Figures:

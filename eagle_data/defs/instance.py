@@ -1,0 +1,137 @@
+"""What eagle_data reads from the Dagster instance, as plain records: the one module of eagle_data/defs
+that imports `dagster._core`.
+
+Dagster 1.13 has no public API for a check's per-partition execution history (the event log storage's
+`get_asset_check_execution_history`, its `AssetCheckExecutionRecord`) nor for the materialization an
+evaluation names (`AssetCheckEvaluationTargetMaterializationData`); those imports live here, as do the
+types other modules of `defs` name. Evaluations and materializations are related by run id and shard
+digest, never by event storage id: on SQLite an evaluation's storage id comes from its run's own
+event-log file and a materialization's from the index, two numberings (docs/facts.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Sequence
+from typing import TYPE_CHECKING
+
+import dagster as dg
+from dagster._core.definitions.asset_checks.asset_check_evaluation import AssetCheckEvaluationTargetMaterializationData
+from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
+
+from eagle_data import exports
+from eagle_data.defs.assets import SHARD_DIGEST
+
+if TYPE_CHECKING:  # types only; Dagster exports none of these publicly in 1.13
+    # the per-pool run-worker executor (pools.py) is built over the executor's internals
+    from dagster._core.definitions.assets.graph.base_asset_graph import BaseAssetGraph  # schedules.py
+    from dagster._core.execution.context.system import PlanOrchestrationContext
+    from dagster._core.execution.plan.plan import ExecutionPlan
+    from dagster._core.execution.retries import RetryMode
+    from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecord  # sensors.py too
+    from dagster._utils.error import SerializableErrorInfo  # sensors.py: a step failure's error
+
+__all__ = [
+    "AssetCheckExecutionRecord",
+    "BaseAssetGraph",
+    "ExecutionPlan",
+    "PlanOrchestrationContext",
+    "RetryMode",
+    "SerializableErrorInfo",
+]
+
+_BATCH = 500  # storage ids per query: bounded IN lists for the event log's SQL
+_PAGE = 1000  # check executions read per query
+
+
+def latest_materializations(
+    instance: dg.DagsterInstance, key: dg.AssetKey, partitions: Iterable[str] | None = None
+) -> dict[str, dg.EventLogRecord]:
+    """partition -> the record of its latest materialization (of every partition, or of `partitions`)."""
+    wanted = set(partitions) if partitions is not None else None
+    latest = instance.get_latest_storage_id_by_partition(key, dg.DagsterEventType.ASSET_MATERIALIZATION, wanted)
+    ids, found = sorted(latest.values()), {}
+    for start in range(0, len(ids), _BATCH):
+        batch = ids[start : start + _BATCH]
+        records = dg.AssetRecordsFilter(asset_key=key, storage_ids=batch)
+        page = instance.fetch_materializations(records, limit=len(batch))
+        found |= {r.partition_key: r for r in page.records if r.partition_key is not None}
+    return found
+
+
+def target(record: dg.EventLogRecord | None) -> AssetCheckEvaluationTargetMaterializationData | None:
+    """A materialization as the target an evaluation names (what the UI shows it judged)."""
+    if record is None:
+        return None
+    return AssetCheckEvaluationTargetMaterializationData(
+        run_id=record.run_id, storage_id=record.storage_id, timestamp=record.timestamp
+    )
+
+
+def _shard_digest(metadata: dict[str, dg.MetadataValue]) -> str | None:
+    value = metadata.get(SHARD_DIGEST)
+    return str(value.value) if value is not None else None
+
+
+def _materialization(record: dg.EventLogRecord) -> exports.Materialization:
+    event = record.asset_materialization
+    digest = _shard_digest(dict(event.metadata)) if event is not None else None
+    return exports.Materialization(str(record.partition_key), record.run_id, digest)
+
+
+def _evaluation(record: AssetCheckExecutionRecord) -> exports.Evaluation:
+    check, partition = record.key.name, str(record.partition)
+    if record.status.value == "PLANNED" or record.event is None or record.event.dagster_event is None:
+        return exports.Evaluation(check, partition, record.run_id, passed=None)
+    evaluation = record.event.dagster_event.event_specific_data
+    judged = evaluation.target_materialization_data
+    return exports.Evaluation(
+        check,
+        partition,
+        record.run_id,
+        passed=evaluation.passed,
+        judged_run_id=judged.run_id if judged else None,
+        shard_sha256=_shard_digest(dict(evaluation.metadata)),
+        description=evaluation.description or "",
+    )
+
+
+def latest_evaluations(
+    instance: dg.DagsterInstance, checks: Sequence[dg.AssetCheckKey], partitions: Collection[str]
+) -> dict[tuple[str, str], exports.Evaluation]:
+    """(check, partition) -> the latest execution of each check on each of `partitions` (newest first, paged
+    until every partition is found or the history ends)."""
+    found: dict[tuple[str, str], exports.Evaluation] = {}
+    for key in checks:
+        cursor, missing = None, set(partitions)
+        while missing:
+            page = instance.event_log_storage.get_asset_check_execution_history(key, limit=_PAGE, cursor=cursor)
+            for record in page:
+                if record.partition in missing:
+                    missing.discard(record.partition)
+                    found[(key.name, record.partition)] = _evaluation(record)
+            if len(page) < _PAGE:
+                break
+            cursor = page[-1].id
+    return found
+
+
+def failed_executions(
+    instance: dg.DagsterInstance, key: dg.AssetCheckKey, limit: int
+) -> list[AssetCheckExecutionRecord]:
+    """The latest `limit` failed executions of one check, newest first."""
+    failed = {AssetCheckExecutionRecordStatus.FAILED}
+    return list(instance.event_log_storage.get_asset_check_execution_history(key, limit=limit, status=failed))
+
+
+def gate_records(
+    instance: dg.DagsterInstance, key: dg.AssetKey, on_storage: Iterable[str], blocking: Sequence[dg.AssetCheckKey]
+) -> exports.GateRecords:
+    """What `exports.admit` judges for the validated asset `key`, gated by the `blocking` checks."""
+    latest = {p: _materialization(r) for p, r in latest_materializations(instance, key).items()}
+    stored = frozenset(on_storage)
+    return exports.GateRecords(
+        blocking=tuple(k.name for k in blocking),
+        on_storage=stored,
+        materializations=latest,
+        evaluations=latest_evaluations(instance, blocking, stored | set(latest)),
+    )
