@@ -9,6 +9,8 @@ and a constant residual feature drives the end-of-turn logit, so replies end aft
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from pathlib import Path
 
 from eagle_data import settings
@@ -46,10 +48,21 @@ def demo_model_path() -> Path:
 
 
 def ensure_demo_model(path: Path | None = None) -> Path:
-    """Build the demo checkpoint once (about 10 s, 60 MB); later calls reuse it."""
+    """Build the demo checkpoint once (about 10 s, 60 MB); later calls reuse it. Built beside `path` and
+    renamed into place, so two processes building it at once (two demos, parallel tests) never read half a
+    checkpoint."""
     path = path or demo_model_path()
     if not (path / "model.safetensors").is_file():
-        build_demo_model(path)
+        staging = path.with_name(f"{path.name}.building-{os.getpid()}")
+        shutil.rmtree(staging, ignore_errors=True)
+        build_demo_model(staging)
+        try:
+            os.replace(staging, path)
+        except OSError:  # another process put it in place first (or left an unfinished folder there)
+            if not (path / "model.safetensors").is_file():
+                shutil.rmtree(path, ignore_errors=True)
+                os.replace(staging, path)
+        shutil.rmtree(staging, ignore_errors=True)
     return path
 
 
