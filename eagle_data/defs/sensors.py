@@ -11,7 +11,8 @@ unset both sensors skip (and still move their cursors, so setting it later does 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import dagster as dg
@@ -29,6 +30,53 @@ if TYPE_CHECKING:
 UI_URL_ENV = "EAGLE_DATA_UI_URL"
 DEFAULT_UI_URL = "http://localhost:3000"
 _HISTORY = 100  # failed executions read per check and tick; more than a tick can produce
+# A failed check is announced once its run has ended (so one message lists every failing shard): at most
+# this long after the run ends, plus the daemon's own loop (it evaluates due sensors every few seconds).
+ALERT_INTERVAL_S = 5
+_HANDLED = 200  # (run, asset, check) keys the cursor remembers, for shards evaluated after an alert went out
+
+
+@dataclass(frozen=True)
+class AlertCursor:
+    """Where `quality_alerts` stands: every failed evaluation up to `after` (evaluation time, record id) is
+    handled, and so are the (run, asset, check) groups in `handled` wherever their evaluations fall."""
+
+    after: tuple[float, int]
+    handled: tuple[tuple[str, str, str], ...] = ()
+
+    @classmethod
+    def load(cls, text: str) -> AlertCursor:
+        state = json.loads(text)
+        if isinstance(state, list):  # the cursor before alerts were grouped: (evaluation time, record id)
+            return cls((state[0], state[1]))
+        return cls(tuple(state["after"]), tuple(tuple(key) for key in state["handled"]))  # type: ignore[arg-type]
+
+    def dump(self) -> str:
+        return json.dumps({"after": self.after, "handled": self.handled})
+
+    def handle(self, key: tuple[str, str, str]) -> AlertCursor:
+        return replace(self, handled=(*self.handled, key)[-_HANDLED:])
+
+    def moved_to(self, after: tuple[float, int]) -> AlertCursor:
+        return replace(self, after=after)
+
+
+def alert_key(alert: alerts.CheckAlert) -> tuple[str, str, str]:
+    return (alert.run_id, alert.asset, alert.check)
+
+
+def ready_failures(
+    failed: Sequence[tuple[AssetCheckExecutionRecord, str]], instance: dg.DagsterInstance
+) -> list[tuple[AssetCheckExecutionRecord, str]]:
+    """The failures up to the first one whose run is still going: a run's failures are announced together
+    once it has ended (a blocking failure ends it at once)."""
+    ready = []
+    for record, dataset in failed:
+        run = instance.get_run_by_id(record.run_id)
+        if run is not None and not run.is_finished:
+            break
+        ready.append((record, dataset))
+    return ready
 
 
 def ui_url() -> str:
@@ -51,20 +99,31 @@ def _number(metadata: Mapping[str, dg.MetadataValue], name: str) -> float | None
     return float(value.value) if value is not None and isinstance(value.value, int | float) else None
 
 
-def _check_payload(record: AssetCheckExecutionRecord, dataset: str) -> alerts.Payload:
+def _shards(record: AssetCheckExecutionRecord, metadata: Mapping[str, dg.MetadataValue]) -> tuple[str, ...]:
+    """The shards one evaluation found failing: its own partition, or a range result's `failing_shards`
+    (else the range it judged)."""
+    if record.partition:
+        return (record.partition,)
+    for name in ("failing_shards", "partitions"):
+        if (value := metadata.get(name)) is not None and value.value:
+            return tuple(str(value.value).split(","))
+    return ()
+
+
+def check_failure(record: AssetCheckExecutionRecord, dataset: str) -> alerts.CheckFailure:
+    """A failed check execution record as the plain values alerts are made of."""
     evaluation = record.event.dagster_event.event_specific_data
     metadata = dict(evaluation.metadata)
-    partitions = metadata.get("partitions")
-    return alerts.check_alert(
+    return alerts.CheckFailure(
+        run_id=record.run_id,
         dataset=dataset,
-        partition=record.partition or (partitions.value if partitions is not None else None),
+        asset=record.key.asset_key.to_user_string(),
         check=evaluation.check_name,
         severity=evaluation.severity.value,
+        shards=_shards(record, metadata),
+        message=evaluation.description or "",
         figure=_number(metadata, "figure"),
         threshold=_number(metadata, "threshold"),
-        message=evaluation.description or "",
-        run_id=record.run_id,
-        base_url=ui_url(),
     )
 
 
@@ -85,6 +144,13 @@ def _dataset_of(names: Sequence[str], datasets: set[str]) -> str | None:
     return next((d for d in sorted(datasets) if any(n == d or n.startswith(f"{d}_") for n in names)), None)
 
 
+def failed_asset(selected: Sequence[str], assets: Collection[str], failed_steps: Sequence[str]) -> str | None:
+    """The asset a failed run is about: the first failed step that is an asset (an asset's step is named
+    after it), else the run's only selected asset."""
+    named = next((step for step in failed_steps if step in (selected or assets)), None)
+    return named or (selected[0] if len(selected) == 1 else None)
+
+
 def _partition_of(run: dg.DagsterRun) -> str | None:
     tags = run.tags
     if "dagster/partition" in tags:
@@ -99,10 +165,10 @@ def build_sensors(specs: Sequence[DatasetSpec]) -> list[dg.SensorDefinition]:
 
     @dg.sensor(
         name="quality_alerts",
-        minimum_interval_seconds=30,
+        minimum_interval_seconds=ALERT_INTERVAL_S,
         default_status=dg.DefaultSensorStatus.RUNNING,
-        description=f"Posts each failed ERROR check (quality gates, within_budget, decontamination) to "
-        f"${alerts.WEBHOOK_ENV} (Slack format).",
+        description=f"Posts one message per failed ERROR check (quality gates, within_budget, decontamination) "
+        f"and run, listing the failing shards, to ${alerts.WEBHOOK_ENV} (Slack format).",
     )
     def quality_alerts(context: dg.SensorEvaluationContext) -> dg.SkipReason:
         storage = context.instance.event_log_storage
@@ -116,23 +182,28 @@ def build_sensors(specs: Sequence[DatasetSpec]) -> list[dg.SensorDefinition]:
         # is planned, so a run that planned early but failed late would fall behind the cursor.
         failed.sort(key=lambda pair: _evaluated(pair[0]))
         if context.cursor is None:  # first tick: start from now, do not replay history
-            context.update_cursor(json.dumps(_evaluated(failed[-1][0]) if failed else (0.0, 0)))
+            context.update_cursor(AlertCursor(_evaluated(failed[-1][0]) if failed else (0.0, 0)).dump())
             return dg.SkipReason("started; alerting on check failures from now on")
-        cursor, url, sent = tuple(json.loads(context.cursor)), alerts.webhook_url(), 0
-        for record, dataset in failed:
-            if _evaluated(record) <= cursor:
-                continue
+        cursor, url, sent = AlertCursor.load(context.cursor), alerts.webhook_url(), 0
+        ready = ready_failures([pair for pair in failed if _evaluated(pair[0]) > cursor.after], context.instance)
+        for alert in alerts.group_failures(check_failure(record, dataset) for record, dataset in ready):
+            if (key := alert_key(alert)) in cursor.handled:
+                continue  # a late shard of a (run, check) already announced
             if url:
                 try:
-                    alerts.post_alert(_check_payload(record, dataset), url)
-                except alerts.AlertError as exc:  # the cursor stays on the last one sent: retried next tick
+                    alerts.post_alert(alerts.check_alert(alert, ui_url()), url)
+                except alerts.AlertError as exc:  # the cursor keeps what was sent: the rest is retried next tick
                     return dg.SkipReason(f"{exc}; posted {sent}, retrying the rest next tick")
                 sent += 1
-            context.update_cursor(json.dumps(_evaluated(record)))
+            cursor = cursor.handle(key)
+            context.update_cursor(cursor.dump())
+        if ready:
+            context.update_cursor(cursor.moved_to(_evaluated(ready[-1][0])).dump())
         return dg.SkipReason(f"posted {sent} alert(s)" if url else f"alerts off: ${alerts.WEBHOOK_ENV} is not set")
 
     @dg.run_failure_sensor(
         name="run_failure_alerts",
+        minimum_interval_seconds=ALERT_INTERVAL_S,
         default_status=dg.DefaultSensorStatus.RUNNING,
         description=f"Posts each failed run to ${alerts.WEBHOOK_ENV}, unless a failed blocking check (already "
         "announced) stopped it.",
@@ -146,7 +217,10 @@ def build_sensors(specs: Sequence[DatasetSpec]) -> list[dg.SensorDefinition]:
             return dg.SkipReason(f"run {run.run_id} failed on check(s) {', '.join(covered)}: already announced")
         steps = context.get_step_failure_events()
         error = _root_error(steps[0].event_specific_data.error) if steps else context.failure_event.message
-        names = [k.path[-1] for k in run.asset_selection or ()] + [s.step_key or "" for s in steps]
+        selected = [key.to_user_string() for key in run.asset_selection or ()]
+        assets = {key.to_user_string() for key in context.repository_def.asset_graph.get_all_asset_keys()}
+        asset = failed_asset(selected, assets, [s.step_key or "" for s in steps])
+        names = [asset or ""] + [k.path[-1] for k in run.asset_selection or ()] + [s.step_key or "" for s in steps]
         alerts.post_alert(  # a refused post fails this tick (visible in the UI); Dagster moves on to the next run
             alerts.run_alert(
                 job=run.job_name,
@@ -154,6 +228,7 @@ def build_sensors(specs: Sequence[DatasetSpec]) -> list[dg.SensorDefinition]:
                 base_url=ui_url(),
                 error=error or "",
                 dataset=_dataset_of(names, datasets),
+                asset=asset,
                 partition=_partition_of(run),
             ),
             url,
