@@ -235,6 +235,8 @@ class Validation:
 
     records: dict[str, quality.ShardRecord] = field(default_factory=dict)
     digests: dict[str, str] = field(default_factory=dict)
+    rows: dict[str, int] = field(default_factory=dict)  # each shard's row count
+    columns: dict[str, pl.DataType] = field(default_factory=dict)  # the shards' columns (the last one written)
     report: str = ""  # the dataset report's URI
 
 
@@ -263,6 +265,7 @@ def validate(
         store.write_bytes(layout.shard(spec.name, validated_asset(spec), record.partition), data)
         report.write_shard_report(spec, store, record)
         done.records[record.partition], done.digests[record.partition] = record, digest(data)
+        done.rows[record.partition], done.columns = rows.height, dict(rows.schema)
 
     if workers is None:
         workers = cores() if len(partitions) * spec.shard_size >= POOL_MIN_PROMPTS else 1
