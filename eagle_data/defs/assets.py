@@ -174,6 +174,10 @@ def build_dataset_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
         name=estimate_asset(spec),
         deps=[prompts],
         group_name=ds,
+        # Partitioned like the others (it estimates the whole dataset once per run, whatever its range), so
+        # "Materialize all" on the group is one single-run backfill instead of one run per partitioning.
+        partitions_def=common["partitions_def"],
+        backfill_policy=common["backfill_policy"],
         kinds={"python"},
         **catalog_labels("estimate", spec.owners, f"{spec.title}: tokens and dollars projected from a small "
                          "sample, checked against the budgets.", dataset=ds),
