@@ -133,3 +133,12 @@ def test_a_waiting_step_names_the_holder_and_a_dead_holder_is_released(tmp_path:
                             "released its slot and marked the run failed"]  # fmt: skip
         assert instance.get_run_by_id("holder").status == dg.DagsterRunStatus.FAILURE
         assert storage.claim_concurrency_slot("openai", "waiter", "b3_magicoder").is_claimed
+
+
+def test_the_run_worker_tag_is_hidden_from_the_ui():
+    """The reaper's `host:pid` tag means nothing to a person: GraphQL (and so the UI) leaves hidden tags out."""
+    from dagster._core.storage.tags import TagType, get_tag_type
+
+    from eagle_data.defs.pools import WORKER_TAG
+
+    assert get_tag_type(WORKER_TAG) == TagType.HIDDEN
