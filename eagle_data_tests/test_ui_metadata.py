@@ -71,3 +71,17 @@ def test_code_versions_follow_the_settings_each_stage_reads() -> None:
     }
     assert versions["b9_meta_validated"] == code_version("validated", SPEC)
     assert versions["b9_meta"] == code_version("generation", SPEC)
+
+
+def test_a_user_error_fails_the_step_with_its_one_line_not_a_class_path(tmp_path: Path) -> None:
+    """A source file that is not there: the step's error is the source's own line, as a Failure."""
+    prompts = build_dataset_assets(SPEC)[0]
+    config = {"ops": {"b9_meta_prompts": {"config": {"source_path": str(tmp_path / "nowhere.jsonl")}}}}
+    result = dg.materialize(
+        [prompts], partition_key="00000", run_config=config, raise_on_error=False,
+        resources={"storage": StorageResource(root=str(tmp_path))},
+    )  # fmt: skip
+    error = next(e for e in result.all_events if e.is_step_failure).step_failure_data.error
+    assert error.cls_name == "Failure" and error.cause is None
+    assert error.message.startswith("dagster._core.definitions.events.Failure: ")  # what alerts.readable strips
+    assert "nowhere.jsonl" in error.message and "SourceError" not in error.to_string()

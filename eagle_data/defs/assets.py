@@ -15,6 +15,7 @@ from pydantic import Field
 
 from eagle_data import layout, pipeline, quality, sources
 from eagle_data.catalog import DatasetSpec
+from eagle_data.defs.failures import user_failure
 from eagle_data.defs.pools import tie_to_run_worker
 from eagle_data.defs.resources import (
     EngineResource,
@@ -156,6 +157,7 @@ def build_dataset_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
                          f"{spec.shard_size} per shard.", dataset=ds),
         **common,
     )
+    @user_failure
     def prompts(
         context: dg.AssetExecutionContext, config: PromptsConfig, storage: StorageResource
     ) -> dg.MaterializeResult:
@@ -190,6 +192,7 @@ def build_dataset_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
             )
         ],
     )
+    @user_failure
     def estimate(
         context: dg.AssetExecutionContext, config: EstimateConfig, storage: StorageResource, engine: EngineResource
     ) -> dg.MaterializeResult:
@@ -226,6 +229,7 @@ def build_dataset_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
                          "results durable as they land.", dataset=ds, engine=engine_kind()),
         **common,
     )
+    @user_failure
     def generation(
         context: dg.AssetExecutionContext, config: GenerationConfig, storage: StorageResource, engine: EngineResource
     ) -> dg.MaterializeResult:
@@ -255,6 +259,7 @@ def build_dataset_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
                          f"{spec.target}, with per-row verdicts.", dataset=ds, target=spec.target),
         **common,
     )
+    @user_failure
     def validated(context: dg.AssetExecutionContext, storage: StorageResource) -> dg.MaterializeResult:
         previous = previous_figure(context.instance, context.asset_key, context.run.run_id)
         store = storage.store()
