@@ -4,13 +4,16 @@ and `dagster/column_schema` per materialized partition, and code versions that f
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import dagster as dg
+import pytest
 
 from eagle_data.catalog import Adapter, DatasetSpec
 from eagle_data.defs.assets import COLUMN_SCHEMA, ROW_COUNT, build_dataset_assets, code_version
 from eagle_data.defs.checks import build_checks
+from eagle_data.defs.messages import leveled
 from eagle_data.defs.resources import EngineResource, StorageResource
 from eagle_data.storage import ShardStore
 from eagle_data_tests.fixtures_quality import generation_frame
@@ -85,3 +88,15 @@ def test_a_user_error_fails_the_step_with_its_one_line_not_a_class_path(tmp_path
     assert error.cls_name == "Failure" and error.cause is None
     assert error.message.startswith("dagster._core.definitions.events.Failure: ")  # what alerts.readable strips
     assert "nowhere.jsonl" in error.message and "SourceError" not in error.to_string()
+
+
+def test_a_pipeline_warning_reaches_dagster_at_warning_level(caplog: pytest.LogCaptureFixture) -> None:
+    """The export's "WARNING b7 shard 00001 left out of the export: ..." used to be logged at INFO."""
+    logger = logging.getLogger("eagle_data_tests.leveled")
+    with caplog.at_level(logging.INFO, logger=logger.name):
+        line = leveled(logger)
+        line("WARNING b7_sharegpt shard 00001 left out of the export: empty_response failed")
+        line("b7_sharegpt: wrote 10 prompts")
+    assert [(r.levelname, r.getMessage().split(" ")[0]) for r in caplog.records] == [
+        ("WARNING", "WARNING"), ("INFO", "b7_sharegpt:")
+    ]  # fmt: skip

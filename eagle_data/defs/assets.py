@@ -15,7 +15,7 @@ from pydantic import Field
 
 from eagle_data import layout, pipeline, quality, sources
 from eagle_data.catalog import DatasetSpec
-from eagle_data.defs.failures import user_failure
+from eagle_data.defs.messages import leveled, user_failure
 from eagle_data.defs.pools import tie_to_run_worker
 from eagle_data.defs.resources import (
     EngineResource,
@@ -203,7 +203,7 @@ def build_dataset_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
             sample_prompts=config.sample_prompts,
             usd_per_prompt_token=config.usd_per_million_prompt_tokens / 1e6,
             usd_per_completion_token=config.usd_per_million_completion_tokens / 1e6,
-            log=context.log.info,
+            log=leveled(context.log),
             settings=engine.runner_settings(),
             run_id=context.run_id,
         )
@@ -241,7 +241,7 @@ def build_dataset_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
             storage.store(),
             context.partition_keys,
             backend,
-            log=context.log.info,
+            log=leveled(context.log),
             settings=engine.runner_settings(),
             retry_rejected=config.retry_rejected,
             run_id=context.run_id,

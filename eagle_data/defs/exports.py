@@ -18,6 +18,7 @@ from eagle_data import exports, pipeline
 from eagle_data.catalog import DatasetSpec
 from eagle_data.defs.assets import SHARD_DIGEST, catalog_labels
 from eagle_data.defs.checks import validated_key
+from eagle_data.defs.messages import leveled
 from eagle_data.defs.resources import StorageResource
 from eagle_data.storage import ShardStore
 
@@ -160,7 +161,7 @@ def build_exports(specs: Sequence[DatasetSpec], checks: Sequence[dg.AssetChecksD
         store = storage.store()
         gate = {spec.name: admission(context.instance, store, spec, gated_by[spec.name]) for spec in specs}
         try:
-            figures = pipeline.export(list(specs), store, gate, seed=config.seed, log=context.log.info)
+            figures = pipeline.export(list(specs), store, gate, seed=config.seed, log=leveled(context.log))
         except exports.ExportError as exc:
             raise dg.Failure(description=str(exc), allow_retries=False) from None
         if "excluded" in figures:

@@ -1,13 +1,16 @@
-"""Errors a user can cause, shown in Dagster as what they are: one line that says what to do.
+"""What a user reads in Dagster: errors they can cause as one line, warnings at WARNING level.
 
 The pure rooms raise their own exception types with a message written for the person running the job
 (naming the dataset, file or setting). Raised as they are, Dagster shows them as a Python class path and
-a stack trace; `user_failure` turns them into a `dg.Failure` that carries only the message.
+a stack trace; `user_failure` turns them into a `dg.Failure` that carries only the message. The pure
+rooms log through one plain callable and mark warnings with a leading "WARNING "; `leveled` sends those
+lines to Dagster's WARNING level, so the run's log filter and the UI show them as warnings.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -42,3 +45,15 @@ def user_failure(fn: F) -> F:
             raise dg.Failure(description=str(exc), metadata={"error": type(exc).__name__}) from None
 
     return body  # type: ignore[return-value]
+
+
+WARNING_PREFIX = "WARNING "
+
+
+def leveled(log: logging.Logger | logging.LoggerAdapter) -> Callable[[str], None]:
+    """A pure room's `log` callable on a Dagster logger: lines starting "WARNING " at WARNING, others at INFO."""
+
+    def line(text: str) -> None:
+        (log.warning if text.startswith(WARNING_PREFIX) else log.info)(text)
+
+    return line
