@@ -235,9 +235,9 @@ class Validation:
 
     records: dict[str, quality.ShardRecord] = field(default_factory=dict)
     digests: dict[str, str] = field(default_factory=dict)
+    report: report.DatasetReport | None = None  # the dataset page, with its headline figures
     rows: dict[str, int] = field(default_factory=dict)  # each shard's row count
     columns: dict[str, pl.DataType] = field(default_factory=dict)  # the shards' columns (the last one written)
-    report: str = ""  # the dataset report's URI
 
 
 def validate(
@@ -261,11 +261,11 @@ def validate(
     done = Validation()
 
     def keep(rows: pl.DataFrame, record: quality.ShardRecord) -> None:
+        done.rows[record.partition], done.columns = rows.height, dict(rows.schema)
         data = parquet_bytes(rows)
         store.write_bytes(layout.shard(spec.name, validated_asset(spec), record.partition), data)
         report.write_shard_report(spec, store, record)
         done.records[record.partition], done.digests[record.partition] = record, digest(data)
-        done.rows[record.partition], done.columns = rows.height, dict(rows.schema)
 
     if workers is None:
         workers = cores() if len(partitions) * spec.shard_size >= POOL_MIN_PROMPTS else 1

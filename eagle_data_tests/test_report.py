@@ -87,7 +87,7 @@ def write_reports(spec: DatasetSpec, store: ShardStore, frames: dict[str, pl.Dat
             pl.lit(int(key), pl.Int32).alias("shard")
         )
         write_shard_report(spec, store, shard_record(key, shard, inputs_for(spec)))
-    return write_dataset_report(spec, store)
+    return write_dataset_report(spec, store).uri
 
 
 def test_write_reports_keeps_a_page_per_shard_and_rolls_up_the_dataset(tmp_path: Path) -> None:

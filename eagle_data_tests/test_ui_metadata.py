@@ -13,7 +13,7 @@ import pytest
 from eagle_data.catalog import Adapter, DatasetSpec
 from eagle_data.defs.assets import COLUMN_SCHEMA, ROW_COUNT, build_dataset_assets, code_version
 from eagle_data.defs.checks import build_checks
-from eagle_data.defs.messages import leveled
+from eagle_data.defs.messages import file_locations, leveled, uri_locations
 from eagle_data.defs.resources import EngineResource, StorageResource
 from eagle_data.storage import ShardStore
 from eagle_data_tests.fixtures_quality import generation_frame
@@ -60,6 +60,13 @@ def test_row_count_and_column_schema_are_read_back_from_the_instance(tmp_path: P
     validated_columns = {c.name: c.type for c in validated["00001"][COLUMN_SCHEMA].value.columns}
     assert validated_columns["input_ids"] == "List(Int32)" and validated_columns["loss_mask"] == "List(UInt8)"
     assert {"prompt_id", "num_tokens", "loss_tokens", "verdict"} <= set(validated_columns)
+    report = validated["00001"]["quality_report"]  # a path to copy: a browser refuses file:// from a web page
+    assert (
+        report.value == f"{tmp_path}/b9_meta/b9_meta_quality/index.html"
+        and "quality_report_link" not in validated["00001"]
+    )
+    assert validated["00001"]["dataset_shards"].value == 2 and validated["00001"]["dataset_rows"].value == 350
+    assert "| empty_response | pass |" in validated["00001"]["dataset_checks"].value
 
 
 def test_code_versions_follow_the_settings_each_stage_reads() -> None:
@@ -100,3 +107,18 @@ def test_a_pipeline_warning_reaches_dagster_at_warning_level(caplog: pytest.LogC
     assert [(r.levelname, r.getMessage().split(" ")[0]) for r in caplog.records] == [
         ("WARNING", "WARNING"), ("INFO", "b7_sharegpt:")
     ]  # fmt: skip
+
+
+def test_written_files_are_copyable_paths_and_on_s3_also_links(store: ShardStore) -> None:
+    key = "b9_meta/b9_meta_quality/index.html"
+    store.write_bytes(key, b"<html></html>")
+    found = file_locations(store, {"quality_report": key})
+    assert found["quality_report"] == dg.MetadataValue.path(store.uri(key))
+    if store.is_s3:
+        link = str(found["quality_report_link"].value)
+        assert link.startswith("http") and "Signature" in link and key in link
+    else:
+        assert set(found) == {"quality_report"}
+    assert uri_locations(store, {"mix_path": store.uri("mix/mix.parquet"), "rows": 3}) == file_locations(
+        store, {"mix_path": "mix/mix.parquet"}
+    )

@@ -15,7 +15,7 @@ from pydantic import Field
 
 from eagle_data import layout, pipeline, quality, sources
 from eagle_data.catalog import DatasetSpec
-from eagle_data.defs.messages import leveled, user_failure
+from eagle_data.defs.messages import file_locations, leveled, user_failure
 from eagle_data.defs.pools import tie_to_run_worker
 from eagle_data.defs.resources import (
     EngineResource,
@@ -266,15 +266,17 @@ def build_dataset_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
         done = pipeline.validate(spec, store, context.partition_keys, previous, log=context.log.warning)
         verdicts: Counter[str] = Counter()
         for key, record in done.records.items():
-            page = dg.MetadataValue.url(store.link(layout.quality_page(ds, key)))
-            shard = {**shard_metadata(record), "shard_report": page, SHARD_DIGEST: done.digests[key],
+            page = file_locations(store, {"shard_report": layout.quality_page(ds, key)})
+            shard = {**shard_metadata(record), **page, SHARD_DIGEST: done.digests[key],
                      ROW_COUNT: done.rows[key]}  # fmt: skip
             context.add_asset_metadata(shard, partition_key=key)
             verdicts.update(record.summary.verdicts)
-        context.log.info(f"{ds}: verdicts {dict(sorted(verdicts.items()))}; quality report {done.report}")
+        assert done.report is not None
+        context.log.info(f"{ds}: verdicts {dict(sorted(verdicts.items()))}; quality report {done.report.uri}")
         metadata = {
-            "quality_report": dg.MetadataValue.url(store.link(layout.quality_index(ds))),  # opens in a browser
-            "quality_report_location": dg.MetadataValue.path(done.report),
+            **file_locations(store, {"quality_report": layout.quality_index(ds)}),
+            **done.report.numbers(),  # the report's headline, readable without opening a file
+            "dataset_checks": dg.MetadataValue.md(done.report.checks_table()),
             COLUMN_SCHEMA: column_schema(done.columns),
         }
         return dg.MaterializeResult(metadata=metadata)

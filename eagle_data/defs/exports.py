@@ -18,7 +18,7 @@ from eagle_data import exports, pipeline
 from eagle_data.catalog import DatasetSpec
 from eagle_data.defs.assets import SHARD_DIGEST, catalog_labels
 from eagle_data.defs.checks import validated_key
-from eagle_data.defs.messages import leveled
+from eagle_data.defs.messages import file_locations, leveled, uri_locations
 from eagle_data.defs.resources import StorageResource
 from eagle_data.storage import ShardStore
 
@@ -166,7 +166,9 @@ def build_exports(specs: Sequence[DatasetSpec], checks: Sequence[dg.AssetChecksD
             raise dg.Failure(description=str(exc), allow_retries=False) from None
         if "excluded" in figures:
             figures["excluded"] = dg.MetadataValue.md(figures["excluded"])
-        figures["mix_path"] = dg.MetadataValue.path(figures["mix_path"])
+        files = {f"{spec.name}_{kind}": key for spec in specs if f"{spec.name}_rows" in figures
+                 for kind, key in zip(("conversations", "train"), pipeline.export_keys(spec), strict=True)}  # fmt: skip
+        figures.update({**uri_locations(store, figures), **file_locations(store, files)})
         return dg.MaterializeResult(metadata=figures)
 
     return training_mix
