@@ -30,9 +30,10 @@ if TYPE_CHECKING:
 UI_URL_ENV = "EAGLE_DATA_UI_URL"
 DEFAULT_UI_URL = "http://localhost:3000"
 _HISTORY = 100  # failed executions read per check and tick; more than a tick can produce
-# A failed check is announced once its run has ended (so one message lists every failing shard): at most
-# this long after the run ends, plus the daemon's own loop (it evaluates due sensors every few seconds).
+# A failed check is announced once its step has ended (so one message lists every failing shard): at most
+# this long after, plus the tick's own time (the daemon's loop runs due sensors every 5 s at most).
 ALERT_INTERVAL_S = 5
+STEP_SUCCESS, STEP_FAILURE = dg.DagsterEventType.STEP_SUCCESS, dg.DagsterEventType.STEP_FAILURE
 _HANDLED = 200  # (run, asset, check) keys the cursor remembers, for shards evaluated after an alert went out
 
 
@@ -68,13 +69,18 @@ def alert_key(alert: alerts.CheckAlert) -> tuple[str, str, str]:
 def ready_failures(
     failed: Sequence[tuple[AssetCheckExecutionRecord, str]], instance: dg.DagsterInstance
 ) -> list[tuple[AssetCheckExecutionRecord, str]]:
-    """The failures up to the first one whose run is still going: a run's failures are announced together
-    once it has ended (a blocking failure ends it at once)."""
+    """The failures up to the first one whose step is still going: a check step yields all its evaluations
+    (one per shard) before it ends, so one message can list every failing shard as soon as it has."""
+    ended: dict[str, set[str]] = {}  # run id -> its ended steps
     ready = []
     for record, dataset in failed:
         run = instance.get_run_by_id(record.run_id)
         if run is not None and not run.is_finished:
-            break
+            if record.run_id not in ended:
+                events = instance.all_logs(record.run_id, of_type={STEP_SUCCESS, STEP_FAILURE})
+                ended[record.run_id] = {e.step_key for e in events if e.step_key}
+            if record.event.step_key not in ended[record.run_id]:
+                break
         ready.append((record, dataset))
     return ready
 
