@@ -1,11 +1,13 @@
 """Alert sensors: open-source Dagster announces neither failed checks nor failed runs, so these do.
 
-`quality_alerts` posts once per failed ERROR check evaluation of any catalog dataset: the ERROR quality
-gates, the pre-flight `within_budget` and `decontamination` (cursor: the last check execution it
-handled). `run_failure_alerts` posts once per failed run (Dagster keeps its cursor), except runs a
-failed blocking check stopped: every blocking check is an ERROR one `quality_alerts` announces, so a
-regression gives exactly one message. The webhook URL comes only from $EAGLE_DATA_ALERT_WEBHOOK; with it
-unset both sensors skip (and still move their cursors, so setting it later does not replay history).
+`quality_alerts` posts once per failed ERROR check and run of any catalog dataset (the ERROR quality
+gates, the pre-flight `within_budget` and `decontamination`), listing every shard it failed on, once the
+check's step has ended (cursor: the last check execution it handled, and the recent (run, check) pairs
+already announced). The grouping is `alerts.group_failures`, over plain records. `run_failure_alerts`
+posts once per failed run (Dagster keeps its cursor), except runs a failed blocking check stopped: every
+blocking check is an ERROR one `quality_alerts` announces, so a regression gives exactly one message.
+The webhook URL comes only from $EAGLE_DATA_ALERT_WEBHOOK; with it unset both sensors skip (and still
+move their cursors, so setting it later does not replay history).
 """
 
 from __future__ import annotations
