@@ -22,7 +22,7 @@ def _dagster_env() -> dict[str, str]:
     env = settings.environment()
     home = Path(env.get("DAGSTER_HOME") or Path.cwd() / ".dagster_home").resolve()
     home.mkdir(parents=True, exist_ok=True)
-    instance_yaml = Path(__file__).resolve().parent.parent / "dagster.yaml"
+    instance_yaml = Path(__file__).resolve().parent.parent / "instance" / "dagster.yaml"
     if instance_yaml.is_file() and not (home / "dagster.yaml").exists():
         shutil.copy(instance_yaml, home / "dagster.yaml")
     env["DAGSTER_HOME"] = str(home)

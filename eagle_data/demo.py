@@ -16,7 +16,7 @@ from pathlib import Path
 from eagle_data import settings
 
 DEMO_MODEL_ENV = "EAGLE_DATA_DEMO_MODEL"
-DEMO_VERSION = "1"
+DEMO_VERSION = "2"  # 2: added tokens such as <|vision_end|> are never preferred
 
 # ChatML with Qwen3's thinking blocks, written for this project (Qwen3's own template behaves the same way
 # for plain chat): reasoning is shown only on assistant turns after the last user message; with thinking
@@ -67,11 +67,12 @@ def ensure_demo_model(path: Path | None = None) -> Path:
 
 
 def _ascii_token_ids(tokenizer) -> list[int]:
-    """Ids of ordinary tokens made of printable ASCII (letters, digits, punctuation, spaces)."""
-    keep = []
-    for token, idx in tokenizer.get_vocab().items():
+    """Ids of ordinary tokens made of printable ASCII (letters, digits, punctuation, spaces). Added tokens
+    (`<|vision_end|>`, `<think>` ...) are left out: a reply holding one is rightly judged broken."""
+    keep, added = [], set(tokenizer.get_added_vocab().values())
+    for idx in tokenizer.get_vocab().values():
         text = tokenizer.decode([idx])
-        if text and text.isascii() and text.isprintable() and token not in tokenizer.all_special_tokens:
+        if text and text.isascii() and text.isprintable() and idx not in added:
             keep.append(idx)
     return sorted(keep)
 

@@ -316,7 +316,9 @@ class Validation:
     (its materialization and check evaluations carry it, so the export reads only the bytes the checks judged)."""
 
     records: dict[str, quality.ShardRecord] = field(default_factory=dict)
-    report: str = ""  # the dataset report's URI
+    report: report.DatasetReport | None = None  # the dataset page, with its headline figures
+    rows: dict[str, int] = field(default_factory=dict)  # each shard's row count
+    columns: dict[str, pl.DataType] = field(default_factory=dict)  # the shards' columns (the last one written)
 
 
 def validate(
@@ -340,6 +342,7 @@ def validate(
     done = Validation()
 
     def keep(rows: pl.DataFrame, record: quality.ShardRecord) -> None:
+        done.rows[record.partition], done.columns = rows.height, dict(rows.schema)
         data = parquet_bytes(rows)
         store.write_bytes(layout.shard(spec.name, validated_asset(spec), record.partition), data)
         record = replace(record, shard_sha256=digest(data))

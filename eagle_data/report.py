@@ -8,13 +8,13 @@ dataset next to the data.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from html import escape
 
 from eagle_data import layout
 from eagle_data.catalog import DatasetSpec
 from eagle_data.quality import CHECK_COLUMNS, Inputs, ShardRecord, rollup, row_verdicts, shard_record
-from eagle_data.quality.figures import Bins, Figures
+from eagle_data.quality.figures import Bins, Figures, markdown_table
 from eagle_data.quality.gates import CheckResult
 from eagle_data.storage import ShardStore, digest, read_columns
 
@@ -181,7 +181,32 @@ def read_record(spec: DatasetSpec, store: ShardStore, key: str, log: Log = print
     return rebuilt
 
 
-def write_dataset_report(spec: DatasetSpec, store: ShardStore, log: Log = print) -> str:
+HEADLINE_FIGURES = ("rows", "train_rows", "pass_share", "avg_completion_tokens")  # of the dataset page
+
+
+@dataclass(frozen=True)
+class DatasetReport:
+    """The dataset page written, and what it shows at the top: its figures travel as asset metadata, so
+    reading them needs no file (a browser refuses `file://` links from a web page)."""
+
+    uri: str
+    shards: int
+    figures: Figures
+    results: tuple[CheckResult, ...]
+
+    def numbers(self) -> dict[str, float | int]:
+        """`dataset_<figure>` over every judged shard (a partition's own figures keep the bare names)."""
+        found = {name: self.figures.numbers[name] for name in HEADLINE_FIGURES if name in self.figures.numbers}
+        return {"dataset_shards": self.shards, **{f"dataset_{name}": value for name, value in found.items()}}
+
+    def checks_table(self) -> str:
+        """Every check over the judged shards, as the page's first table, in markdown."""
+        rows = [[r.name, "pass" if r.passed else f"FAIL ({r.severity})", r.message.replace("|", "/")]
+                for r in self.results]  # fmt: skip
+        return markdown_table(["check", "result", "figures"], rows)
+
+
+def write_dataset_report(spec: DatasetSpec, store: ShardStore, log: Log = print) -> DatasetReport:
     """Refresh the dataset page (`{root}/{ds}/{ds}_quality/index.html`) from every shard's record.
 
     Two runs finishing at once may leave the page one shard behind; the next materialization brings it
@@ -191,4 +216,5 @@ def write_dataset_report(spec: DatasetSpec, store: ShardStore, log: Log = print)
     records = [read_record(spec, store, p.partition, log) for p in parsed if p and p.kind == "quality_record"]
     fig, results = rollup(records)
     title = f"{spec.title or spec.name} ({spec.name}): {len(records)} of {spec.num_shards} shards"
-    return store.write_bytes(layout.quality_index(spec.name), render_report(title, fig, results))
+    uri = store.write_bytes(layout.quality_index(spec.name), render_report(title, fig, results))
+    return DatasetReport(uri, len(records), fig, tuple(results))

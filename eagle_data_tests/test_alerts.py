@@ -7,58 +7,110 @@ import time
 
 import pytest
 
-from eagle_data.alerts import WEBHOOK_ENV, AlertError, check_alert, post_alert, run_alert, webhook_url
+from eagle_data.alerts import (
+    WEBHOOK_ENV,
+    AlertError,
+    CheckFailure,
+    check_alert,
+    group_failures,
+    post_alert,
+    readable,
+    run_alert,
+    webhook_url,
+)
 from eagle_data_tests.fixtures_quality import Receiver
 
 BASE = "http://dagster.local:3000/"
 MESSAGE = "87.0% of rows have loss-mask sum 6 (limit 20%)"
 
 
+def failure(
+    shards: tuple[str, ...] = ("00003",), run_id: str = "abc-123", check: str = "empty_response"
+) -> CheckFailure:
+    return CheckFailure(
+        run_id=run_id, dataset="b7_sharegpt", asset="b7_sharegpt_validated", check=check, severity="ERROR",
+        shards=shards, message=MESSAGE, figure=0.87, threshold=0.2,
+    )  # fmt: skip
+
+
 def failed_check() -> dict:
-    return check_alert(
-        dataset="b7_sharegpt",
-        partition="00003",
-        check="empty_response",
-        severity="ERROR",
-        figure=0.87,
-        threshold=0.2,
-        message=MESSAGE,
-        run_id="abc-123",
-        base_url=BASE,
+    [alert] = group_failures([failure()])
+    return check_alert(alert, BASE)
+
+
+CHECK_PAGE = "http://dagster.local:3000/assets/b7_sharegpt_validated?view=checks&checkDetail=empty_response"
+
+
+def test_check_alert_names_dataset_asset_shard_check_figures_and_links() -> None:
+    payload = failed_check()
+    text = json.dumps(payload, ensure_ascii=False)
+    for needle in ("b7_sharegpt", "b7_sharegpt_validated", "00003", "empty_response", MESSAGE, "0.87 vs 0.2"):
+        assert needle in text
+    assert CHECK_PAGE in payload["text"] and "http://dagster.local:3000/runs/abc-123" in payload["text"]
+    assert payload["blocks"][0] == {
+        "type": "header",
+        "text": {
+            "type": "plain_text",
+            "text": "ERROR check empty_response failed on b7_sharegpt (b7_sharegpt_validated) [00003]",
+        },
+    }
+    assert payload["blocks"][-1]["text"]["text"] == (
+        f"<{CHECK_PAGE}|Open the check> · <http://dagster.local:3000/runs/abc-123|Open the run>"
     )
 
 
-def test_check_alert_names_dataset_partition_check_figures_and_run_link() -> None:
-    payload = failed_check()
-    text = json.dumps(payload, ensure_ascii=False)
-    for needle in ("b7_sharegpt", "00003", "empty_response", MESSAGE, "0.87 vs 0.2"):
-        assert needle in text
-    assert "http://dagster.local:3000/runs/abc-123" in payload["text"]
-    assert payload["blocks"][0] == {
-        "type": "header",
-        "text": {"type": "plain_text", "text": "ERROR check empty_response failed on b7_sharegpt [00003]"},
-    }
-    assert payload["blocks"][-1]["text"]["text"] == "<http://dagster.local:3000/runs/abc-123|Open the run in Dagster>"
+@pytest.mark.parametrize(
+    "evaluations",
+    [
+        pytest.param([failure(("00001",)), failure(("00004",)), failure(("00002",))], id="one-evaluation-per-shard"),
+        pytest.param([failure(("00001", "00002", "00004"))], id="one-evaluation-for-the-range"),
+    ],
+)
+def test_one_alert_per_run_and_check_lists_every_failing_shard(evaluations: list[CheckFailure]) -> None:
+    """ "Execute all" after one threshold change judged every shard: one message, not one per shard."""
+    other_check = failure(("00001",), check="lost_text")
+    other_run = failure(("00001",), run_id="def-456")
+    alerts = group_failures([*evaluations, other_check, other_run])
+    assert [(a.run_id, a.check) for a in alerts] == [
+        ("abc-123", "empty_response"), ("abc-123", "lost_text"), ("def-456", "empty_response")
+    ]  # fmt: skip
+    assert alerts[0].shards == ["00001", "00002", "00004"]
+    payload = check_alert(alerts[0], BASE)
+    assert payload["blocks"][0]["text"]["text"].endswith("[00001, 00002, 00004]")
+    assert {"type": "mrkdwn", "text": "*Failing shards*\n00001, 00002, 00004"} in payload["blocks"][2]["fields"]
+
+
+def test_alerts_quote_errors_without_python_class_paths() -> None:
+    assert readable("dagster._core.definitions.events.Failure: b7_sharegpt: no prompts\nTraceback") == (
+        "b7_sharegpt: no prompts"
+    )
+    assert readable("eagle_data.sources.SourceError: b7_sharegpt: hub unreachable") == "b7_sharegpt: hub unreachable"
+    assert readable("shard 00001: 87.0% of rows (limit 20%)") == "shard 00001: 87.0% of rows (limit 20%)"
+    [alert] = group_failures([CheckFailure(**{**failure().__dict__, "message": "eagle_data.x.GateError: too short"})])
+    assert "GateError" not in json.dumps(check_alert(alert, BASE))
 
 
 def test_slack_control_characters_in_data_are_escaped() -> None:
-    payload = check_alert(
-        dataset="d", partition=None, check="c", severity="ERROR", figure=None, threshold=None,
-        message="completion '<!channel> & <b>'", run_id="r", base_url=BASE,
+    [alert] = group_failures(
+        [CheckFailure(run_id="r", dataset="d", asset="d_validated", check="c", severity="ERROR", shards=(),
+                      message="completion '<!channel> & <b>'")]
     )  # fmt: skip
+    payload = check_alert(alert, BASE)
     body = payload["blocks"][1]["text"]["text"]
     assert body == "completion '&lt;!channel&gt; &amp; &lt;b&gt;'"
     assert "n/a vs n/a" in json.dumps(payload)
 
 
-def test_run_alert_keeps_the_first_error_line() -> None:
+def test_run_alert_names_dataset_and_asset_and_keeps_the_first_error_line() -> None:
     payload = run_alert(
-        job="b7_sharegpt_job", run_id="r1", base_url=BASE, error="boom: shard 3\nTraceback...",
-        dataset="b7_sharegpt", partition="00003",
+        job="__ASSET_JOB", run_id="r1", base_url=BASE,
+        error="eagle_data.sources.SourceError: boom: shard 3\nTraceback...",
+        dataset="b7_sharegpt", asset="b7_sharegpt_prompts", partition="00003",
     )  # fmt: skip
-    assert payload["blocks"][0]["text"]["text"] == "Run failed: b7_sharegpt_job on b7_sharegpt [00003]"
+    assert payload["blocks"][0]["text"]["text"] == "Run failed: b7_sharegpt (b7_sharegpt_prompts) [00003]"
     assert payload["blocks"][1]["text"]["text"] == "boom: shard 3"
-    assert "Traceback" not in json.dumps(payload)
+    assert "Traceback" not in json.dumps(payload) and "SourceError" not in json.dumps(payload)
+    assert "http://dagster.local:3000/assets/b7_sharegpt_prompts" in payload["text"]
 
 
 def test_post_alert_delivers_the_json_body() -> None:

@@ -28,7 +28,7 @@ from eagle_data.defs.resources import ENGINE_ENV, NO_ENGINE_POOL, POOL_ENV
 REPO = Path(__file__).resolve().parent.parent
 COMPOSE_FILE = REPO / "docker" / "docker-compose.yaml"
 ENV_EXAMPLE = REPO / ".env.example"
-LOCAL_YAML = REPO / "dagster.yaml"
+LOCAL_YAML = REPO / "instance" / "dagster.yaml"
 DEPLOY_YAML = REPO / "docker" / "dagster.yaml"
 REQUIRED_SECRETS = {"DAGSTER_POSTGRES_PASSWORD": "pg-test-password", "AWS_SECRET_ACCESS_KEY": "minio-test-secret"}
 SERVICES = {"postgres", "minio", "create-bucket", "user-code", "webserver", "daemon"}
@@ -92,6 +92,13 @@ def test_env_example_holds_no_secret_values():
     secrets = {name: value for name, value in pairs if secret_name.search(name)}
     assert set(REQUIRED_SECRETS) <= set(secrets)
     assert all(value == "" for value in secrets.values()), secrets
+
+
+def test_dagster_dev_in_the_repository_finds_no_instance_file_it_would_ignore():
+    """`dagster dev` warns that a dagster.yaml in its folder "will not be used" when $DAGSTER_HOME is
+    elsewhere; the laptop settings live in instance/ and are copied into $DAGSTER_HOME."""
+    assert not (REPO / "dagster.yaml").exists() and not (REPO / "dagster.yml").exists()
+    assert LOCAL_YAML.is_file()
 
 
 def test_local_instance_is_sqlite_with_queue_pools_monitoring_and_retries(tmp_path: Path):

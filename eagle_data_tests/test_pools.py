@@ -59,7 +59,7 @@ def test_sigkilled_cli_run_does_not_block_the_next_one(tmp_path: Path):
     base_url = server.start()
     home = tmp_path / "home"
     home.mkdir()
-    shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")  # the pools: one generation step per engine
+    shutil.copy(REPO / "instance" / "dagster.yaml", home / "dagster.yaml")  # the pools: one generation step per engine
     env = {k: v for k, v in os.environ.items() if not k.startswith(("EAGLE_DATA_", "DAGSTER_"))}
     env.update(EAGLE_DATA_PROFILE="demo", EAGLE_DATA_ROOT=str(tmp_path / "out"), DAGSTER_HOME=str(home),
                EAGLE_DATA_ENGINE="openai", EAGLE_DATA_MODEL="m", EAGLE_DATA_BASE_URL=base_url, OPENAI_API_KEY="k",
@@ -111,7 +111,7 @@ def test_a_waiting_step_names_the_holder_and_a_dead_holder_is_released(tmp_path:
     gone.wait()  # a pid that no longer exists
     home = tmp_path / "home"
     home.mkdir()
-    shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
+    shutil.copy(REPO / "instance" / "dagster.yaml", home / "dagster.yaml")
     with dg.DagsterInstance.from_config(str(home)) as instance:
         storage = instance.event_log_storage
         holder = instance.add_run(dg.DagsterRun(job_name="gen", run_id="holder", status=dg.DagsterRunStatus.STARTED,
@@ -133,3 +133,12 @@ def test_a_waiting_step_names_the_holder_and_a_dead_holder_is_released(tmp_path:
                             "released its slot and marked the run failed"]  # fmt: skip
         assert instance.get_run_by_id("holder").status == dg.DagsterRunStatus.FAILURE
         assert storage.claim_concurrency_slot("openai", "waiter", "b3_magicoder").is_claimed
+
+
+def test_the_run_worker_tag_is_hidden_from_the_ui():
+    """The reaper's `host:pid` tag means nothing to a person: GraphQL (and so the UI) leaves hidden tags out."""
+    from dagster._core.storage.tags import TagType, get_tag_type
+
+    from eagle_data.defs.pools import WORKER_TAG
+
+    assert get_tag_type(WORKER_TAG) == TagType.HIDDEN

@@ -63,6 +63,7 @@ def stand_in_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
     return [validated, export]
 
 
+HEADLINE = "ERROR check empty_response failed on b9_fixture (b9_fixture_validated) [00001]"
 FROM_START = "[0, 0]"  # a quality_alerts cursor before every evaluation: (evaluated at, record id)
 
 
@@ -158,9 +159,10 @@ def test_the_receiver_gets_exactly_one_alert_for_the_regression(scenario: Scenar
     regression = [a for a in scenario.alerts if "empty_response" in a["text"]]
     assert len(regression) == 1
     alert = regression[0]
-    assert alert["blocks"][0]["text"]["text"] == "ERROR check empty_response failed on b9_fixture [00001]"
+    assert alert["blocks"][0]["text"]["text"] == HEADLINE
     assert "87.0% of rows have loss-mask sum 6 (limit 20%)" in alert["text"]
     assert f"{UI}/runs/{scenario.runs['00001'].run_id}" in alert["text"]
+    assert f"{UI}/assets/b9_fixture_validated?view=checks&checkDetail=empty_response" in alert["text"]
     assert "0.87 vs 0.01" in json.dumps(alert)
     assert any("failed on check(s) empty_response: already announced" in s for s in scenario.skips)
 
@@ -168,11 +170,12 @@ def test_the_receiver_gets_exactly_one_alert_for_the_regression(scenario: Scenar
 def test_a_failed_run_alerts_once_with_its_cause(scenario: Scenario) -> None:
     failures = [a for a in scenario.alerts if a["text"].startswith("Run failed")]
     assert len(failures) == 1
-    assert failures[0]["blocks"][0]["text"]["text"] == "Run failed: __ASSET_JOB on b9_fixture [00002]"
+    assert failures[0]["blocks"][0]["text"]["text"] == "Run failed: b9_fixture (b9_fixture_validated) [00002]"
     assert (
         failures[0]["blocks"][1]["text"]["text"]
         == "RuntimeError: generation shard 00002 missing: materialize b9_fixture first"
     )
+    assert f"{UI}/assets/b9_fixture_validated" in failures[0]["text"]
     assert len(scenario.alerts) == 2  # the final round of ticks posted nothing again
 
 
@@ -193,9 +196,7 @@ def test_a_refused_alert_is_retried_on_the_next_tick(scenario: Scenario, monkeyp
     with Receiver() as receiver:
         monkeypatch.setenv(WEBHOOK_ENV, receiver.url)
         tick = scenario.tick("quality_alerts", FROM_START)
-    assert [a["blocks"][0]["text"]["text"] for a in receiver.bodies] == [
-        "ERROR check empty_response failed on b9_fixture [00001]"
-    ]
+    assert [a["blocks"][0]["text"]["text"] for a in receiver.bodies] == [HEADLINE]
     assert tick.cursor == scenario.check_cursor
 
 
@@ -282,7 +283,7 @@ def test_through_the_real_validation_stage_the_regression_stops_the_training_mix
         assert instance.get_latest_materialization_event(dg.AssetKey("training_mix")) is None
     assert not result.success
     assert len(receiver.bodies) == 1
-    assert "empty_response failed on b9_real [00000]" in receiver.bodies[0]["text"]
+    assert "empty_response failed on b9_real (b9_real_validated) [00000]" in receiver.bodies[0]["text"]
     assert "87.0% of 200 answered rows have loss-mask sum" in receiver.bodies[0]["text"]
 
 
@@ -318,7 +319,7 @@ def test_a_failed_decontamination_check_is_announced_once_as_a_check(
         skips = [tick(defs, instance, name, cursor).skip_message for name, cursor in cursors.items()]
     assert not result.success
     assert [a["blocks"][0]["text"]["text"] for a in receiver.bodies] == [
-        "ERROR check decontamination failed on b9_leak [00000]"
+        "ERROR check decontamination failed on b9_leak (b9_leak_validated) [00000]"
     ]
     assert "1 row(s) kept for training overlap a benchmark" in receiver.bodies[0]["text"]
     assert "failed on check(s) decontamination: already announced" in (skips[1] or "")

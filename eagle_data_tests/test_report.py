@@ -88,7 +88,7 @@ def write_reports(spec: DatasetSpec, store: ShardStore, frames: dict[str, pl.Dat
         )
         record = shard_record(key, shard, inputs_for(spec))  # the digest of bytes not stored here
         write_shard_report(spec, store, replace(record, shard_sha256=digest(key.encode())))
-    return write_dataset_report(spec, store)
+    return write_dataset_report(spec, store).uri
 
 
 def test_write_reports_keeps_a_page_per_shard_and_rolls_up_the_dataset(tmp_path: Path) -> None:

@@ -4,15 +4,18 @@ Each asset writes its own per-partition Parquet shards through the storage resou
 so a single run can cover a partition range. The bodies only call `eagle_data.pipeline`.
 """
 
+import hashlib
+import json
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import dagster as dg
 from pydantic import Field
 
-from eagle_data import layout, pipeline, quality
+from eagle_data import layout, pipeline, quality, sources
 from eagle_data.catalog import DatasetSpec
+from eagle_data.defs.messages import file_locations, leveled, user_failure
 from eagle_data.defs.pools import tie_to_run_worker
 from eagle_data.defs.resources import (
     EngineResource,
@@ -20,6 +23,7 @@ from eagle_data.defs.resources import (
     environment_kind,
     generation_pool,
 )
+from eagle_data.runner.rows import GENERATION_SCHEMA
 
 
 class PromptsConfig(dg.Config):
@@ -128,6 +132,36 @@ def shard_metadata(record: quality.ShardRecord) -> dict[str, Any]:
     return {**figures.numbers, **{name: dg.MetadataValue.md(table) for name, table in figures.tables.items()}}
 
 
+ROW_COUNT, COLUMN_SCHEMA = "dagster/row_count", "dagster/column_schema"  # Dagster's own: shown in the catalog
+
+
+def column_schema(columns: Mapping[str, Any]) -> dg.TableSchema:
+    """The Parquet columns of a shard (name -> polars dtype), as the schema the asset's page shows."""
+    return dg.TableSchema(columns=[dg.TableColumn(name, str(dtype)) for name, dtype in columns.items()])
+
+
+def add_row_counts(context: dg.AssetExecutionContext, rows: Mapping[str, int]) -> None:
+    """Each written partition's own row count on its materialization."""
+    for key, count in rows.items():
+        context.add_asset_metadata({ROW_COUNT: count}, partition_key=key)
+
+
+# Code versions: a stage's number, bumped when its code changes what it writes, plus a hash of the catalog
+# settings it reads, so Dagster marks the shards made under other settings ("code version changed").
+STAGE_CODE = {"prompts": 1, "generation": 1, "validated": 1}
+STAGE_SETTINGS = {
+    "prompts": ("hub_id", "config", "split", "source", "adapter", "shard_size", "max_prompt_chars"),
+    "generation": ("regenerate", "max_turns", "generation"),
+    "validated": ("target", "mask_empty_think", "checks"),
+}
+
+
+def code_version(stage: str, spec: DatasetSpec) -> str:
+    settings = spec.model_dump(mode="json", include=set(STAGE_SETTINGS[stage]))
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:10]
+    return f"{STAGE_CODE[stage]}-{digest}"
+
+
 def build_dataset_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
     ds = spec.name
     pool = generation_pool()  # the environment's engine, read once: Dagster pools are fixed per asset
@@ -140,10 +174,12 @@ def build_dataset_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
     @dg.asset(
         name=pipeline.prompts_asset(spec),
         kinds={"polars", "parquet"},
+        code_version=code_version("prompts", spec),
         **catalog_labels("prompts", spec.owners, f"{spec.title}: normalized, de-duplicated prompts, "
                          f"{spec.shard_size} per shard.", dataset=ds),
         **common,
     )
+    @user_failure
     def prompts(
         context: dg.AssetExecutionContext, config: PromptsConfig, storage: StorageResource
     ) -> dg.MaterializeResult:
@@ -154,12 +190,18 @@ def build_dataset_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
         figures = pipeline.merge_figures(list(per_partition.values()))
         context.log.info(f"{ds}: wrote {figures['prompts']} prompts, skipped {figures['skipped']} rows")
         path = store.uri(store.shard_key(ds, pipeline.prompts_asset(spec), "{partition}"))
-        return dg.MaterializeResult(metadata={**figures, "path": dg.MetadataValue.path(path)})
+        add_row_counts(context, {key: f["prompts"] for key, f in per_partition.items()})
+        schema = column_schema(sources.PROMPTS_SCHEMA)
+        return dg.MaterializeResult(metadata={**figures, "path": dg.MetadataValue.path(path), COLUMN_SCHEMA: schema})
 
     @dg.asset(
         name=estimate_asset(spec),
         deps=[prompts],
         group_name=ds,
+        # Partitioned like the others (it estimates the whole dataset once per run, whatever its range), so
+        # "Materialize all" on the group is one single-run backfill instead of one run per partitioning.
+        partitions_def=common["partitions_def"],
+        backfill_policy=common["backfill_policy"],
         kinds={"python"},
         **catalog_labels("estimate", spec.owners, f"{spec.title}: a canary sample drawn across the "
                          "dataset, judged by the quality gates; tokens and dollars projected from it, checked against "
@@ -180,6 +222,7 @@ def build_dataset_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
             ),
         ],
     )
+    @user_failure
     def estimate(
         context: dg.AssetExecutionContext, config: EstimateConfig, storage: StorageResource, engine: EngineResource
     ) -> dg.MaterializeResult:
@@ -190,7 +233,7 @@ def build_dataset_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
             canary_prompts=config.canary_prompts,
             usd_per_prompt_token=config.usd_per_million_prompt_tokens / 1e6,
             usd_per_completion_token=config.usd_per_million_completion_tokens / 1e6,
-            log=context.log.info,
+            log=leveled(context.log),
             settings=engine.runner_settings(),
             run_id=context.run_id,
         )
@@ -221,11 +264,13 @@ def build_dataset_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
         name=ds,
         deps=[prompts, estimate],
         pool=pool,
+        code_version=code_version("generation", spec),
         kinds={"python", "parquet"},
         **catalog_labels("generation", spec.owners, f"{spec.title}: every reply regenerated by the target model; "
                          "results durable as they land.", dataset=ds, engine=engine_kind()),
         **common,
     )
+    @user_failure
     def generation(
         context: dg.AssetExecutionContext, config: GenerationConfig, storage: StorageResource, engine: EngineResource
     ) -> dg.MaterializeResult:
@@ -236,40 +281,48 @@ def build_dataset_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
         if refused := quality.canary_blocks(latest, config_hash, ignore=config.ignore_canary, dataset=ds):
             raise dg.Failure(refused)
         context.log.info(f"{ds}: engine {backend.describe()}")
-        figures, _ = pipeline.generate(
+        figures, per_partition = pipeline.generate(
             spec,
             storage.store(),
             context.partition_keys,
             backend,
-            log=context.log.info,
+            log=leveled(context.log),
             settings=engine.runner_settings(),
             retry_rejected=config.retry_rejected,
             run_id=context.run_id,
         )
-        return dg.MaterializeResult(metadata={**figures, "engine": backend.describe()})
+        add_row_counts(context, {key: f["done"] for key, f in per_partition.items()})
+        schema = column_schema(GENERATION_SCHEMA)
+        return dg.MaterializeResult(metadata={**figures, "engine": backend.describe(), COLUMN_SCHEMA: schema})
 
     @dg.asset(
         name=pipeline.validated_asset(spec),
         deps=[generation],
+        code_version=code_version("validated", spec),
         kinds={"polars", "parquet"},
         **catalog_labels("validated", spec.owners, f"{spec.title}: token ids and loss masks for target "
                          f"{spec.target}, with per-row verdicts.", dataset=ds, target=spec.target),
         **common,
     )
+    @user_failure
     def validated(context: dg.AssetExecutionContext, storage: StorageResource) -> dg.MaterializeResult:
         previous = previous_figure(context.instance, context.asset_key, context.run.run_id)
         store = storage.store()
         done = pipeline.validate(spec, store, context.partition_keys, previous, log=context.log.warning)
         verdicts: Counter[str] = Counter()
         for key, record in done.records.items():
-            page = dg.MetadataValue.url(store.link(layout.quality_page(ds, key)))
-            shard = {**shard_metadata(record), "shard_report": page, SHARD_DIGEST: record.shard_sha256}
+            page = file_locations(store, {"shard_report": layout.quality_page(ds, key)})
+            shard = {**shard_metadata(record), **page, SHARD_DIGEST: record.shard_sha256,
+                     ROW_COUNT: done.rows[key]}  # fmt: skip
             context.add_asset_metadata(shard, partition_key=key)
             verdicts.update(record.summary.verdicts)
-        context.log.info(f"{ds}: verdicts {dict(sorted(verdicts.items()))}; quality report {done.report}")
+        assert done.report is not None
+        context.log.info(f"{ds}: verdicts {dict(sorted(verdicts.items()))}; quality report {done.report.uri}")
         metadata = {
-            "quality_report": dg.MetadataValue.url(store.link(layout.quality_index(ds))),  # opens in a browser
-            "quality_report_location": dg.MetadataValue.path(done.report),
+            **file_locations(store, {"quality_report": layout.quality_index(ds)}),
+            **done.report.numbers(),  # the report's headline, readable without opening a file
+            "dataset_checks": dg.MetadataValue.md(done.report.checks_table()),
+            COLUMN_SCHEMA: column_schema(done.columns),
         }
         return dg.MaterializeResult(metadata=metadata)
 

@@ -15,6 +15,7 @@ from eagle_data import layout, settings
 from eagle_data.catalog import PROFILE_ENV, DatasetSpec, shard_key
 from eagle_data.defs.assets import catalog_labels, partitions
 from eagle_data.defs.checks import judged_partitions, report_shards
+from eagle_data.defs.messages import file_locations, uri_locations
 from eagle_data.defs.resources import StorageResource
 from eagle_data.drafter import verify
 from eagle_data.drafter.capture import CaptureError, resolve_target
@@ -53,7 +54,7 @@ def build_drafter_assets(specs: list[DatasetSpec]) -> list[dg.AssetsDefinition]:
     def draft_vocab(context: dg.AssetExecutionContext, storage: StorageResource) -> dg.MaterializeResult:
         sizes = load_drafter_settings().draft_vocab_sizes
         figures = write_draft_vocab(specs, storage.store(), sizes, log=context.log.info)
-        return dg.MaterializeResult(metadata=figures)
+        return dg.MaterializeResult(metadata={**figures, **uri_locations(storage.store(), figures)})
 
     @dg.asset(
         name=PLAN_ASSET,
@@ -72,7 +73,8 @@ def build_drafter_assets(specs: list[DatasetSpec]) -> list[dg.AssetsDefinition]:
         recipe = load_drafter_settings().hidden_states
         sized, table = write_hidden_state_plan(storage.store(), recipe)
         context.log.info(f"hidden states: {sized.total_bytes / 1e9:,.1f} GB, {sized.gpu_hours:,.1f} GPU-hours")
-        return dg.MaterializeResult(metadata={**sized.figures(), "plan": dg.MetadataValue.md(table)})
+        plan = file_locations(storage.store(), {"plan_path": layout.drafter_file(PLAN_ASSET, "plan.json")})
+        return dg.MaterializeResult(metadata={**sized.figures(), "plan": dg.MetadataValue.md(table), **plan})
 
     return [draft_vocab, hidden_state_plan, build_capture_asset(owners, specs)]
 

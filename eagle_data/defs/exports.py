@@ -17,6 +17,7 @@ from eagle_data.catalog import DatasetSpec
 from eagle_data.defs.assets import catalog_labels
 from eagle_data.defs.checks import validated_key
 from eagle_data.defs.instance import gate_records
+from eagle_data.defs.messages import file_locations, leveled, uri_locations
 from eagle_data.defs.resources import StorageResource
 from eagle_data.storage import ShardStore
 
@@ -56,12 +57,14 @@ def build_exports(specs: Sequence[DatasetSpec], checks: Sequence[dg.AssetChecksD
         store = storage.store()
         gate = {spec.name: admission(context.instance, store, spec, gated_by[spec.name]) for spec in specs}
         try:
-            figures = pipeline.export(list(specs), store, gate, seed=config.seed, log=context.log.info)
+            figures = pipeline.export(list(specs), store, gate, seed=config.seed, log=leveled(context.log))
         except exports.ExportError as exc:
             raise dg.Failure(description=str(exc), allow_retries=False) from None
         if "excluded" in figures:
             figures["excluded"] = dg.MetadataValue.md(figures["excluded"])
-        figures["mix_path"] = dg.MetadataValue.path(figures["mix_path"])
+        files = {f"{spec.name}_{kind}": key for spec in specs if f"{spec.name}_rows" in figures
+                 for kind, key in zip(("conversations", "train"), pipeline.export_keys(spec), strict=True)}  # fmt: skip
+        figures.update({**uri_locations(store, figures), **file_locations(store, files)})
         return dg.MaterializeResult(metadata=figures)
 
     return training_mix

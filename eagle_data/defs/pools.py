@@ -2,7 +2,7 @@
 
 A run SIGKILLed from the CLI stays STARTED in the instance and keeps its concurrency-pool slot, so every
 later generation step on that engine would wait for ever (Dagster logs the wait at DEBUG only). Here:
-- the executor of every job records its run worker (`host:pid`) as the run tag `eagle_data/run_worker`,
+- the executor of every job records its run worker (`host:pid`) as a hidden run tag (WORKER_TAG),
   releases slots held by runs whose worker is gone before its own steps claim any, and, while one of its
   steps waits for a slot, logs at INFO which run holds it and re-checks that run every few seconds;
 - a multiprocess step of generation dies with its run worker (`procs.die_with_parent`), so a killed run
@@ -26,7 +26,9 @@ from eagle_data.procs import Liveness, die_with_parent, liveness, worker_id
 if TYPE_CHECKING:
     from eagle_data.defs.instance import ExecutionPlan, PlanOrchestrationContext, RetryMode
 
-WORKER_TAG = "eagle_data/run_worker"
+# Dagster's hidden namespace: the UI and GraphQL leave `.dagster/` tags out of a run's tags (the reaper
+# still reads it from the instance), since a process id means nothing to the person looking at the run.
+WORKER_TAG = ".dagster/eagle_data_run_worker"
 WATCH_INTERVAL_S = 3.0  # how often a waiting run re-checks the holders of its pool
 
 Log = Callable[[str], None]

@@ -21,7 +21,7 @@ import dagster as dg
 
 from eagle_data import quality
 from eagle_data.catalog import DatasetSpec
-from eagle_data.defs.assets import partitions
+from eagle_data.defs.assets import estimate_asset, partitions
 from eagle_data.defs.checks import check_keys, validated_key
 
 if TYPE_CHECKING:
@@ -55,9 +55,11 @@ def _failed_checks(context: dg.ScheduleEvaluationContext, spec: DatasetSpec) -> 
     }
 
 
-def _partitioned(graph: BaseAssetGraph, keys: Iterable[dg.AssetKey]) -> list[dg.AssetKey]:
-    """The shard-partitioned assets among `keys`: a repair re-runs shards, never the dataset-wide estimate."""
-    return [key for key in keys if graph.get(key).is_partitioned]
+def _partitioned(graph: BaseAssetGraph, keys: Iterable[dg.AssetKey], spec: DatasetSpec) -> list[dg.AssetKey]:
+    """The shard-partitioned assets among `keys`: a repair re-runs shards, never the dataset-wide estimate
+    (partitioned too, only so that a group backfill is one run)."""
+    estimate = dg.AssetKey(estimate_asset(spec))
+    return [key for key in keys if graph.get(key).is_partitioned and key != estimate]
 
 
 RANGE_START, RANGE_END = "dagster/asset_partition_range_start", "dagster/asset_partition_range_end"
@@ -91,7 +93,7 @@ def repair_schedule(spec: DatasetSpec, max_runs: int) -> dg.ScheduleDefinition:
     )
     def nightly(context: dg.ScheduleEvaluationContext):
         graph = context.repository_def.asset_graph
-        keys = sorted(_partitioned(graph, group.resolve(graph)), key=lambda k: k.to_user_string())
+        keys = sorted(_partitioned(graph, group.resolve(graph), spec), key=lambda k: k.to_user_string())
         missing = _missing(context, keys, spec)
         if len(missing) == len(spec.partition_keys) and all(len(v) == len(keys) for v in missing.values()):
             return dg.SkipReason(f"{ds} was never materialized: start it by hand, this schedule only repairs")
@@ -114,7 +116,7 @@ def repair_schedule(spec: DatasetSpec, max_runs: int) -> dg.ScheduleDefinition:
                 continue
             if work not in selections:
                 selection = (dg.AssetSelection.assets(*work).downstream() & group).resolve(graph)
-                selections[work] = sorted(_partitioned(graph, selection), key=lambda k: k.to_user_string())
+                selections[work] = sorted(_partitioned(graph, selection, spec), key=lambda k: k.to_user_string())
             requests.append(dg.RunRequest(run_key=f"{ds}-{first}...{last}-assets-{night}", tags=tags,
                                           asset_selection=selections[work]))  # fmt: skip
         return requests or dg.SkipReason(f"{ds}: nothing to repair")

@@ -1,18 +1,20 @@
 """Alert sensors: open-source Dagster announces neither failed checks nor failed runs, so these do.
 
-`quality_alerts` posts once per run and failed ERROR check of any catalog dataset, naming every shard it
-failed on (checks are evaluated per shard): the ERROR quality gates, the pre-flight `within_budget` and
-`canary`, and `decontamination` (cursor: the last check execution it handled). `run_failure_alerts` posts once per
-failed run (Dagster keeps its cursor), except runs a failed blocking check stopped: every blocking check
-is an ERROR one `quality_alerts` announces, so a regression gives exactly one message. The webhook URL
-comes only from $EAGLE_DATA_ALERT_WEBHOOK; with it unset both sensors skip (and still move their cursors,
-so setting it later does not replay history).
+`quality_alerts` posts once per failed ERROR check and run of any catalog dataset (the ERROR quality
+gates, the pre-flight `within_budget` and `canary`, and `decontamination`), listing every shard it failed on, once the
+check's step has ended (cursor: the last check execution it handled, and the recent (run, check) pairs
+already announced). The grouping is `alerts.group_failures`, over plain records. `run_failure_alerts`
+posts once per failed run (Dagster keeps its cursor), except runs a failed blocking check stopped: every
+blocking check is an ERROR one `quality_alerts` announces, so a regression gives exactly one message.
+The webhook URL comes only from $EAGLE_DATA_ALERT_WEBHOOK; with it unset both sensors skip (and still
+move their cursors, so setting it later does not replay history).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import dagster as dg
@@ -30,7 +32,59 @@ if TYPE_CHECKING:
 UI_URL_ENV = "EAGLE_DATA_UI_URL"
 DEFAULT_UI_URL = "http://localhost:3000"
 _HISTORY = 1000  # failed executions read per check and tick (one per shard); more than a tick can produce
-_SHARDS_NAMED = 20  # failing shards an alert lists by name
+# A failed check is announced once its step has ended (so one message lists every failing shard): at most
+# this long after, plus the tick's own time (the daemon's loop runs due sensors every 5 s at most).
+ALERT_INTERVAL_S = 5
+STEP_SUCCESS, STEP_FAILURE = dg.DagsterEventType.STEP_SUCCESS, dg.DagsterEventType.STEP_FAILURE
+_HANDLED = 200  # (run, asset, check) keys the cursor remembers, for shards evaluated after an alert went out
+
+
+@dataclass(frozen=True)
+class AlertCursor:
+    """Where `quality_alerts` stands: every failed evaluation up to `after` (evaluation time, record id) is
+    handled, and so are the (run, asset, check) groups in `handled` wherever their evaluations fall."""
+
+    after: tuple[float, int]
+    handled: tuple[tuple[str, str, str], ...] = ()
+
+    @classmethod
+    def load(cls, text: str) -> AlertCursor:
+        state = json.loads(text)
+        if isinstance(state, list):  # the cursor before alerts were grouped: (evaluation time, record id)
+            return cls((state[0], state[1]))
+        return cls(tuple(state["after"]), tuple(tuple(key) for key in state["handled"]))  # type: ignore[arg-type]
+
+    def dump(self) -> str:
+        return json.dumps({"after": self.after, "handled": self.handled})
+
+    def handle(self, key: tuple[str, str, str]) -> AlertCursor:
+        return replace(self, handled=(*self.handled, key)[-_HANDLED:])
+
+    def moved_to(self, after: tuple[float, int]) -> AlertCursor:
+        return replace(self, after=after)
+
+
+def alert_key(alert: alerts.CheckAlert) -> tuple[str, str, str]:
+    return (alert.run_id, alert.asset, alert.check)
+
+
+def ready_failures(
+    failed: Sequence[tuple[AssetCheckExecutionRecord, str]], instance: dg.DagsterInstance
+) -> list[tuple[AssetCheckExecutionRecord, str]]:
+    """The failures up to the first one whose step is still going: a check step yields all its evaluations
+    (one per shard) before it ends, so one message can list every failing shard as soon as it has."""
+    ended: dict[str, set[str]] = {}  # run id -> its ended steps
+    ready = []
+    for record, dataset in failed:
+        run = instance.get_run_by_id(record.run_id)
+        if run is not None and not run.is_finished:
+            if record.run_id not in ended:
+                events = instance.all_logs(record.run_id, of_type={STEP_SUCCESS, STEP_FAILURE})
+                ended[record.run_id] = {e.step_key for e in events if e.step_key}
+            if record.event.step_key not in ended[record.run_id]:
+                break
+        ready.append((record, dataset))
+    return ready
 
 
 def ui_url() -> str:
@@ -53,32 +107,31 @@ def _number(metadata: Mapping[str, dg.MetadataValue], name: str) -> float | None
     return float(value.value) if value is not None and isinstance(value.value, int | float) else None
 
 
-def _shards(partitions: Sequence[str]) -> str | None:
-    """The failing shards an alert names: all of a few, the first ones of many."""
-    if not partitions:
-        return None
-    more = f" and {len(partitions) - _SHARDS_NAMED} more" if len(partitions) > _SHARDS_NAMED else ""
-    return ", ".join(partitions[:_SHARDS_NAMED]) + more
+def _shards(record: AssetCheckExecutionRecord, metadata: Mapping[str, dg.MetadataValue]) -> tuple[str, ...]:
+    """The shards one evaluation found failing: its own partition, or a range result's `failing_shards`
+    (else the range it judged)."""
+    if record.partition:
+        return (record.partition,)
+    for name in ("failing_shards", "partitions"):
+        if (value := metadata.get(name)) is not None and value.value:
+            return tuple(str(value.value).split(","))
+    return ()
 
 
-def _check_payload(records: Sequence[AssetCheckExecutionRecord], dataset: str) -> alerts.Payload:
-    """One alert for one check's failures in one run: every failing shard named, the first one's figures."""
-    evaluation = records[0].event.dagster_event.event_specific_data
+def check_failure(record: AssetCheckExecutionRecord, dataset: str) -> alerts.CheckFailure:
+    """A failed check execution record as the plain values alerts are made of."""
+    evaluation = record.event.dagster_event.event_specific_data
     metadata = dict(evaluation.metadata)
-    partitions = [r.partition for r in records if r.partition]
-    said = evaluation.description or ""
-    if len(partitions) > 1:
-        said = f"{len(partitions)} shards fail; shard {partitions[0]}: {said}"
-    return alerts.check_alert(
+    return alerts.CheckFailure(
+        run_id=record.run_id,
         dataset=dataset,
-        partition=_shards(partitions),
+        asset=record.key.asset_key.to_user_string(),
         check=evaluation.check_name,
         severity=evaluation.severity.value,
+        shards=_shards(record, metadata),
+        message=evaluation.description or "",
         figure=_number(metadata, "figure"),
         threshold=_number(metadata, "threshold"),
-        message=said,
-        run_id=records[0].run_id,
-        base_url=ui_url(),
     )
 
 
@@ -99,6 +152,13 @@ def _dataset_of(names: Sequence[str], datasets: set[str]) -> str | None:
     return next((d for d in sorted(datasets) if any(n == d or n.startswith(f"{d}_") for n in names)), None)
 
 
+def failed_asset(selected: Sequence[str], assets: Collection[str], failed_steps: Sequence[str]) -> str | None:
+    """The asset a failed run is about: the first failed step that is an asset (an asset's step is named
+    after it), else the run's only selected asset."""
+    named = next((step for step in failed_steps if step in (selected or assets)), None)
+    return named or (selected[0] if len(selected) == 1 else None)
+
+
 def _partition_of(run: dg.DagsterRun) -> str | None:
     tags = run.tags
     if "dagster/partition" in tags:
@@ -113,41 +173,43 @@ def build_sensors(specs: Sequence[DatasetSpec]) -> list[dg.SensorDefinition]:
 
     @dg.sensor(
         name="quality_alerts",
-        minimum_interval_seconds=30,
+        minimum_interval_seconds=ALERT_INTERVAL_S,
         default_status=dg.DefaultSensorStatus.RUNNING,
-        description=f"Posts each failed ERROR check (quality gates, within_budget, canary, decontamination) to "
-        f"${alerts.WEBHOOK_ENV} (Slack format).",
+        description=f"Posts one message per failed ERROR check (quality gates, within_budget, canary, decontamination) "
+        f"and run, listing the failing shards, to ${alerts.WEBHOOK_ENV} (Slack format).",
     )
     def quality_alerts(context: dg.SensorEvaluationContext) -> dg.SkipReason:
-        failed = [record for key in checks for record in failed_executions(context.instance, key, _HISTORY)]
+        failed = [
+            (record, dataset)
+            for key, dataset in checks.items()
+            for record in failed_executions(context.instance, key, _HISTORY)
+        ]
         # Ordered by when the check was evaluated, not by record id: a record's id is given when the check
         # is planned, so a run that planned early but failed late would fall behind the cursor.
-        failed.sort(key=_evaluated)
+        failed.sort(key=lambda pair: _evaluated(pair[0]))
         if context.cursor is None:  # first tick: start from now, do not replay history
-            context.update_cursor(json.dumps(_evaluated(failed[-1]) if failed else (0.0, 0)))
+            context.update_cursor(AlertCursor(_evaluated(failed[-1][0]) if failed else (0.0, 0)).dump())
             return dg.SkipReason("started; alerting on check failures from now on")
-        cursor, url, sent = tuple(json.loads(context.cursor)), alerts.webhook_url(), 0
-        groups: dict[tuple[str, dg.AssetCheckKey], list[AssetCheckExecutionRecord]] = {}  # run, check -> records
-        for record in failed:
-            if _evaluated(record) > cursor:
-                groups.setdefault((record.run_id, record.key), []).append(record)
-        order = list(groups.values())  # by each group's first failure
-        for i, group in enumerate(order):
+        cursor, url, sent = AlertCursor.load(context.cursor), alerts.webhook_url(), 0
+        ready = ready_failures([pair for pair in failed if _evaluated(pair[0]) > cursor.after], context.instance)
+        for alert in alerts.group_failures(check_failure(record, dataset) for record, dataset in ready):
+            if (key := alert_key(alert)) in cursor.handled:
+                continue  # a late shard of a (run, check) already announced
             if url:
                 try:
-                    alerts.post_alert(_check_payload(group, checks[group[0].key]), url)
-                except alerts.AlertError as exc:  # the cursor stays before every group not sent: retried next tick
+                    alerts.post_alert(alerts.check_alert(alert, ui_url()), url)
+                except alerts.AlertError as exc:  # the cursor keeps what was sent: the rest is retried next tick
                     return dg.SkipReason(f"{exc}; posted {sent}, retrying the rest next tick")
                 sent += 1
-            horizon = _evaluated(order[i + 1][0]) if i + 1 < len(order) else None
-            sent_before = [
-                _evaluated(r) for g in order[: i + 1] for r in g if horizon is None or _evaluated(r) < horizon
-            ]
-            context.update_cursor(json.dumps(max(sent_before)))
+            cursor = cursor.handle(key)
+            context.update_cursor(cursor.dump())
+        if ready:
+            context.update_cursor(cursor.moved_to(_evaluated(ready[-1][0])).dump())
         return dg.SkipReason(f"posted {sent} alert(s)" if url else f"alerts off: ${alerts.WEBHOOK_ENV} is not set")
 
     @dg.run_failure_sensor(
         name="run_failure_alerts",
+        minimum_interval_seconds=ALERT_INTERVAL_S,
         default_status=dg.DefaultSensorStatus.RUNNING,
         description=f"Posts each failed run to ${alerts.WEBHOOK_ENV}, unless a failed blocking check (already "
         "announced) stopped it.",
@@ -161,7 +223,10 @@ def build_sensors(specs: Sequence[DatasetSpec]) -> list[dg.SensorDefinition]:
             return dg.SkipReason(f"run {run.run_id} failed on check(s) {', '.join(covered)}: already announced")
         steps = context.get_step_failure_events()
         error = _root_error(steps[0].event_specific_data.error) if steps else context.failure_event.message
-        names = [k.path[-1] for k in run.asset_selection or ()] + [s.step_key or "" for s in steps]
+        selected = [key.to_user_string() for key in run.asset_selection or ()]
+        assets = {key.to_user_string() for key in context.repository_def.asset_graph.get_all_asset_keys()}
+        asset = failed_asset(selected, assets, [s.step_key or "" for s in steps])
+        names = [asset or ""] + [k.path[-1] for k in run.asset_selection or ()] + [s.step_key or "" for s in steps]
         alerts.post_alert(  # a refused post fails this tick (visible in the UI); Dagster moves on to the next run
             alerts.run_alert(
                 job=run.job_name,
@@ -169,6 +234,7 @@ def build_sensors(specs: Sequence[DatasetSpec]) -> list[dg.SensorDefinition]:
                 base_url=ui_url(),
                 error=error or "",
                 dataset=_dataset_of(names, datasets),
+                asset=asset,
                 partition=_partition_of(run),
             ),
             url,

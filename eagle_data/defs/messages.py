@@ -1,0 +1,82 @@
+"""What a user reads in Dagster: errors they can cause as one line, warnings at WARNING level, and
+where every written file is.
+
+The pure rooms raise their own exception types with a message written for the person running the job
+(naming the dataset, file or setting). Raised as they are, Dagster shows them as a Python class path and
+a stack trace; `user_failure` turns them into a `dg.Failure` that carries only the message. The pure
+rooms log through one plain callable and mark warnings with a leading "WARNING "; `leveled` sends those
+lines to Dagster's WARNING level, so the run's log filter and the UI show them as warnings. A written
+file is shown as a path to copy, and on S3 also as a presigned link; a browser refuses `file://` links
+from a web page, so a local file gets no link.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+import dagster as dg
+
+from eagle_data.catalog import CatalogError
+from eagle_data.drafter.evalsets import BenchmarkError
+from eagle_data.drafter.vocab import VocabError
+from eagle_data.engines.launcher import LaunchError
+from eagle_data.exports import ExportError
+from eagle_data.sources import SourceError
+from eagle_data.storage import ShardStore, StorageError
+from eagle_data.targets.profile import TargetError
+from eagle_data.types import FatalError
+
+USER_ERRORS: tuple[type[Exception], ...] = (
+    BenchmarkError, CatalogError, ExportError, FatalError, LaunchError, SourceError, StorageError, TargetError,
+    VocabError,
+)  # fmt: skip
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def user_failure(fn: F) -> F:
+    """Wraps an asset body: a user-caused error becomes a one-line `dg.Failure` (no class path, no trace)."""
+
+    @functools.wraps(fn)
+    def body(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except USER_ERRORS as exc:
+            raise dg.Failure(description=str(exc), metadata={"error": type(exc).__name__}) from None
+
+    return body  # type: ignore[return-value]
+
+
+WARNING_PREFIX = "WARNING "
+
+
+def leveled(log: logging.Logger | logging.LoggerAdapter) -> Callable[[str], None]:
+    """A pure room's `log` callable on a Dagster logger: lines starting "WARNING " at WARNING, others at INFO."""
+
+    def line(text: str) -> None:
+        (log.warning if text.startswith(WARNING_PREFIX) else log.info)(text)
+
+    return line
+
+
+def file_locations(store: ShardStore, files: Mapping[str, str]) -> dict[str, dg.MetadataValue]:
+    """Metadata name -> storage key of written files: each as a copyable path, and on S3 also as
+    `<name>_link`, a presigned URL that opens in a browser."""
+    out: dict[str, dg.MetadataValue] = {}
+    for name, key in files.items():
+        out[name] = dg.MetadataValue.path(store.uri(key))
+        if store.is_s3:
+            out[f"{name}_link"] = dg.MetadataValue.url(store.link(key))
+    return out
+
+
+def uri_locations(store: ShardStore, figures: Mapping[str, object]) -> dict[str, dg.MetadataValue]:
+    """The pure rooms' `*_path` figures (URIs under the store's root) as `file_locations`."""
+    under = f"{store.root}/"
+    return file_locations(store, {
+        name: value.removeprefix(under) for name, value in figures.items()
+        if name.endswith("_path") and isinstance(value, str) and value.startswith(under)
+    })  # fmt: skip
