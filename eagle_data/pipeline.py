@@ -36,7 +36,7 @@ from eagle_data.runner.resultlog import ResultLog, ResumeKey, resume_key, reusab
 from eagle_data.runner.rows import plan_turns
 from eagle_data.storage import ShardStore, StorageError, digest, parquet_bytes
 from eagle_data.targets import TargetError, build_training_rows, load_target, prompt_difference, resolve_target
-from eagle_data.types import Engine, EngineError
+from eagle_data.types import Engine, EngineError, RetryableError
 
 Log = Callable[[str], None]
 
@@ -142,7 +142,6 @@ def check_server_template(spec: DatasetSpec, engine: Engine, prompts: Mapping[st
     if not segments:
         return
     target = load_target(resolve_target(spec.target, [engine.model]))
-    force = "set check_server_template = false for it in the catalog to generate anyway"
 
     async def served() -> list[int]:
         try:
@@ -153,12 +152,16 @@ def check_server_template(spec: DatasetSpec, engine: Engine, prompts: Mapping[st
 
     try:
         difference = prompt_difference(target, segments[0], asyncio.run(served()), thinking=spec.generation.thinking)
-    except (EngineError, TargetError) as exc:
-        raise PreflightError(f"{spec.name}: the server's chat template could not be checked: {exc}; {force}") from None
+    except EngineError as exc:  # a passing failure (a 503, a reset) is worth another run; the others say their fix
+        again = "; run again (check_server_template = false skips the check)" if isinstance(exc, RetryableError) else ""
+        raise PreflightError(f"{spec.name}: the server's chat template could not be checked: {exc}{again}") from None
+    except TargetError as exc:
+        raise PreflightError(f"{spec.name}: before any request: {exc}") from None
     if difference:
         raise PreflightError(
             f"{spec.name}: the server renders prompts with another chat template than target {target.name}: "
-            f"{difference}; set `target` to the served model's profile or fix the server's template ({force})"
+            f"{difference}; set `target` to the served model's profile or fix the server's template "
+            "(check_server_template = false in the catalog entry generates anyway)"
         )
     log(f"{spec.name}: the server renders prompts as target {target.name} does (checked on one prompt)")
 

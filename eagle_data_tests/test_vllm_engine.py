@@ -90,7 +90,7 @@ def test_a_server_with_another_chat_template_stops_generation_and_the_estimate_a
     spec, engine = demo_dataset(store), vllm(server)
     match = (r"^b7_sharegpt: the server renders prompts with another chat template than target qwen3-test: first "
              r"difference at token \d+ of \d+ \(server '[^']*Cutting[^']*', ours '.+'\); set `target` to the served "
-             r"model's profile or fix the server's template \(set check_server_template = false")  # fmt: skip
+             r"model's profile or fix the server's template \(check_server_template = false")  # fmt: skip
     with pytest.raises(pipeline.PreflightError, match=match) as err:
         pipeline.generate(spec, store, ["00000", "00001"], engine, **QUIET)
     assert "\n" not in str(err.value)
@@ -130,3 +130,13 @@ def test_a_server_with_the_targets_template_passes_the_check_and_its_rows_pass(
     rows = store.read_shard(spec.name, pipeline.validated_asset(spec), "00000")
     assert rows["prompt_ok"].to_list() == [True] * 10 and rows["verdict"].to_list() == ["pass"] * 10
     assert all(result.passed for result in record.results if result.blocking)
+
+
+def test_a_server_that_reports_no_prompt_ids_stops_generation_at_the_check(server: FakeOpenAI, tmp_path: Path) -> None:
+    server.faults = Faults(ignore_token_ids=True)
+    store = ShardStore(str(tmp_path))
+    spec = demo_dataset(store)
+    match = r"^b7_sharegpt: the server's chat template could not be checked: the server answered without token_ids"
+    with pytest.raises(pipeline.PreflightError, match=match) as err:
+        pipeline.generate(spec, store, ["00000"], vllm(server), **QUIET)
+    assert "\n" not in str(err.value) and server.received == 1
