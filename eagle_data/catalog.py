@@ -150,6 +150,9 @@ class DatasetSpec(_Frozen):
     target: str = "qwen3"
     mix_weight: float = Field(1.0, ge=0)  # share of this dataset in the training mix (exports)
     mask_empty_think: bool = False  # loss mask 0 on an empty think block the model wrote (nothing to learn)
+    # Before generation, an engine that reports the prompt ids its server rendered sends one prompt, and a server
+    # that renders it otherwise than `target` stops the run; false forces past (its rows are prompt_mismatch).
+    check_server_template: bool = True
     # Prompts the estimate draws across the dataset and judges by the quality gates before generation.
     canary_prompts: int = Field(64, gt=0)
     generation: Generation = Generation()

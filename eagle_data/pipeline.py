@@ -6,6 +6,7 @@ Each stage reads the previous stage's shards from the store and writes its own, 
 
 from __future__ import annotations
 
+import asyncio
 import io
 import multiprocessing
 import os
@@ -32,9 +33,10 @@ from eagle_data.quality.truncation import ReplyLengths, truncation_report
 from eagle_data.quality.verdicts import ENGINE_SIDE_REJECTIONS
 from eagle_data.runner import Estimate, RunnerSettings, estimate_generation, mixture, run_generation
 from eagle_data.runner.resultlog import ResultLog, ResumeKey, resume_key, reusable
+from eagle_data.runner.rows import plan_turns
 from eagle_data.storage import ShardStore, StorageError, digest, parquet_bytes
-from eagle_data.targets import TargetError, build_training_rows, load_target, resolve_target
-from eagle_data.types import Engine
+from eagle_data.targets import TargetError, build_training_rows, load_target, prompt_difference, resolve_target
+from eagle_data.types import Engine, EngineError, RetryableError
 
 Log = Callable[[str], None]
 
@@ -125,6 +127,45 @@ def preflight(spec: DatasetSpec, store: ShardStore, model: str) -> None:
         raise PreflightError(f"{spec.name}: before any request: {exc}") from None
 
 
+def check_server_template(spec: DatasetSpec, engine: Engine, prompts: Mapping[str, pl.DataFrame], log: Log) -> None:
+    """For an engine that reports the prompt ids its server rendered: send the dataset's first request (for a
+    one-token reply) and stop before any other when the server renders it otherwise than the target profile,
+    which would make every row a paid-for `prompt_mismatch`. `check_server_template = false` forces past it."""
+    if not engine.reports_prompt_ids:
+        return
+    if not spec.check_server_template:
+        log(f"WARNING {spec.name}: the server's chat template is not checked (check_server_template = false); "
+            "rows it renders otherwise than the target are prompt_mismatch at validation")  # fmt: skip
+        return
+    first = next((frame["messages"].head(1).to_list()[0] for frame in prompts.values() if frame.height), [])
+    segments = plan_turns(first, spec.regenerate, spec.max_turns)
+    if not segments:
+        return
+    target = load_target(resolve_target(spec.target, [engine.model]))
+
+    async def served() -> list[int]:
+        try:
+            await engine.check()
+            return await engine.served_prompt_ids(segments[0])
+        finally:
+            await engine.aclose()
+
+    try:
+        difference = prompt_difference(target, segments[0], asyncio.run(served()), thinking=spec.generation.thinking)
+    except EngineError as exc:  # a passing failure (a 503, a reset) is worth another run; the others say their fix
+        again = "; run again (check_server_template = false skips the check)" if isinstance(exc, RetryableError) else ""
+        raise PreflightError(f"{spec.name}: the server's chat template could not be checked: {exc}{again}") from None
+    except TargetError as exc:
+        raise PreflightError(f"{spec.name}: before any request: {exc}") from None
+    if difference:
+        raise PreflightError(
+            f"{spec.name}: the server renders prompts with another chat template than target {target.name}: "
+            f"{difference}; set `target` to the served model's profile or fix the server's template "
+            "(check_server_template = false in the catalog entry generates anyway)"
+        )
+    log(f"{spec.name}: the server renders prompts as target {target.name} does (checked on one prompt)")
+
+
 def generate(
     spec: DatasetSpec,
     store: ShardStore,
@@ -143,12 +184,14 @@ def generate(
     have covered 95% of them, and adds the engine's own figures (e.g. per SGLang server) when it has any.
     """
     preflight(spec, store, engine.model)
+    prompts = PromptShards(spec, store, partitions)
+    check_server_template(spec, engine, prompts, log)
     redo = {key: engine_side_rejections(spec, store, key) for key in partitions} if retry_rejected else {}
     if redo:
         log(f"{spec.name}: re-requesting {sum(map(len, redo.values()))} rows rejected for engine-side reasons")
     lengths = ReplyLengths()
     reports = run_generation(
-        engine, spec, PromptShards(spec, store, partitions), store, settings=settings, log=log, lengths=lengths,
+        engine, spec, prompts, store, settings=settings, log=log, lengths=lengths,
         run_id=run_id, redo=redo,
     )  # fmt: skip
     per_partition = {key: report.figures for key, report in reports.items()}
@@ -217,6 +260,7 @@ def estimate(
     drawn = canary.draw(index.blocks(), canary_prompts or spec.canary_prompts, spec.shard_size)
     shards = {key: frame.select(list(sources.PROMPTS_SCHEMA)) for key, frame in drawn.items()}
     log(f"{spec.name}: canary of {sum(f.height for f in shards.values())} prompts over {len(shards)} partitions")
+    check_server_template(spec, engine, shards, log)
     # The canary judges the whole sample below; the breaker, which would stop it part-way, stays off here.
     unbroken = spec.model_copy(update={"breaker": spec.breaker.model_copy(update={"enabled": False})})
     run_generation(engine, unbroken, shards, store, settings=settings, log=log, write_shards=False, run_id=run_id)

@@ -98,6 +98,7 @@ class Engine(Protocol):
     name: str  # the engine kind's registry name
     model: str
     takes_sampling: bool = False  # `complete` honours a per-request `sampling` (catalog sampling mixtures)
+    reports_prompt_ids: bool = False  # its completions carry the prompt ids the server rendered (`prompt_ids`)
 
     def config(self) -> dict[str, Any]:
         """Everything that changes the output (model, sampling, max tokens, reasoning, routing).
@@ -117,6 +118,11 @@ class Engine(Protocol):
         """The next assistant turn. `sampling`: this prompt's setting, only for an engine that `takes_sampling`
         (one that does not raises a FatalError when given one)."""
         ...
+
+    async def served_prompt_ids(self, messages: list[Message]) -> list[int]:
+        """The prompt ids the server renders for `messages`, from one request for a one-token reply: the
+        pre-flight's look at the server's chat template (only called on an engine that `reports_prompt_ids`)."""
+        raise NotImplementedError(f"engine {self.name} does not report prompt ids")
 
     async def aclose(self) -> None: ...
 

@@ -255,3 +255,17 @@ def test_server_prompt_ids_are_checked_and_a_mismatch_is_a_structure_verdict(tar
     verdicts = row_verdicts(rows, Checks(), thinking=True)["verdict"].to_list()
     assert verdicts == ["pass", "prompt_mismatch", "pass"]
     assert "prompt_mismatch" in STRUCTURE_REASONS  # counted by the blocking token_structure check
+
+
+def test_a_prompt_difference_names_the_first_differing_token_and_what_each_side_has_there(target: Target) -> None:
+    from eagle_data.targets import prompt_difference, prompt_ids
+
+    prompt = next(s for s in SCENARIOS if s["name"] == "multilingual_code")["messages"][:-1]
+    ours = prompt_ids(target, prompt, thinking=True)
+    think = next(i for i, text in target.token_text.items() if text == "<think>")
+    assert prompt_difference(target, prompt, ours, thinking=True) == ""
+    opened = prompt_difference(target, prompt, [*ours, think], thinking=True)  # a template opening the think block
+    assert opened == f"first difference at token {len(ours)} of {len(ours)} (server '<think>', ours end of prompt)"
+    changed = prompt_difference(target, prompt, [*ours[:2], think, *ours[2:]], thinking=True)
+    assert changed.startswith(f"first difference at token 2 of {len(ours)} (server '<think>")
+    assert changed.endswith(f", ours {decode(target, ours[2:6])!r})")

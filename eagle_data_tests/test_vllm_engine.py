@@ -1,17 +1,21 @@
 """The vllm kind: the OpenAI-compatible client asking for token ids (`return_token_ids`); the reply's own ids
-and the prompt ids the server rendered land in the generation rows."""
+and the prompt ids the server rendered land in the generation rows, and the pre-flight checks the server's chat
+template on one prompt before anything else is sent."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from eagle_data import pipeline
+from eagle_data.catalog import DatasetSpec, Generation, load_catalog
 from eagle_data.engines import make_engine
 from eagle_data.runner import RunnerSettings, run_generation
 from eagle_data.storage import ShardStore
 from eagle_data.targets.vocab import qwen_tokenizer
-from eagle_data.types import FatalError, Message
+from eagle_data.types import Engine, FatalError, Message
 from eagle_data_tests.servers.openai_fake import FakeOpenAI, Faults, prompt_shards, spec_for_tests
 
 DS = "b7_sharegpt"
@@ -57,3 +61,82 @@ def test_a_server_that_ignores_return_token_ids_stops_the_run_in_one_line(server
 def test_the_vllm_kind_needs_a_base_url() -> None:
     with pytest.raises(FatalError, match=r"^engine vllm needs a base URL: set EAGLE_DATA_BASE_URL"):
         make_engine("vllm", model="m")
+
+
+# The server's chat template, checked before generation: the pre-flight renders one prompt on the server.
+PREAMBLE = "Cutting Knowledge Date: December 2023\n\n"  # another template's system preamble (Llama 3.1's dates)
+QUIET = {"log": lambda _: None, "settings": RunnerSettings(progress_bar=False)}
+
+
+def demo_dataset(store: ShardStore, **update: Any) -> DatasetSpec:
+    """The demo entry (bundled sample prompts, system turns in some) for Qwen3 with thinking on, as the fake vLLM
+    serves it; its first two prompt shards written."""
+    demo = load_catalog(profile="demo")["b7_sharegpt"]
+    spec = demo.model_copy(update={"target": "qwen3-test", "token_budget": 0, "cost_budget_usd": 0.0,
+                                   "generation": Generation(max_tokens=64), **update})  # fmt: skip
+    pipeline.write_prompts(spec, store, ["00000", "00001"], warn=lambda _: None)
+    return spec
+
+
+def vllm(server: FakeOpenAI) -> Engine:
+    return make_engine("vllm", base_url=f"http://127.0.0.1:{server.port}/v1", model="m", max_tokens=64)
+
+
+def test_a_server_with_another_chat_template_stops_generation_and_the_estimate_after_one_request(
+    server: FakeOpenAI, tmp_path: Path
+) -> None:
+    server.faults = Faults(system_preamble=PREAMBLE)
+    store = ShardStore(str(tmp_path))
+    spec, engine = demo_dataset(store), vllm(server)
+    match = (r"^b7_sharegpt: the server renders prompts with another chat template than target qwen3-test: first "
+             r"difference at token \d+ of \d+ \(server '[^']*Cutting[^']*', ours '.+'\); set `target` to the served "
+             r"model's profile or fix the server's template \(check_server_template = false")  # fmt: skip
+    with pytest.raises(pipeline.PreflightError, match=match) as err:
+        pipeline.generate(spec, store, ["00000", "00001"], engine, **QUIET)
+    assert "\n" not in str(err.value)
+    assert server.received == 1 and dict(server.requests) == {"template-check#1": 1}  # one request, before any prompt
+    assert server.settings["template-check#1"]["max_tokens"] == 1 and server.billed_usd > 0
+    with pytest.raises(pipeline.PreflightError, match=match):
+        pipeline.estimate(spec, store, engine, canary_prompts=4, usd_per_prompt_token=0.0,
+                          usd_per_completion_token=0.0, **QUIET)  # fmt: skip
+    assert server.received == 2 and not store.shard_exists(spec.name, spec.name, "00000")
+
+
+def test_forced_past_the_check_every_row_of_another_template_is_prompt_mismatch_and_blocks(
+    server: FakeOpenAI, tmp_path: Path
+) -> None:
+    server.faults = Faults(system_preamble=PREAMBLE)
+    store = ShardStore(str(tmp_path))
+    spec, lines = demo_dataset(store, check_server_template=False), list[str]()
+    pipeline.generate(spec, store, ["00000"], vllm(server), log=lines.append, settings=QUIET["settings"])
+    assert "template-check#1" not in server.requests
+    assert lines[0].startswith("WARNING b7_sharegpt: the server's chat template is not checked")
+    record = pipeline.validate(spec, store, ["00000"], workers=1, log=lambda _: None).records["00000"]
+    rows = store.read_shard(spec.name, pipeline.validated_asset(spec), "00000")
+    assert rows.height == 10 and rows["verdict"].to_list() == ["prompt_mismatch"] * 10
+    structure = next(result for result in record.results if result.name == "token_structure")
+    assert structure.blocking and not structure.passed
+
+
+def test_a_server_with_the_targets_template_passes_the_check_and_its_rows_pass(
+    server: FakeOpenAI, tmp_path: Path
+) -> None:
+    store, lines = ShardStore(str(tmp_path)), list[str]()
+    spec = demo_dataset(store)
+    pipeline.generate(spec, store, ["00000"], vllm(server), log=lines.append, settings=QUIET["settings"])
+    assert server.requests["template-check#1"] == 1
+    assert "b7_sharegpt: the server renders prompts as target qwen3-test does (checked on one prompt)" in lines
+    record = pipeline.validate(spec, store, ["00000"], workers=1, log=lambda _: None).records["00000"]
+    rows = store.read_shard(spec.name, pipeline.validated_asset(spec), "00000")
+    assert rows["prompt_ok"].to_list() == [True] * 10 and rows["verdict"].to_list() == ["pass"] * 10
+    assert all(result.passed for result in record.results if result.blocking)
+
+
+def test_a_server_that_reports_no_prompt_ids_stops_generation_at_the_check(server: FakeOpenAI, tmp_path: Path) -> None:
+    server.faults = Faults(ignore_token_ids=True)
+    store = ShardStore(str(tmp_path))
+    spec = demo_dataset(store)
+    match = r"^b7_sharegpt: the server's chat template could not be checked: the server answered without token_ids"
+    with pytest.raises(pipeline.PreflightError, match=match) as err:
+        pipeline.generate(spec, store, ["00000"], vllm(server), **QUIET)
+    assert "\n" not in str(err.value) and server.received == 1

@@ -57,6 +57,7 @@ TIMEOUT_S = 600.0  # whole-request timeout: a long reasoning reply can take minu
 CONNECT_TIMEOUT_S = 10.0  # a dead host fails fast
 CHECK_TIMEOUT_S = 30.0
 SHOWN_IDS = 3  # served ids a mismatch error names
+TEMPLATE_PROBE_ID = "template-check"  # the prompt id the pre-flight's request carries
 
 
 def _server_error(body: bytes) -> tuple[str, dict[str, Any]]:
@@ -246,7 +247,7 @@ class OpenAICompatEngine(Engine):
         if token_ids:
             body["return_token_ids"] = True
         body.update(extra_body or {})
-        self._body, self.token_ids = body, token_ids
+        self._body, self.token_ids, self.reports_prompt_ids = body, token_ids, token_ids
         self._session: aiohttp.ClientSession | None = None
 
     def config(self) -> dict[str, Any]:
@@ -361,6 +362,21 @@ class OpenAICompatEngine(Engine):
                 "enable_thinking": setting.thinking,
             }
         return out
+
+    async def served_prompt_ids(self, messages: list[Message]) -> list[int]:
+        """One request for a one-token reply, with every other field as the run sends it (the thinking switch
+        changes the rendered prompt): the prompt ids the server reports rendering."""
+        try:
+            done = await self._complete(messages, TEMPLATE_PROBE_ID, {"max_tokens": 1})
+        except EngineError as exc:
+            raise self._scrubbed(exc) from None
+        if done.prompt_ids is None:
+            raise FatalError(
+                "the server answered without prompt_token_ids: it ignores return_token_ids for the prompt; upgrade "
+                "vLLM, or use EAGLE_DATA_ENGINE=openai to run without token ids",
+                kind="config",
+            )
+        return done.prompt_ids
 
     async def _complete(self, messages: list[Message], prompt_id: str, overrides: dict[str, Any]) -> Completion:
         if self._session is None:

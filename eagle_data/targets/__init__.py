@@ -2,7 +2,7 @@
 
 from eagle_data.targets.profile import Target, TargetError, load_target, resolve_target, target_for_model
 from eagle_data.targets.reasoning import ReasoningMarkers, reasoning_markers
-from eagle_data.targets.render import prompt_ids, prompt_ids_match
+from eagle_data.targets.render import prompt_difference, prompt_ids, prompt_ids_match
 from eagle_data.targets.rows import build_training_rows
 
 __all__ = [
@@ -11,6 +11,7 @@ __all__ = [
     "TargetError",
     "build_training_rows",
     "load_target",
+    "prompt_difference",
     "prompt_ids",
     "prompt_ids_match",
     "reasoning_markers",

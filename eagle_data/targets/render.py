@@ -196,3 +196,21 @@ def prompt_ids_match(target: Target, messages: Sequence[dict[str, Any]], ids: Se
     """Whether the prompt ids a server reports it used equal our rendering of the same prompt (a server with
     another chat template, or one that parsed control-token text in user input, differs)."""
     return list(ids) == prompt_ids(target, messages, thinking=thinking)
+
+
+SHOWN_TOKENS = 4  # tokens a prompt difference shows from each side
+
+
+def prompt_difference(target: Target, messages: Sequence[dict[str, Any]], ids: Sequence[int], *, thinking: bool) -> str:
+    """Where the prompt ids a server reports for `messages` first part from our rendering, in words, showing the
+    next few tokens of each side ("" when they are equal)."""
+    ours, theirs = prompt_ids(target, messages, thinking=thinking), list(ids)
+    if theirs == ours:
+        return ""
+    at = next((i for i, (a, b) in enumerate(zip(theirs, ours, strict=False)) if a != b), min(len(theirs), len(ours)))
+
+    def shown(side: list[int]) -> str:
+        window = side[at : at + SHOWN_TOKENS]
+        return repr(target.tokenizer.decode(window, skip_special_tokens=False)) if window else "end of prompt"
+
+    return f"first difference at token {at} of {len(ours)} (server {shown(theirs)}, ours {shown(ours)})"

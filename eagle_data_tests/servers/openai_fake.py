@@ -77,6 +77,10 @@ class Faults:
     healthy_first: int = 0
     p_empty: float = 0.0
     p_lost_text: float = 0.0
+    # A server whose chat template is not its model's (seen only in the prompt ids `return_token_ids` reports): it
+    # writes this preamble at the head of the system turn, opening one where a conversation has none, as Llama
+    # 3.1's template writes its knowledge dates.
+    system_preamble: str = ""
 
 
 class FakeOpenAI:
@@ -239,7 +243,12 @@ class FakeOpenAI:
             "usage": usage,
         }
         if body.get("return_token_ids") and not self.faults.ignore_token_ids:
-            reply["prompt_token_ids"], reply["choices"][0]["token_ids"] = token_ids(body["messages"], message, finish)
+            thinking = (body.get("chat_template_kwargs") or {}).get("enable_thinking", True)
+            prompt, given = body["messages"], int(body["messages"][0]["role"] == "system")
+            if self.faults.system_preamble:
+                system = self.faults.system_preamble + (prompt[0]["content"] if given else "")
+                prompt = [{"role": "system", "content": system}, *prompt[given:]]
+            reply["prompt_token_ids"], reply["choices"][0]["token_ids"] = token_ids(prompt, message, finish, thinking)
         return web.json_response(reply)
 
     def _lose_text(self, message: dict[str, Any]) -> dict[str, Any]:
@@ -313,11 +322,14 @@ def shaped_message(shape: str, content: str, reasoning: str) -> dict[str, Any]:
     raise ValueError(f"unknown reply shape {shape!r}; known: {SHAPES}")
 
 
-def token_ids(messages: list[dict[str, Any]], message: dict[str, Any], finish: str) -> tuple[list[int], list[int]]:
+def token_ids(
+    messages: list[dict[str, Any]], message: dict[str, Any], finish: str, thinking: bool = True
+) -> tuple[list[int], list[int]]:
     """(prompt ids, reply ids) as vLLM returns them for a Qwen3 model: the ChatML rendering of the
-    conversation and of the reply (its think block, its content, `<|im_end|>` unless cut), in Qwen's vocabulary."""
+    conversation (with thinking off, an empty think block after it) and of the reply (its think block, its
+    content, `<|im_end|>` unless cut), in Qwen's vocabulary."""
     turns = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
-    prompt = turns + "<|im_start|>assistant\n"
+    prompt = turns + "<|im_start|>assistant\n" + ("" if thinking else "<think>\n\n</think>\n\n")
     thought = message.get("reasoning") or message.get("reasoning_content")
     reply = (f"<think>\n{thought}\n</think>\n\n" if thought else "") + (message.get("content") or "")
     reply += "<|im_end|>" if finish == "stop" else ""
