@@ -148,10 +148,9 @@ def build_dataset_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
         context: dg.AssetExecutionContext, config: PromptsConfig, storage: StorageResource
     ) -> dg.MaterializeResult:
         store = storage.store()
-        per_partition = pipeline.write_prompts(
+        figures = pipeline.write_prompts(
             spec, store, context.partition_keys, config.source_path, warn=context.log.warning
-        )
-        figures = pipeline.merge_figures(list(per_partition.values()))
+        ).to_metadata()
         context.log.info(f"{ds}: wrote {figures['prompts']} prompts, skipped {figures['skipped']} rows")
         path = store.uri(store.shard_key(ds, pipeline.prompts_asset(spec), "{partition}"))
         return dg.MaterializeResult(metadata={**figures, "path": dg.MetadataValue.path(path)})
