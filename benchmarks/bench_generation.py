@@ -84,8 +84,8 @@ def pipeline(url: str, n: int, in_flight: int, initial: int, breaker: bool = Tru
         started = time.perf_counter()
         reports = run_generation(engine, spec, shards, ShardStore(root), settings=settings, log=lambda _: None)
         elapsed = time.perf_counter() - started
-    ok = sum(r.figures["ok"] for r in reports.values())
-    errors = {k: v for r in reports.values() for k, v in r.figures["errors_by_kind"].items()}
+    ok = sum(r.figures.counts.ok for r in reports.values())
+    errors = {k: v for r in reports.values() for k, v in r.figures.counts.errors.items()}
     assert ok == n, f"pipeline finished {ok} of {n} prompts ok ({errors})"
     return n / elapsed, errors
 

@@ -106,10 +106,9 @@ def run_stage(stage: str, root: str, source: str, prompts: int, url: str) -> dic
     spec, store = spec_for(source, prompts), ShardStore(root)
     keys = spec.partition_keys
     if stage == "prompts":
-        figures = pipeline.write_prompts(spec, store, keys)
-        return {"rows": sum(f["prompts"] for f in figures.values())}
+        return {"rows": sum(pipeline.write_prompts(spec, store, keys).prompts.values())}
     if stage == "prompts_one":
-        return {"rows": pipeline.write_prompts(spec, store, keys[:1])[keys[0]]["prompts"]}
+        return {"rows": pipeline.write_prompts(spec, store, keys[:1]).prompts[keys[0]]}
     if stage in ("estimate", "generation"):
         from eagle_data.defs.resources import EngineResource
 

@@ -7,8 +7,10 @@ Each stage reads the previous stage's shards from the store and writes its own, 
 from __future__ import annotations
 
 import asyncio
+import functools
 import io
 import multiprocessing
+import operator
 import os
 import tempfile
 import time
@@ -31,7 +33,7 @@ from eagle_data.quality import canary
 from eagle_data.quality.canary import Canary
 from eagle_data.quality.truncation import ReplyLengths, truncation_report
 from eagle_data.quality.verdicts import ENGINE_SIDE_REJECTIONS
-from eagle_data.runner import Estimate, RunnerSettings, estimate_generation, mixture, run_generation
+from eagle_data.runner import Estimate, RunnerSettings, ShardFigures, estimate_generation, mixture, run_generation
 from eagle_data.runner.resultlog import ResultLog, ResumeKey, resume_key, reusable
 from eagle_data.runner.rows import plan_turns
 from eagle_data.storage import ShardStore, StorageError, digest, parquet_bytes
@@ -49,15 +51,27 @@ def validated_asset(spec: DatasetSpec) -> str:
     return layout.validated_asset(spec.name)
 
 
+@dataclass(frozen=True)
+class PromptsWritten:
+    """What a prompts call wrote: each partition's prompt count, and the prompt index's figures (the
+    whole source's, so they are not per shard and never add up)."""
+
+    prompts: dict[str, int]
+    index: dict[str, Any]
+
+    def to_metadata(self) -> dict[str, Any]:
+        return {"prompts": sum(self.prompts.values()), **self.index}
+
+
 def write_prompts(
     spec: DatasetSpec,
     store: ShardStore,
     partitions: list[str],
     source_path: str | None = None,
     warn: Log = print,
-) -> dict[str, dict[str, Any]]:
+) -> PromptsWritten:
     """Normalize the source once (the saved prompt index) and write the requested shards; returns each
-    partition's figures (its prompt count, and the index's counts of rows read and skipped by reason).
+    partition's prompt count and the index's figures (rows read, skipped by reason).
 
     When the source changed since the index was built, the index is rebuilt and `warn` names the prompt
     shards written from the old one that this call does not rewrite: they must be re-materialized."""
@@ -74,19 +88,21 @@ def write_prompts(
             f"{shard_key(0)}-{shard_key(filled - 1)}; {len(empty)} asked for ({empty[0]}...{empty[-1]}) would be "
             f"empty: set max_prompts to {index.prompts} for {spec.name} in the catalog and reload the definitions"
         )
-    dataset_figures = {
-        "prompts_in_source": index.prompts,
-        "rows_read": index.rows_read,
-        "skipped": sum(index.skipped.values()),
-        **{f"skipped_{reason}": n for reason, n in index.skipped.items()},
-        "source": index.source,
-    }
-    per_partition = {}
+    prompts = {}
     for key in partitions:
         shard = index.shard(spec, key)
         store.write_shard(spec.name, prompts_asset(spec), key, shard)
-        per_partition[key] = {"prompts": shard.height, **dataset_figures}
-    return per_partition
+        prompts[key] = shard.height
+    return PromptsWritten(
+        prompts,
+        {
+            "prompts_in_source": index.prompts,
+            "rows_read": index.rows_read,
+            "skipped": sum(index.skipped.values()),
+            **{f"skipped_{reason}": n for reason, n in index.skipped.items()},
+            "source": index.source,
+        },
+    )
 
 
 class PromptShards(Mapping[str, pl.DataFrame]):
@@ -175,10 +191,11 @@ def generate(
     settings: RunnerSettings | None = None,
     retry_rejected: bool = False,
     run_id: str = "",
-) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
-    """Regenerate every reply of the requested shards; returns the run's figures (counts summed) and
-    each partition's own. With `retry_rejected`, rows the last validation rejected for engine-side
-    reasons are requested again instead of reused. `run_id` names the run in shard leases.
+) -> tuple[dict[str, Any], dict[str, ShardFigures]]:
+    """Regenerate every reply of the requested shards; returns the run's metadata (the shards' figures
+    added up, see `ShardFigures`) and each partition's own figures. With `retry_rejected`, rows the last
+    validation rejected for engine-side reasons are requested again instead of reused. `run_id` names the
+    run in shard leases.
 
     Also warns when more replies hit max_tokens than the catalog allows, with the max_tokens that would
     have covered 95% of them, and adds the engine's own figures (e.g. per SGLang server) when it has any.
@@ -195,7 +212,7 @@ def generate(
         run_id=run_id, redo=redo,
     )  # fmt: skip
     per_partition = {key: report.figures for key, report in reports.items()}
-    figures = merge_figures(list(per_partition.values()))
+    figures = functools.reduce(operator.add, per_partition.values()).to_metadata()
     cut = truncation_report(
         lengths, max_new_tokens=spec.generation.max_tokens, threshold=spec.checks.max_truncated_share
     )
@@ -412,26 +429,6 @@ def validate(
     return done
 
 
-ADDITIVE = (
-    "prompts",
-    "total",
-    "done",
-    "ok",
-    "truncated",
-    "failed",
-    "skipped_budget",
-    "reused",
-    "requests",
-    "prompt_tokens",
-    "completion_tokens",
-    "reasoning_tokens",
-    "tokens",
-    "cost_usd",
-    "wasted_replies",
-    "wasted_usd",
-)
-
-
 def shards_written(store: ShardStore, dataset: str, asset: str) -> list[str]:
     """Partition keys of the shards an asset has written (its top-level .parquet files)."""
     keys = (layout.parse(key) for key in store.list(layout.asset_prefix(dataset, asset)))
@@ -540,12 +537,3 @@ def excluded_table(excluded: list[tuple[str, str, str]]) -> str:
     if len(excluded) > EXCLUDED_SHOWN:
         lines.append(f"| … | … | {len(excluded) - EXCLUDED_SHOWN} more in the run log |")
     return "\n".join(lines)
-
-
-def merge_figures(per_shard: list[dict[str, Any]]) -> dict[str, Any]:
-    """Shard figures -> one dict: counts add up; rates, gauges and run-wide totals come from the last shard."""
-    merged: dict[str, Any] = {}
-    for figures in per_shard:
-        for name, value in figures.items():
-            merged[name] = merged[name] + value if name in ADDITIVE and name in merged else value
-    return merged

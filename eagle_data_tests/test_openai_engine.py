@@ -235,7 +235,7 @@ def test_secret_key_is_used_but_never_logged_stored_or_reported(
     assert (info.limit_usd, info.remaining_usd) == (100.0, 87.5) and "$87.50 credit left" in info.line()
     exposed = [
         *lines,
-        json.dumps([r.figures for r in reports.values()]),
+        json.dumps([r.figures.to_metadata() for r in reports.values()]),
         json.dumps(engine.config()),
         repr(engine),
         repr(info),

@@ -1,11 +1,12 @@
 """The generation stage as the assets call it: figures merged across shards, the truncation warning."""
 
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from eagle_data import pipeline
-from eagle_data.catalog import DatasetSpec, load_catalog
+from eagle_data.catalog import Breaker, DatasetSpec, load_catalog
 from eagle_data.engines import make_engine
 from eagle_data.runner import RunnerSettings
 from eagle_data.storage import ShardStore
@@ -28,10 +29,32 @@ def test_generate_sums_shard_counts_and_warns_when_replies_hit_max_tokens(tmp_pa
         )
     finally:
         server.stop()
-    assert figures["total"] == 100 and [f["total"] for f in per_partition.values()] == [50, 50]
+    assert figures["total"] == 100 and [f.counts.total for f in per_partition.values()] == [50, 50]
     assert figures["truncated"] == server.outcomes["truncated"] > 5  # ~half the natural lengths exceed 40
     assert figures["suggested_max_tokens"] >= 60 and "set max_tokens to about" in figures["truncation_warning"]
     assert any(line.startswith("WARNING b7_sharegpt: truncation") for line in lines)
+
+
+def test_a_range_runs_error_counts_are_the_sum_of_its_shards(tmp_path: Path):
+    """Every shard fails its own way: the first's prompts on their second turn (HTTP 500), the last's
+    poisoned replies; the run's errors_by_kind must hold both, not only the last shard's."""
+    server = FakeOpenAI(Faults(fail_turn=2, poison_prompts=("s2-p3", "s2-p4")))
+    server.start()
+    spec, store = spec_for_tests(breaker=Breaker(enabled=False)), ShardStore(str(tmp_path))
+    shards = {**prompt_shards(3, 10), "00000": prompt_shards(1, 10, turns=2)["00000"]}
+    for key, frame in shards.items():
+        store.write_shard(spec.name, pipeline.prompts_asset(spec), key, frame)
+    engine = make_engine("openai", base_url=f"http://127.0.0.1:{server.port}/v1", model="m")
+    settings = RunnerSettings(progress_bar=False, backoff_base_s=0.0, backoff_cap_s=0.0, max_attempts=2)
+    try:
+        figures, per_partition = pipeline.generate(spec, store, sorted(shards), engine, log=lambda _: None,
+                                                   settings=settings)  # fmt: skip
+    finally:
+        server.stop()
+    per_shard = [Counter(f.to_metadata()["errors_by_kind"]) for f in per_partition.values()]
+    assert per_shard[0] and not per_shard[1] and per_shard[2] and not set(per_shard[0]) & set(per_shard[2])
+    assert figures["errors_by_kind"] == dict(sorted(sum(per_shard, Counter()).items()))
+    assert figures["failed"] == sum(f.counts.failed for f in per_partition.values()) == 12
 
 
 def test_generate_reads_each_prompt_shard_only_when_the_runner_reaches_it(tmp_path: Path):
@@ -59,7 +82,7 @@ def test_generate_reads_each_prompt_shard_only_when_the_runner_reaches_it(tmp_pa
     assert [key for key, _ in reads] == list(shards)
     for k, (_, written) in enumerate(reads):
         assert {f"{i:05d}" for i in range(k - 2)} <= written, f"shard {k} read before shard {k - 3} was written"
-    assert sum(r.figures["ok"] for r in reports.values()) == 120
+    assert sum(r.figures.counts.ok for r in reports.values()) == 120
 
 
 def test_the_estimate_projects_from_this_configs_sample_not_from_rows_of_an_earlier_config(tmp_path: Path):

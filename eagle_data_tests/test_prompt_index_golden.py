@@ -82,7 +82,7 @@ def cases(tmp_path: Path) -> dict[str, DatasetSpec]:
 def observe(spec: DatasetSpec, root: Path) -> dict[str, Any]:
     """What the prompts stage writes for every partition of `spec`, in comparable form."""
     store = ShardStore(str(root))
-    figures = pipeline.write_prompts(spec, store, spec.partition_keys)
+    written = pipeline.write_prompts(spec, store, spec.partition_keys)
     shards = {}
     for key in spec.partition_keys:
         frame = store.read_shard(spec.name, pipeline.prompts_asset(spec), key)
@@ -91,10 +91,9 @@ def observe(spec: DatasetSpec, root: Path) -> dict[str, Any]:
             "prompt_ids": frame["prompt_id"].to_list(),
             "sha256": hashlib.sha256(json.dumps(rows, sort_keys=True).encode()).hexdigest(),
         }
-    first = figures[spec.partition_keys[0]]
     return {
-        "figures": {k: v for k, v in sorted(first.items()) if k not in ("prompts", "source")},
-        "prompts_per_shard": [figures[key]["prompts"] for key in spec.partition_keys],
+        "figures": {k: v for k, v in sorted(written.index.items()) if k != "source"},
+        "prompts_per_shard": [written.prompts[key] for key in spec.partition_keys],
         "shards": shards,
     }
 

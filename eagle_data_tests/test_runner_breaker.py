@@ -154,7 +154,7 @@ def test_a_server_turning_bad_after_1000_replies_is_stopped_and_the_good_rows_ar
 
     server.faults = Faults()  # healthy again: the re-run asks only for what is missing
     reports = _generate(server, tmp_path, shards)
-    assert sum(r.figures["reused"] for r in reports.values()) == len(good)
+    assert sum(r.figures.counts.reused for r in reports.values()) == len(good)
     assert all(server.answered[f"{p}#1"] == 1 for p in good)  # none of them paid for twice
 
 
@@ -162,9 +162,9 @@ def test_healthy_noise_end_to_end_is_asked_again_and_never_trips(server: FakeOpe
     server.faults = Faults(p_empty=0.008, seed=3)
     lines: list[str] = []
     reports = _generate(server, tmp_path, prompt_shards(4, 500), lines=lines)
-    wasted = sum(r.figures["wasted_replies"] for r in reports.values())
+    wasted = sum(r.figures.counts.wasted for r in reports.values())
     assert wasted == server.outcomes["empty"] > 0
-    assert sum(r.figures["ok"] for r in reports.values()) >= 2000 - wasted // 2  # a retry mostly rescued them
+    assert sum(r.figures.counts.ok for r in reports.values()) >= 2000 - wasted // 2  # a retry mostly rescued them
     assert any(f"wasted: {wasted} replies, $" in line for line in lines[-3:])
     assert any(" | window 200: " in line and "% rejected" in line for line in lines)
 

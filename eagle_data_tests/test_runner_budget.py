@@ -58,7 +58,7 @@ def test_token_budget_stops_within_one_in_flight_window(server: FakeOpenAI, tmp_
     lines.clear()
     reports = _run(server, tmp_path, shards, lines, token_budget=200_000)  # raise it: the rest follows
     assert set(_frame(tmp_path, shards)["status"]) == {"ok"}
-    assert sum(r.figures["reused"] for r in reports.values()) == answered.height
+    assert sum(r.figures.counts.reused for r in reports.values()) == answered.height
 
 
 def test_cost_budget_counts_what_other_partitions_already_spent(server: FakeOpenAI, tmp_path: Path) -> None:
@@ -67,7 +67,7 @@ def test_cost_budget_counts_what_other_partitions_already_spent(server: FakeOpen
     _run(server, tmp_path, first, lines)
     spent = float(_frame(tmp_path, first)["cost_usd"].sum())  # ~ 100 * 106 tokens * 1e-6 $/token
     second = {"00001": prompt_shards(2, 300)["00001"]}
-    figures = _run(server, tmp_path, second, lines, cost_budget_usd=spent * 2)["00001"].figures
+    figures = _run(server, tmp_path, second, lines, cost_budget_usd=spent * 2)["00001"].figures.to_metadata()
     # It stops once one more worst case (4,096 tokens at the learned price bound: ~47 replies) would not fit.
     assert 100 - 50 <= figures["ok"] <= 100 and figures["skipped_budget"] == 300 - figures["ok"]
     assert figures["budget_stop"].startswith(f"{DS}: cost budget reached")

@@ -52,7 +52,7 @@ def test_burst_plus_5xx_and_resets_every_prompt_ends_ok_nothing_lost_or_duplicat
     assert set(out["prompt_id"]) == {pid for f in shards.values() for pid in f["prompt_id"]}
     assert set(out["status"]) == {"ok"}
     assert max(server.answered.values()) == 1  # no prompt was answered (paid for) twice
-    errors = sum((Counter(r.figures["errors_by_kind"]) for r in reports.values()), Counter())
+    errors = sum((r.figures.counts.errors for r in reports.values()), Counter())
     assert {"http_429", "reset", "body_error", "finish_error"} <= set(errors) and any(
         k.startswith("http_5") for k in errors
     )
@@ -86,7 +86,7 @@ def test_a_step_whose_every_request_failed_fails_in_one_line_and_the_next_run_re
         and set(failed["attempts"]) == {2}
     )
     server.faults = Faults()
-    second = _run(server, tmp_path, shards, RunnerSettings(**FAST_RETRY))["00000"].figures
+    second = _run(server, tmp_path, shards, RunnerSettings(**FAST_RETRY))["00000"].figures.to_metadata()
     assert (second["ok"], second["reused"], second["requests"]) == (30, 0, 30)
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import io
 import random
+from collections import Counter
+from dataclasses import fields
 
 import polars as pl
 import pytest
@@ -12,7 +14,7 @@ import pytest
 from eagle_data.retry_after import parse_retry_after
 from eagle_data.runner.concurrency import AdaptiveLimiter
 from eagle_data.runner.estimate import estimate_generation
-from eagle_data.runner.progress import ProgressBar, Tally
+from eagle_data.runner.progress import Counts, ProgressBar, Tally
 from eagle_data.runner.resultlog import resume_key, reusable
 from eagle_data.runner.retry import backoff_delay, retry_delay, should_retry
 from eagle_data.runner.rows import plan_turns, to_frame
@@ -190,8 +192,25 @@ def test_reusable_keeps_ok_rows_under_a_raised_cap_and_drops_truncated_failed() 
 def test_progress_line_matches_the_format_users_read() -> None:
     t = Tally(total=3572, started=0.0, ended=2550 / 27.0, ok=2550, completion_tokens=448_800, cost_usd=1.0)
     assert t.line() == "2550/3572 (0 err, 2550 ok) 27.0 req/s avg_comp=176tok tot=0.4M ~$1.0 ETA=0.0h"
-    figures = t.figures(in_flight_limit=64)
+    figures = t.figures(in_flight_limit=64).to_metadata()
     assert figures["req_per_s"] == 27.0 and figures["in_flight_limit"] == 64 and figures["truncation_rate"] == 0.0
+
+
+def test_shard_figures_add_every_count_and_keep_the_last_shards_pace() -> None:
+    first = Tally(total=10, started=0, ended=1.0, ok=8, truncated=2, completion_tokens=100, errors=Counter(http_500=3))
+    last = Tally(total=10, started=0.0, ended=2.0, ok=10, completion_tokens=300, errors=Counter(reset=1), wasted=2)
+    both = (first.figures(8, {"config_hash": "a"}) + last.figures(16, {"config_hash": "b"})).to_metadata()
+    assert both["errors_by_kind"] == {"http_500": 3, "reset": 1}
+    assert both["total"] == both["done"] == 20 and both["wasted_replies"] == 2
+    assert both["avg_comp"] == 20.0 and both["truncation_rate"] == 0.1  # recomputed from the summed counts
+    assert both["in_flight_limit"] == 16 and both["elapsed_s"] == 2.0 and both["config_hash"] == "b"
+
+
+def test_every_count_sums() -> None:
+    """A count added to `Counts` adds up across shards without being named anywhere else."""
+    one = Counts(**{f.name: Counter(kind=1) if f.name == "errors" else 1 for f in fields(Counts)})
+    two = one + one
+    assert all(getattr(two, f.name) == (Counter(kind=2) if f.name == "errors" else 2) for f in fields(Counts))
 
 
 class _Tty(io.StringIO):

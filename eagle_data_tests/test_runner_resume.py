@@ -133,11 +133,11 @@ def test_a_failed_second_turn_is_retried_without_paying_for_the_first_again(serv
     url, root = f"http://127.0.0.1:{server.port}/v1", str(tmp_path)
     shards = prompt_shards(1, 20, turns=2)
     server.faults = Faults(fail_turn=2)
-    first = generate(url, root, shards=shards, max_attempts=1)["00000"].figures
+    first = generate(url, root, shards=shards, max_attempts=1)["00000"].figures.to_metadata()
     assert first["failed"] == 20 and set(server.requests.values()) == {1}
 
     server.faults = Faults()
-    again = generate(url, root, shards=shards)["00000"].figures
+    again = generate(url, root, shards=shards)["00000"].figures.to_metadata()
 
     assert again["ok"] == 20
     assert all(server.requests[f"s0-p{i}#1"] == 1 for i in range(20)), "turn 1 was paid for again"
@@ -170,7 +170,7 @@ def test_raising_max_tokens_regenerates_only_truncated_rows(server: FakeOpenAI, 
     assert set(high["status"]) == {"ok"} and high["config_hash"].n_unique() == 1
     kept = low.filter(pl.col("status") == "ok").select("prompt_id", "content", "finished_at")
     assert kept.join(high.select("prompt_id", "content", "finished_at"), on=kept.columns).height == kept.height
-    assert sum(r.figures["reused"] for r in reports.values()) == low.height - len(truncated)
+    assert sum(r.figures.counts.reused for r in reports.values()) == low.height - len(truncated)
 
     sent_before = dict(server.requests)
     generate(url, root, max_tokens=40, shards=shards)  # lowered back: rows made at 80 may exceed 40
@@ -190,5 +190,5 @@ def test_resume_on_s3_reuses_every_finished_row(server: FakeOpenAI, s3_endpoint:
     first = run_generation(engine, spec_for_tests(), shards, s3(), settings=settings, log=lambda _: None)
     again = run_generation(engine, spec_for_tests(), shards, s3(), settings=settings, log=lambda _: None)
     assert first["00001"].uri == f"s3://{s3_bucket}/run/{DS}/{DS}/00001.parquet"
-    assert sum(r.figures["reused"] for r in again.values()) == 100 and server.received == 100
+    assert sum(r.figures.counts.reused for r in again.values()) == 100 and server.received == 100
     assert s3().read_shard(DS, DS, "00000").height == 50 and not s3().list(f"{DS}/{DS}/_log")

@@ -9,16 +9,14 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import fields
+from typing import Any
 
 from eagle_data.quality.figures import Bins, Figures, count_numbers, shard_row, tables
 from eagle_data.quality.gates import CheckResult, combine
 from eagle_data.quality.records import ShardRecord
 from eagle_data.quality.summary import Summary
 
-_SUMMED = (
-    "rows", "requested", "failed", "answered", "truncated", "completed", "short", "missing_reasoning",
-    "ids_checked", "ids_mismatch", "train_rows", "lost_text", "accounted", "engine_tokens", "reply_tokens",
-)  # fmt: skip
 # Figures of one value dominating a shard: they do not add up (the roll-up reports the worst shard instead).
 _PER_SHARD = ("top_loss_share", "repeat_share")
 
@@ -29,8 +27,9 @@ def _add_bins(bins: Sequence[Bins]) -> Bins:
 
 
 def _total(summaries: Sequence[Summary]) -> Summary:
-    """The summed counts of several shards; what does not add up (the dominant value, the repeated text,
-    a bad row's id) is left empty, and the average completion length is weighted by answered rows."""
+    """The summed counts of several shards: every Summary field not named here is a count and adds up.
+    What does not add up (the dominant value, the repeated text, a bad row's id) is left empty, and the
+    average completion length is weighted by answered rows."""
     verdicts: Counter[str] = Counter()
     structure: Counter[str] = Counter()
     for s in summaries:
@@ -38,18 +37,19 @@ def _total(summaries: Sequence[Summary]) -> Summary:
         structure.update(s.structure)
     weighted = [(s.avg_completion_tokens, s.answered) for s in summaries if s.avg_completion_tokens is not None]
     answered = sum(n for _, n in weighted)
-    return Summary(
-        **{k: sum(getattr(s, k) for s in summaries) for k in _SUMMED},
-        top_loss_value=None,
-        top_loss_rows=0,
-        prompts=0,
-        top_repeat_text="",
-        top_repeat_prompts=0,
-        structure=dict(structure),
-        first_bad_prompt="",
-        avg_completion_tokens=sum(avg * n for avg, n in weighted) / answered if weighted else None,
-        verdicts=dict(verdicts),
-    )
+    not_summed: dict[str, Any] = {
+        "top_loss_value": None,
+        "top_loss_rows": 0,
+        "prompts": 0,
+        "top_repeat_text": "",
+        "top_repeat_prompts": 0,
+        "structure": dict(structure),
+        "first_bad_prompt": "",
+        "avg_completion_tokens": sum(avg * n for avg, n in weighted) / answered if weighted else None,
+        "verdicts": dict(verdicts),
+    }
+    summed = {f.name: sum(getattr(s, f.name) for s in summaries) for f in fields(Summary) if f.name not in not_summed}
+    return Summary(**summed, **not_summed)
 
 
 def _numbers(records: Sequence[ShardRecord]) -> dict[str, float | int]:

@@ -1,15 +1,18 @@
 """Counters, the progress line users already read, the terminal bar, and report figures.
 
 One `Tally` per shard and one for the whole call; the same names appear in the log line, the bar
-and the Dagster metadata built from `figures()`.
+and the Dagster metadata built from `Tally.figures()`, a `ShardFigures` whose counts add up across
+a range's shards by construction (`Counts`) while its rates and gauges are the last shard's (`Pace`).
 """
 
 from __future__ import annotations
 
+import copy
 import sys
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 from typing import Any, TextIO
 
 from eagle_data.runner.rows import Row
@@ -19,10 +22,11 @@ BAR_REFRESH_S = 0.2
 
 
 @dataclass
-class Tally:
-    total: int
-    started: float = field(default_factory=time.monotonic)
-    ended: float | None = None
+class Counts:
+    """Every count a shard's generation keeps. `a + b` adds field by field (the error kinds per kind), so
+    a count added here sums across a range's shards by construction."""
+
+    total: int = 0
     reused: int = 0
     ok: int = 0
     truncated: int = 0
@@ -38,6 +42,95 @@ class Tally:
     wasted: int = 0  # replies paid for with no usable text (empty, lost text), asked again or failed
     wasted_usd: float = 0.0
 
+    def __add__(self, other: Counts) -> Counts:
+        return Counts(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(Counts)})
+
+    def counts(self) -> Counts:
+        """A copy of just the counts (a `Tally` keeps counting after its shard's figures are taken)."""
+        return Counts(**{f.name: copy.copy(getattr(self, f.name)) for f in fields(Counts)})
+
+    @property
+    def done(self) -> int:
+        return self.ok + self.truncated + self.failed + self.skipped_budget
+
+    @property
+    def tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    def avg_comp(self) -> float:
+        answered = self.ok + self.truncated
+        return self.completion_tokens / answered if answered else 0.0
+
+    def metadata(self) -> dict[str, Any]:
+        """The counts and the rates that follow from them alone, under the names of the log line."""
+        answered = self.ok + self.truncated
+        return {
+            "total": self.total,
+            "done": self.done,
+            "ok": self.ok,
+            "truncated": self.truncated,
+            "failed": self.failed,
+            "skipped_budget": self.skipped_budget,
+            "reused": self.reused,
+            "requests": self.requests,
+            "errors_by_kind": dict(sorted(self.errors.items())),
+            "avg_comp": round(self.avg_comp(), 1),
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "reasoning_tokens": self.reasoning_tokens,
+            "tokens": self.tokens,
+            "cost_usd": round(self.cost_usd, 6),
+            "wasted_replies": self.wasted,
+            "wasted_usd": round(self.wasted_usd, 6),
+            "truncation_rate": round(self.truncated / answered, 4) if answered else 0.0,
+        }
+
+
+@dataclass(frozen=True)
+class Pace:
+    """How fast the call went and where it stood when a shard finished. A call's shards overlap in time,
+    so none of these adds up: a range reports its last shard's."""
+
+    req_per_s: float
+    tok_per_s: float
+    eta_h: float
+    elapsed_s: float
+    in_flight_limit: int
+
+    def metadata(self) -> dict[str, Any]:
+        return {
+            "req_per_s": round(self.req_per_s, 2),
+            "tok_per_s": round(self.tok_per_s, 1),
+            "in_flight_limit": self.in_flight_limit,
+            "eta_h": round(self.eta_h, 3) if self.eta_h != float("inf") else -1.0,
+            "elapsed_s": round(self.elapsed_s, 2),
+        }
+
+
+@dataclass(frozen=True)
+class ShardFigures:
+    """A shard's generation figures, or a range's (`first + later`): the counts add, the pace is the later
+    shard's, and so is `run`, the call-wide state (config hash, budget, breaker) as that shard ended."""
+
+    counts: Counts
+    pace: Pace
+    run: Mapping[str, Any] = field(default_factory=dict)
+
+    def __add__(self, later: ShardFigures) -> ShardFigures:
+        return ShardFigures(self.counts + later.counts, later.pace, later.run)
+
+    def to_metadata(self) -> dict[str, Any]:
+        """Plain, JSON-able figures for Dagster metadata (same names as the log line where shared)."""
+        return {**self.counts.metadata(), **self.pace.metadata(), **self.run}
+
+
+@dataclass
+class Tally(Counts):
+    """The counts of one shard or of the whole call as they grow, and its clock."""
+
+    started: float = field(default_factory=time.monotonic)
+    ended: float | None = None
+
     def add(self, row: Row, reused: bool = False) -> None:
         status = row["status"]
         setattr(self, status, getattr(self, status) + 1)
@@ -47,14 +140,6 @@ class Tally:
         self.fresh_completion_tokens += 0 if reused else row["completion_tokens"] or 0
         self.reasoning_tokens += row["reasoning_tokens"] or 0
         self.cost_usd += row["cost_usd"] or 0.0
-
-    @property
-    def done(self) -> int:
-        return self.ok + self.truncated + self.failed + self.skipped_budget
-
-    @property
-    def tokens(self) -> int:
-        return self.prompt_tokens + self.completion_tokens
 
     def elapsed(self) -> float:
         return max((self.ended or time.monotonic()) - self.started, 1e-9)
@@ -67,10 +152,6 @@ class Tally:
         rate, left = self.req_per_s(), self.total - self.done
         return 0.0 if left == 0 else left / rate / 3600 if rate > 0 else float("inf")
 
-    def avg_comp(self) -> float:
-        answered = self.ok + self.truncated
-        return self.completion_tokens / answered if answered else 0.0
-
     def line(self) -> str:
         """`2550/3572 (0 err, 2550 ok) 27.0 req/s avg_comp=176tok tot=0.4M ~$1.0 ETA=0.0h`, then
         `wasted: 37 replies, $0.21` once a paid reply was rejected."""
@@ -81,35 +162,11 @@ class Tally:
             f"ETA={self.eta_h():.1f}h{wasted}"
         )
 
-    def figures(self, in_flight_limit: int) -> dict[str, Any]:
-        """Plain, JSON-able figures for Dagster metadata (same names as the log line where shared)."""
-        answered = self.ok + self.truncated
-        eta = self.eta_h()
-        return {
-            "total": self.total,
-            "done": self.done,
-            "ok": self.ok,
-            "truncated": self.truncated,
-            "failed": self.failed,
-            "skipped_budget": self.skipped_budget,
-            "reused": self.reused,
-            "requests": self.requests,
-            "errors_by_kind": dict(sorted(self.errors.items())),
-            "req_per_s": round(self.req_per_s(), 2),
-            "tok_per_s": round(self.fresh_completion_tokens / self.elapsed(), 1),
-            "avg_comp": round(self.avg_comp(), 1),
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "reasoning_tokens": self.reasoning_tokens,
-            "tokens": self.tokens,
-            "cost_usd": round(self.cost_usd, 6),
-            "wasted_replies": self.wasted,
-            "wasted_usd": round(self.wasted_usd, 6),
-            "truncation_rate": round(self.truncated / answered, 4) if answered else 0.0,
-            "in_flight_limit": in_flight_limit,
-            "eta_h": round(eta, 3) if eta != float("inf") else -1.0,
-            "elapsed_s": round(self.elapsed(), 2),
-        }
+    def figures(self, in_flight_limit: int, run: Mapping[str, Any] | None = None) -> ShardFigures:
+        """The figures as they stand; `run` is the call-wide state to report beside them."""
+        elapsed = self.elapsed()
+        pace = Pace(self.req_per_s(), self.fresh_completion_tokens / elapsed, self.eta_h(), elapsed, in_flight_limit)
+        return ShardFigures(self.counts(), pace, dict(run or {}))
 
 
 class ProgressBar:

@@ -18,7 +18,6 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 import polars as pl
 
@@ -30,7 +29,7 @@ from eagle_data.runner.breaker import BreakerTripped
 from eagle_data.runner.budget import Hold
 from eagle_data.runner.dispatch import Dispatcher
 from eagle_data.runner.lease import Holder, LeaseLost
-from eagle_data.runner.progress import Tally
+from eagle_data.runner.progress import ShardFigures, Tally
 from eagle_data.runner.reporter import Reporter
 from eagle_data.runner.resultlog import Turn, completion_of, replayable, resume_key, reusable, stored_usage, turn_record
 from eagle_data.runner.rows import Row, assistant_message, build_row, plan_turns
@@ -53,11 +52,11 @@ class NothingAnswered(RuntimeError):
 
 @dataclass
 class ShardReport:
-    """What one partition ended with; `figures` is plain JSON-able data for Dagster metadata."""
+    """What one partition ended with; `figures.to_metadata()` is its Dagster metadata."""
 
     partition: str
     uri: str
-    figures: dict[str, Any]
+    figures: ShardFigures
 
 
 @dataclass
@@ -347,9 +346,10 @@ class _Run:
                 self.lengths.add(row["completion_tokens"], row["finish_reason"])
         shard.rows, shard.carry = {}, []
         shard.tally.ended = time.monotonic()
-        figures = shard.tally.figures(self.dispatch.limiter.current)
-        figures.update(config_hash=self.key.config_hash, **self.dispatch.figures())
-        self.reports[shard.partition] = ShardReport(shard.partition, uri, figures)
+        run = {"config_hash": self.key.config_hash, **self.dispatch.figures()}
+        self.reports[shard.partition] = ShardReport(
+            shard.partition, uri, shard.tally.figures(self.dispatch.limiter.current, run)
+        )
         t = shard.tally
         self.say(
             f"{self.spec.name} {shard.partition}: {t.ok} ok, {t.truncated} truncated, {t.failed} failed, "
