@@ -1,0 +1,248 @@
+"""The names README and docs/ list are the code's names, in both directions.
+
+Each test collects a set of names from the code (the Definitions object, the engine registry, the target
+profiles, the catalog models, the environment variables the code reads, the frame schemas) and the names a
+doc table or contract lists, and requires them equal: a name added to the code and not documented fails,
+and so does a documented name the code renamed or removed. The Definitions are built once, in-process.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pytest
+from pydantic import BaseModel
+
+from eagle_data import catalog, engines
+from eagle_data.runner.rows import GENERATION_SCHEMA
+from eagle_data.sources import PROMPTS_SCHEMA
+from eagle_data.targets.profile import read_profiles
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+DESIGN = ROOT / "docs" / "design.md"
+NUMBERS = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8, "nine": 9}
+NUMBERS |= {"ten": 10, "eleven": 11, "twelve": 12, "thirteen": 13, "fourteen": 14, "fifteen": 15}
+# Variables the settings table lists that other libraries read (boto3 reads the AWS ones), not this code.
+THIRD_PARTY_ENV = {"AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"}
+
+
+def tables(path: Path) -> Iterator[list[dict[str, str]]]:
+    """Every Markdown table of a file, as rows keyed by the lower-cased header cells."""
+    lines = path.read_text().splitlines()
+    i = 0
+    while i < len(lines):
+        if lines[i].startswith("|") and i + 1 < len(lines) and re.match(r"^\|[\s:|-]+\|$", lines[i + 1]):
+            header = [c.strip().lower() for c in lines[i].strip("|").split("|")]
+            rows, i = [], i + 2
+            while i < len(lines) and lines[i].startswith("|"):
+                rows.append(dict(zip(header, (c.strip() for c in lines[i].strip("|").split("|")), strict=False)))
+                i += 1
+            yield rows
+        else:
+            i += 1
+
+
+def table(path: Path, *header: str) -> list[dict[str, str]]:
+    """The one table of `path` whose first header cells are `header`."""
+    found = [rows for rows in tables(path) if rows and tuple(rows[0])[: len(header)] == header]
+    assert len(found) == 1, f"{path.name}: expected one table headed {header}, found {len(found)}"
+    return found[0]
+
+
+def names(text: str) -> list[str]:
+    """The backticked names in a cell or paragraph (`x`, `{ds}_prompts`, `kimi-k2.5`)."""
+    return re.findall(r"`([{}A-Za-z0-9_.\-]+)`", text)
+
+
+def contract(kind: str) -> str:
+    """The text of one `- **kind**:` bullet under docs/design.md's Data contracts."""
+    text = DESIGN.read_text()
+    match = re.search(rf"^- \*\*{kind}\*\*:(.*?)(?=^- \*\*|^#)", text, re.S | re.M)
+    assert match, f"docs/design.md has no '- **{kind}**:' contract"
+    return match.group(1)
+
+
+def fields(model: type[BaseModel], *nested: str) -> set[str]:
+    return set(model.model_fields) - set(nested)
+
+
+@pytest.fixture(scope="module")
+def graph() -> Any:
+    from eagle_data.definitions import defs
+
+    return defs.resolve_asset_graph()
+
+
+@pytest.fixture(scope="module")
+def datasets() -> list[str]:
+    return list(catalog.catalog())
+
+
+def pattern(name: str, datasets: list[str]) -> str:
+    """An asset or group name with its dataset written `{ds}`, as the docs write it."""
+    for ds in sorted(datasets, key=len, reverse=True):
+        if name == ds or name.startswith(ds + "_"):
+            return "{ds}" + name[len(ds) :]
+    return name
+
+
+def test_design_asset_table_lists_every_asset_with_its_group_and_stage(graph: Any, datasets: list[str]):
+    code = {}
+    for key in graph.get_all_asset_keys():
+        node = graph.get(key)
+        code[pattern(key.to_user_string(), datasets)] = (pattern(node.group_name, datasets), node.tags["stage"])
+    doc = {
+        names(row["asset"])[0]: (names(row["group"])[0], names(row["stage"])[0])
+        for row in table(DESIGN, "asset", "group", "stage")
+    }
+    assert doc == code
+
+
+def test_design_check_table_lists_every_check_on_its_asset_with_its_blocking_flag(graph: Any, datasets: list[str]):
+    code = {
+        (key.name, pattern(key.asset_key.to_user_string(), datasets), graph.get_check_spec(key).blocking)
+        for key in graph.asset_check_keys
+    }
+    rows = table(DESIGN, "check", "asset", "blocking")
+    doc = {(names(r["check"])[0], names(r["asset"])[0], r["blocking"].split()[0] == "yes") for r in rows}
+    assert doc == code
+    settings = fields(catalog.DatasetSpec) | fields(catalog.Checks)
+    cited = {name for r in rows for name in names(r["judged against"])}
+    assert cited <= settings, f"the check table cites settings the catalog lacks: {sorted(cited - settings)}"
+
+
+def test_prose_counts_of_assets_and_checks_match_the_definitions(graph: Any, datasets: list[str]):
+    keys = [k.to_user_string() for k in graph.get_all_asset_keys()]
+    dataset_assets = [k for k in keys if pattern(k, datasets) != k]
+    drafter = [k for k in graph.get_all_asset_keys() if graph.get(k).group_name == "drafter"]
+    listed = re.search(r"# (\d+) dataset assets, training_mix, (\d+) drafter inputs", README.read_text())
+    assert listed, "README's `dagster asset list` comment no longer counts the assets"
+    assert (int(listed[1]), int(listed[2])) == (len(dataset_assets), len(drafter))
+
+    checks = [(k.name, k.asset_key.to_user_string(), graph.get_check_spec(k).blocking) for k in graph.asset_check_keys]
+    validated = {n for n, asset, _ in checks if asset == f"{datasets[0]}_validated"}
+    said = re.search(r"(\w+) asset checks, thresholds from the catalog", README.read_text())
+    assert said and NUMBERS[said[1].lower()] == len(validated), "README miscounts the checks of {ds}_validated"
+    on_datasets = {n for n, asset, blocking in checks if blocking and pattern(asset, datasets) != asset}
+    capture = {n for n, asset, blocking in checks if blocking and asset == "hidden_states"}
+    said = re.search(r"(\w+) checks are blocking: .*? carries (\w+) more", DESIGN.read_text(), re.S)
+    assert said, "docs/design.md no longer counts the blocking checks"
+    assert (NUMBERS[said[1].lower()], NUMBERS[said[2].lower()]) == (len(on_datasets), len(capture))
+
+
+def test_engines_doc_lists_every_kind_with_its_key_variable_and_pool():
+    code = {name: (kind.key_env or "none", kind.pool_name) for name, kind in engines.kinds().items()}
+    doc = {}
+    for row in table(ROOT / "docs" / "engines.md", "kind", "module", "key variable", "pool"):
+        key = row["key variable"].split()[0].strip("`")
+        doc[names(row["kind"])[0]] = (key, names(row["pool"])[0])
+    assert doc == code
+    kinds = re.search(r"^\| `EAGLE_DATA_ENGINE` \|([^|]*)\|", README.read_text(), re.M)
+    assert kinds, "README's settings table lost EAGLE_DATA_ENGINE"
+    assert set(names(kinds[1])) == set(engines.kinds()), "README's EAGLE_DATA_ENGINE row lists other kinds"
+
+
+def test_targets_doc_lists_every_profile():
+    code = set(read_profiles())
+    doc = {name for row in table(ROOT / "docs" / "targets.md", "profile") for name in names(row["profile"])}
+    assert code and doc == code
+
+
+def environment_variables() -> set[str]:
+    """The variables the code reads: every `EAGLE_DATA_*` string in its source, the engine kinds' key
+    variables and the target profiles' tokenizer variables."""
+    found = set()
+    for path in Path(catalog.__file__).parent.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                found |= set(re.findall(r"^EAGLE_DATA_[A-Z0-9_]+$", node.value))
+    found |= {kind.key_env for kind in engines.kinds().values() if kind.key_env}
+    found |= {p.tokenizer_env for p in read_profiles().values() if p.tokenizer_env}
+    return found
+
+
+def test_readme_settings_table_lists_every_environment_variable_the_code_reads():
+    doc = {name for row in table(README, "variable", "meaning") for name in names(row["variable"])}
+    code = environment_variables()
+    assert code - doc == set(), "read by the code, missing from README's settings table"
+    assert doc - code - THIRD_PARTY_ENV == set(), "in README's settings table, read nowhere in the code"
+
+
+def default(value: str) -> Any:
+    """A Default cell as a value: `true`, `0.5`, `100,000`, `"all"`; None for anything else."""
+    text = value.split()[0].strip("`") if value.strip() else ""
+    if text in ("true", "false"):
+        return text == "true"
+    try:
+        return int(text.replace(",", "").replace("_", ""))
+    except ValueError:
+        pass
+    try:
+        return float(text)
+    except ValueError:
+        return text.strip('"') if text.startswith('"') else None
+
+
+@pytest.mark.parametrize(
+    ("path", "section", "model", "nested"),
+    [
+        (DESIGN, "[datasets.<name>]", catalog.DatasetSpec, ("generation", "checks", "breaker")),
+        (DESIGN, "[defaults.generation]", catalog.Generation, ()),
+        (DESIGN, "[defaults.checks]", catalog.Checks, ()),
+        (ROOT / "docs" / "breaker.md", "[defaults.breaker]", catalog.Breaker, ()),
+    ],
+    ids=["datasets", "generation", "checks", "breaker"],
+)
+def test_catalog_tables_list_every_key_with_its_default(path: Path, section: str, model: Any, nested: tuple):
+    """Keys both ways; a default the doc states is the packaged catalog's (its `[defaults]`, else the model's)."""
+    packaged = tomllib.loads((Path(catalog.__file__).parent / "catalog.toml").read_text())["defaults"]
+    if section != "[datasets.<name>]":
+        packaged = packaged.get(section.strip("[]").split(".")[1], {})
+    if path.name == "breaker.md":
+        rows = table(path, "setting", "default")
+    else:
+        rows = [r for r in table(path, "key", "table", "default") if r["table"].strip("`") == section]
+    doc = {names(r.get("setting") or r["key"])[0]: default(r["default"]) for r in rows}
+    assert set(doc) == fields(model, *nested), f"{path.name} {section}: keys differ from {model.__name__}"
+    for name, value in doc.items():
+        if value is not None:
+            expected = packaged.get(name, model.model_fields[name].default)
+            assert value == expected, f"{path.name}: {name}'s default is {expected!r}, not {value!r}"
+
+
+def contract_names(kind: str) -> set[str]:
+    """The column names a contract lists (lower-case identifiers; `GENERATION_SCHEMA` is not a column)."""
+    return {name for name in names(contract(kind)) if re.fullmatch(r"[a-z_][a-z0-9_]*", name)}
+
+
+def test_prompts_contract_is_the_prompts_schema():
+    assert contract_names("prompts") == set(PROMPTS_SCHEMA)
+
+
+def test_generations_contract_is_the_generation_schema():
+    assert contract_names("generations") == set(GENERATION_SCHEMA)
+
+
+def test_validated_contract_lists_every_column_validation_adds():
+    from eagle_data import pipeline
+
+    spec = catalog.catalog()[next(iter(catalog.catalog()))].model_copy(update={"target": "demo"})
+    row: dict[str, Any] = dict.fromkeys(GENERATION_SCHEMA) | {
+        "prompt_id": "p", "dataset": spec.name, "status": "ok", "finish_reason": "stop", "content": "Hi.",
+        "reasoning": "", "completion_tokens": 3, "messages": [
+            {"role": "user", "content": "Hello", "reasoning": None, "output_ids": None},
+            {"role": "assistant", "content": "Hi.", "reasoning": "", "output_ids": None},
+        ],
+    }  # fmt: skip
+    columns = set(pipeline.validated_rows(spec, pl.DataFrame([row], schema=GENERATION_SCHEMA), "00000").columns)
+    own = columns - set(GENERATION_SCHEMA) | {"prompt_id"}
+    doc = contract_names("validated")
+    assert own - doc == set(), "validation adds these columns; the validated contract omits them"
+    assert doc - columns == set(), "the validated contract lists columns validation does not write"
