@@ -20,6 +20,7 @@ import pytest
 from pydantic import BaseModel
 
 from eagle_data import catalog, engines
+from eagle_data.drafter import settings as drafter
 from eagle_data.runner.rows import GENERATION_SCHEMA
 from eagle_data.sources import PROMPTS_SCHEMA
 from eagle_data.targets.profile import read_profiles
@@ -137,16 +138,30 @@ def test_prose_counts_of_assets_and_checks_match_the_definitions(graph: Any, dat
     assert (NUMBERS[said[1].lower()], NUMBERS[said[2].lower()]) == (len(on_datasets), len(capture))
 
 
-def test_engines_doc_lists_every_kind_with_its_key_variable_and_pool():
-    code = {name: (kind.key_env or "none", kind.pool_name) for name, kind in engines.kinds().items()}
+def test_engines_doc_lists_every_kind_with_its_key_variable_pool_and_in_flight_ceiling():
+    code = {
+        name: (kind.key_env or "none", kind.pool_name, kind.max_in_flight, kind.ramp)
+        for name, kind in engines.kinds().items()
+    }
     doc = {}
-    for row in table(ROOT / "docs" / "engines.md", "kind", "module", "key variable", "pool"):
+    for row in table(ROOT / "docs" / "engines.md", "kind", "module", "key variable", "pool", "in flight"):
         key = row["key variable"].split()[0].strip("`")
-        doc[names(row["kind"])[0]] = (key, names(row["pool"])[0])
+        ceiling = int(row["in flight"].split(",")[0])
+        doc[names(row["kind"])[0]] = (key, names(row["pool"])[0], ceiling, "no ramp" not in row["in flight"])
     assert doc == code
     kinds = re.search(r"^\| `EAGLE_DATA_ENGINE` \|([^|]*)\|", README.read_text(), re.M)
     assert kinds, "README's settings table lost EAGLE_DATA_ENGINE"
     assert set(names(kinds[1])) == set(engines.kinds()), "README's EAGLE_DATA_ENGINE row lists other kinds"
+
+
+def test_engines_doc_lists_every_engine_resource_field():
+    from eagle_data.defs.resources import EngineResource
+
+    listed = re.search(
+        r"`EngineResource` has one optional field per setting \(([^)]*)\)", (ROOT / "docs" / "engines.md").read_text()
+    )
+    assert listed, "docs/engines.md no longer lists EngineResource's fields"
+    assert set(names(listed[1])) == set(EngineResource.model_fields)
 
 
 def test_targets_doc_lists_every_profile():
@@ -175,6 +190,29 @@ def test_readme_settings_table_lists_every_environment_variable_the_code_reads()
     assert doc - code - THIRD_PARTY_ENV == set(), "in README's settings table, read nowhere in the code"
 
 
+def test_readme_tokenizer_variable_names_the_profiles_that_read_it():
+    row = re.search(r"^\| `EAGLE_DATA_TARGET_TOKENIZER` \|([^|]*)\|", README.read_text(), re.M)
+    assert row, "README's settings table lost EAGLE_DATA_TARGET_TOKENIZER"
+    code = {name for name, p in read_profiles().items() if p.tokenizer_env == "EAGLE_DATA_TARGET_TOKENIZER"}
+    assert set(names(row[1])) == code
+
+
+def test_every_variable_and_catalog_table_the_docs_name_exists():
+    """Prose too: an `EAGLE_DATA_*` variable or a `[defaults.*]` / `[drafter.*]` table named anywhere in
+    README or docs/ is one the code reads (or docker-compose sets) or the packaged catalog holds."""
+    compose = set(re.findall(r"EAGLE_DATA_[A-Z0-9_]+", (ROOT / "docker" / "docker-compose.yaml").read_text()))
+    packaged = tomllib.loads((Path(catalog.__file__).parent / "catalog.toml").read_text())
+    for path in [README, *sorted((ROOT / "docs").glob("*.md"))]:
+        text = path.read_text()
+        unknown = set(re.findall(r"EAGLE_DATA_[A-Z0-9_]+", text)) - environment_variables() - compose
+        assert not unknown, f"{path.name} names variables the code never reads: {sorted(unknown)}"
+        for section in re.findall(r"\[((?:defaults|drafter)(?:\.[a-z_]+)*)\]", text):
+            node: Any = packaged
+            for part in section.split("."):
+                assert isinstance(node, dict) and part in node, f"{path.name} names [{section}]; catalog.toml has none"
+                node = node[part]
+
+
 def default(value: str) -> Any:
     """A Default cell as a value: `true`, `0.5`, `100,000`, `"all"`; None for anything else."""
     text = value.split()[0].strip("`") if value.strip() else ""
@@ -197,14 +235,19 @@ def default(value: str) -> Any:
         (DESIGN, "[defaults.generation]", catalog.Generation, ()),
         (DESIGN, "[defaults.checks]", catalog.Checks, ()),
         (ROOT / "docs" / "breaker.md", "[defaults.breaker]", catalog.Breaker, ()),
+        (DESIGN, "[drafter]", drafter.DrafterSettings, ("decontamination", "hidden_states", "capture")),
+        (DESIGN, "[drafter.decontamination]", drafter.Decontamination, ()),
+        (DESIGN, "[drafter.hidden_states]", drafter.HiddenStateRecipe, ()),
+        (DESIGN, "[drafter.capture]", drafter.CaptureSettings, ()),
     ],
-    ids=["datasets", "generation", "checks", "breaker"],
+    ids=lambda value: value.strip("[]") if isinstance(value, str) else None,
 )
 def test_catalog_tables_list_every_key_with_its_default(path: Path, section: str, model: Any, nested: tuple):
-    """Keys both ways; a default the doc states is the packaged catalog's (its `[defaults]`, else the model's)."""
-    packaged = tomllib.loads((Path(catalog.__file__).parent / "catalog.toml").read_text())["defaults"]
-    if section != "[datasets.<name>]":
-        packaged = packaged.get(section.strip("[]").split(".")[1], {})
+    """Keys both ways; a default the doc states is the packaged catalog's (the table, or `[defaults]` for a
+    dataset key), else the model's."""
+    packaged: Any = tomllib.loads((Path(catalog.__file__).parent / "catalog.toml").read_text())
+    for part in ["defaults"] if section == "[datasets.<name>]" else section.strip("[]").split("."):
+        packaged = packaged.get(part, {})
     if path.name == "breaker.md":
         rows = table(path, "setting", "default")
     else:
@@ -215,6 +258,12 @@ def test_catalog_tables_list_every_key_with_its_default(path: Path, section: str
         if value is not None:
             expected = packaged.get(name, model.model_fields[name].default)
             assert value == expected, f"{path.name}: {name}'s default is {expected!r}, not {value!r}"
+
+
+def test_hidden_states_doc_lists_the_checks_of_hidden_states(graph: Any):
+    code = {key.name for key in graph.asset_check_keys if key.asset_key.to_user_string() == "hidden_states"}
+    doc = {names(row["check"])[0] for row in table(ROOT / "docs" / "hidden-states.md", "check", "passes when")}
+    assert doc == code
 
 
 def contract_names(kind: str) -> set[str]:
