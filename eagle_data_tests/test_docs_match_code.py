@@ -94,14 +94,15 @@ def pattern(name: str, datasets: list[str]) -> str:
     return name
 
 
-def test_design_asset_table_lists_every_asset_with_its_group_and_stage(graph: Any, datasets: list[str]):
+def test_design_asset_table_lists_every_asset_with_its_group_stage_and_partitioning(graph: Any, datasets: list[str]):
     code = {}
     for key in graph.get_all_asset_keys():
         node = graph.get(key)
-        code[pattern(key.to_user_string(), datasets)] = (pattern(node.group_name, datasets), node.tags["stage"])
+        group, partitioned = pattern(node.group_name, datasets), node.partitions_def is not None
+        code[pattern(key.to_user_string(), datasets)] = (group, node.tags["stage"], partitioned)
     doc = {
-        names(row["asset"])[0]: (names(row["group"])[0], names(row["stage"])[0])
-        for row in table(DESIGN, "asset", "group", "stage")
+        names(row["asset"])[0]: (names(row["group"])[0], names(row["stage"])[0], row["partitioned"] == "yes")
+        for row in table(DESIGN, "asset", "group", "stage", "partitioned")
     }
     assert doc == code
 
@@ -117,6 +118,14 @@ def test_design_check_table_lists_every_check_on_its_asset_with_its_blocking_fla
     settings = fields(catalog.DatasetSpec) | fields(catalog.Checks)
     cited = {name for r in rows for name in names(r["judged against"])}
     assert cited <= settings, f"the check table cites settings the catalog lacks: {sorted(cited - settings)}"
+
+
+def test_design_lists_every_sensor_and_schedule_with_its_default_status(datasets: list[str]):
+    from eagle_data.definitions import defs
+
+    code = {pattern(s.name, datasets): s.default_status.value.lower() for s in [*defs.sensors, *defs.schedules]}
+    doc = {names(r["sensor or schedule"])[0]: r["default"] for r in table(DESIGN, "sensor or schedule", "default")}
+    assert doc == code
 
 
 def test_prose_counts_of_assets_and_checks_match_the_definitions(graph: Any, datasets: list[str]):
