@@ -120,6 +120,12 @@ def test_design_check_table_lists_every_check_on_its_asset_with_its_blocking_fla
     assert cited <= settings, f"the check table cites settings the catalog lacks: {sorted(cited - settings)}"
 
 
+def test_readme_and_design_name_every_stage_tag(graph: Any):
+    code = {graph.get(key).tags["stage"] for key in graph.get_all_asset_keys()}
+    for path in (README, DESIGN):
+        assert set(re.findall(r"`(\d-[a-z]+)`", path.read_text())) == code, f"{path.name} lists other stage tags"
+
+
 def test_design_lists_every_sensor_and_schedule_with_its_default_status(datasets: list[str]):
     from eagle_data.definitions import defs
 
@@ -177,6 +183,15 @@ def test_targets_doc_lists_every_profile():
     code = set(read_profiles())
     doc = {name for row in table(ROOT / "docs" / "targets.md", "profile") for name in names(row["profile"])}
     assert code and doc == code
+
+
+def test_breaker_doc_lists_every_gate_with_its_setting_and_warning_flag():
+    from eagle_data.runner.breaker import GATES, WARN_ONLY
+
+    code = {verdict: (gate.setting, verdict in WARN_ONLY) for verdict, gate in GATES.items()}
+    rows = table(ROOT / "docs" / "breaker.md", "verdict", "when", "gate (`checks.`)")
+    doc = {names(r["verdict"])[0]: (names(r["gate (`checks.`)"])[0], "warns" in r["gate (`checks.`)"]) for r in rows}
+    assert doc == code
 
 
 def environment_variables() -> set[str]:
