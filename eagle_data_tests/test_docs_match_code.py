@@ -9,6 +9,7 @@ and so does a documented name the code renamed or removed. The Definitions are b
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import tomllib
 from collections.abc import Iterator
@@ -194,7 +195,8 @@ def test_breaker_doc_lists_every_gate_with_its_setting_and_warning_flag():
     assert doc == code
 
 
-def environment_variables() -> set[str]:
+@functools.cache
+def environment_variables() -> frozenset[str]:
     """The variables the code reads: every `EAGLE_DATA_*` string in its source, the engine kinds' key
     variables and the target profiles' tokenizer variables."""
     found = set()
@@ -204,7 +206,7 @@ def environment_variables() -> set[str]:
                 found |= set(re.findall(r"^EAGLE_DATA_[A-Z0-9_]+$", node.value))
     found |= {kind.key_env for kind in engines.kinds().values() if kind.key_env}
     found |= {p.tokenizer_env for p in read_profiles().values() if p.tokenizer_env}
-    return found
+    return frozenset(found)
 
 
 def test_readme_settings_table_lists_every_environment_variable_the_code_reads():
