@@ -7,6 +7,7 @@ Each stage reads the previous stage's shards from the store and writes its own, 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import io
 import multiprocessing
@@ -36,6 +37,7 @@ from eagle_data.quality.verdicts import ENGINE_SIDE_REJECTIONS
 from eagle_data.runner import Estimate, RunnerSettings, ShardFigures, estimate_generation, mixture, run_generation
 from eagle_data.runner.resultlog import ResultLog, ResumeKey, resume_key, reusable
 from eagle_data.runner.rows import plan_turns
+from eagle_data.runner.run import NothingAnswered
 from eagle_data.storage import ShardStore, StorageError, digest, parquet_bytes
 from eagle_data.targets import TargetError, build_training_rows, load_target, prompt_difference, resolve_target
 from eagle_data.types import Engine, EngineError, RetryableError
@@ -280,7 +282,8 @@ def estimate(
     check_server_template(spec, engine, shards, log)
     # The canary judges the whole sample below; the breaker, which would stop it part-way, stays off here.
     unbroken = spec.model_copy(update={"breaker": spec.breaker.model_copy(update={"enabled": False})})
-    run_generation(engine, unbroken, shards, store, settings=settings, log=log, write_shards=False, run_id=run_id)
+    with contextlib.suppress(NothingAnswered):  # a sample with no answer at all is the canary's to judge
+        run_generation(engine, unbroken, shards, store, settings=settings, log=log, write_shards=False, run_id=run_id)
     key = resume_key(engine.config(), spec)
     rows = {partition: sample_rows(spec, store, partition, prompts, key) for partition, prompts in shards.items()}
     validated = pl.concat(  # with each row's error, which names why a failed row failed (e.g. empty_reply)

@@ -75,18 +75,29 @@ def _judge(frame: pl.DataFrame) -> quality.Canary:
 
 def test_a_failing_canary_names_the_verdict_its_gate_counts_not_another_rejection():
     frame = set_rows(validated_frame(varied_replies(64)), [0, 1, 2, 3, 4], special_in_text=1)  # not gated
-    canary = _judge(set_rows(frame, [10, 11, 12], content="", reasoning="", loss_tokens=3))
+    canary = _judge(set_rows(frame, [10, 11, 12, 13], content="", reasoning="", loss_tokens=3))
     shares = canary.shares
     assert canary.failing == ("empty_response",) and shares["special_token_in_text"] > shares["empty_completion"]
-    assert "4.7% of them are empty_completion (e.g. fixture-00010, fixture-00011, fixture-00012)" in canary.line
+    assert "6.2% of them are empty_completion (e.g. fixture-00010, fixture-00011, fixture-00012)" in canary.line
     assert canary.examples == ("fixture-00010", "fixture-00011", "fixture-00012") and "\n" not in canary.line
 
 
 def test_rows_that_pass_alone_but_fail_together_are_named_by_the_gate():
     frame = validated_frame(varied_replies(64))
-    canary = _judge(set_rows(frame, [20, 21, 22, 23], content=frame["content"][20]))  # one completion, 4 prompts
+    canary = _judge(set_rows(frame, list(range(20, 36)), content=frame["content"][20]))  # one completion, 16 prompts
     assert canary.failing == ("empty_response",) and canary.shares["pass"] == 1.0
-    assert "6.2% of prompts got the same completion" in canary.line
+    assert "25.0% of prompts got the same completion" in canary.line
+
+
+def test_a_gate_crossed_by_a_stray_reply_or_two_is_not_sure_on_a_sample_and_passes():
+    """1 or 2 empty replies in 64 (1.6%, 3.1%) are over the 1% gate, yet say nothing about the server; 4 are
+    (the one-sided bound at quality.canary.CONFIDENCE), as are 4 prompts sharing a completion only in a
+    larger share."""
+    frame = validated_frame(varied_replies(64))
+    for rows in ([10], [10, 11]):
+        assert _judge(set_rows(frame, rows, content="", reasoning="", loss_tokens=3)).passed
+    assert not _judge(set_rows(frame, [10, 11, 12, 13], content="", reasoning="", loss_tokens=3)).passed
+    assert _judge(set_rows(frame, [20, 21, 22, 23], content=frame["content"][20])).passed
 
 
 # ---- through Dagster, against the fake server ------------------------------------------------------------
@@ -136,7 +147,10 @@ def _estimate(setup: dict[str, Any], spec: DatasetSpec) -> dg.ExecuteInProcessRe
     ("faults", "verdict"),
     [
         ({"fixed_text": ""}, "failed: empty_reply"),  # every reply empty: failed attempts, retried
-        ({"fixed_text": "x", "reported_tokens": 20}, "lost_text"),  # 1 character for 20 reported tokens
+        (
+            {"fixed_text": "x", "reported_tokens": 20},
+            "failed: lost_text",
+        ),  # 1 char for 20 reported tokens: billed, not kept
         ({"fixed_text": "OK."}, "short_loss"),  # the DFlash run: every reply "OK."
     ],
 )

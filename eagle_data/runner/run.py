@@ -47,7 +47,9 @@ class LeaseHeld(RuntimeError):
 
 
 class NothingAnswered(RuntimeError):
-    """Requests were sent and every one failed: a step with no answer is never green."""
+    """Requests were sent, every one failed, and no row of the call holds an answer (reused ones included):
+    a step with no answer is never green. A re-run whose only request fails again, beside rows answered
+    before, writes its shards and goes on: the failed rows are validation's `failed_rate` to judge."""
 
 
 @dataclass
@@ -184,7 +186,7 @@ class _Run:
                 + "; ".join(f"{p} by {h.describe(now)}" for p, h in sorted(held.items()))
                 + "; every other shard is written: re-run once that run ends"
             )
-        if self.total.requests and not d.usable:
+        if self.total.requests and not (d.usable or self.total.ok or self.total.truncated):
             kinds = ", ".join(f"{k} x{n}" for k, n in self.total.errors.most_common(3))
             raise NothingAnswered(
                 f"{self.spec.name}: every request failed, no usable reply ({self.total.failed} prompts "
