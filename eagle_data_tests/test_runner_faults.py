@@ -32,7 +32,9 @@ FAST_RETRY = {"backoff_base_s": 0.01, "backoff_cap_s": 0.1, "progress_bar": Fals
 
 def _run(server: FakeOpenAI, root: Path, shards: dict[str, pl.DataFrame], settings: RunnerSettings,
          lines: list[str] | None = None, **spec: object) -> dict:  # fmt: skip
-    engine = make_engine("openai", base_url=f"http://127.0.0.1:{server.port}/v1", model="m", timeout_s=2.0)
+    # A generous timeout: these runs test bursts, 5xx and resets, not timeouts, and a busy CI machine (2 cores,
+    # tests in parallel) can hold 2,000 in-flight replies past a tight one, which is then retried and paid twice.
+    engine = make_engine("openai", base_url=f"http://127.0.0.1:{server.port}/v1", model="m", timeout_s=30.0)
     log = lines.append if lines is not None else (lambda _: None)
     return run_generation(engine, spec_for_tests(**spec), shards, ShardStore(str(root)), settings=settings, log=log)
 
