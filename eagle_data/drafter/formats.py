@@ -128,8 +128,10 @@ def write_batch(
     for fmt in formats:
         if fmt == SPECFORGE:
             for s in samples:
-                with store.staged(specforge_key(folder, s.row), sync=False) as tmp:
-                    torch.save(_specforge_dict(s, plan), tmp)
+                # Through a Python file object: torch's own file writer costs ~0.2 ms more CPU per file and
+                # names the zip's folder after the temporary file; this way it is always `archive/`.
+                with store.staged(specforge_key(folder, s.row), sync=False) as tmp, tmp.open("wb") as fh:
+                    torch.save(_specforge_dict(s, plan), fh)
         elif fmt == SPECULATORS:
             for s in samples:
                 tensors = {
