@@ -21,7 +21,7 @@ from eagle_data.drafter.capture import DFLASH_SHORT, TransformersBackend, batche
 from eagle_data.drafter.layers import LayerError, dflash_ids, eagle3_ids, engine_ids, resolve
 from eagle_data.drafter.outputs import write_hidden_states
 from eagle_data.drafter.settings import CaptureSettings
-from eagle_data.storage import ShardStore
+from eagle_data.storage import ShardStore, StorageError
 
 SETTINGS = CaptureSettings(
     formats=("specforge", "speculators", "native"), fp8=True, shard_rows=8, batch_tokens=160, dtype="fp32"
@@ -315,6 +315,26 @@ def test_a_kill_between_a_batchs_files_and_its_progress_repeats_that_batch_only(
         ShardStore(str(tmp_path)), layout.capture_dir("cid"), result.record, frame, plan, backend, 0, 0
     )
     assert found.passed(verify.IDS) and found.samples == 3 * 8
+
+
+def test_a_refused_write_fails_in_one_line_naming_the_file_and_records_no_batch(
+    backend: TransformersBackend, tmp_path: Path
+) -> None:
+    frame = mix_frame("d", rows=8).with_row_index("row").cast({"row": pl.Int64})
+    settings = SETTINGS.model_copy(update={"batch_tokens": 64, "formats": ("specforge",)})
+    store, plan, provenance = ShardStore(str(tmp_path)), resolve(settings, 2), {"formats": ["specforge"]}
+    blocker = tmp_path / layout.capture_dir("cid") / "specforge"  # a file where the rows' folder must go
+    blocker.parent.mkdir(parents=True)
+    blocker.write_bytes(b"")
+    with pytest.raises(StorageError) as failed:
+        capture_shard(store, "cid", "00000", frame, provenance, backend, plan, settings)
+    message = str(failed.value)
+    assert "\n" not in message and "/specforge/rows_0-2000/data_" in message and "a file is in the way" in message
+    assert not store.exists(layout.capture_record("cid", "progress", "00000"))  # no batch recorded done
+    blocker.unlink()
+    counting = Crashing(backend, crash_at=None)
+    result = capture_shard(store, "cid", "00000", frame, provenance, counting, plan, settings)
+    assert (result.batches_resumed, result.record["captured_rows"]) == (0, 8)
 
 
 def test_dflash_sets_aside_rows_short_of_two_blocks(backend: TransformersBackend, tmp_path: Path) -> None:
