@@ -19,7 +19,8 @@ demo: setup
 
 test: setup
 	$(VENV)/bin/ruff check eagle_data eagle_data_tests benchmarks
-	$(VENV)/bin/pytest -q
+	# Two workers on two cores: most slow tests wait on subprocesses and servers. The 15 slowest are listed.
+	$(VENV)/bin/pytest -q -n auto --maxprocesses 4 --dist loadfile --durations=15
 
 lint: setup
 	$(VENV)/bin/ruff check eagle_data eagle_data_tests benchmarks
