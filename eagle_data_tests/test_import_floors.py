@@ -102,3 +102,29 @@ def test_pure_rooms_never_import_dagster_or_the_wiring() -> None:
         if target == DAGSTER or target in WIRING
     )
     assert not bad
+
+
+def test_no_class_in_the_runner_is_over_250_lines() -> None:
+    """The runner stays in parts each testable alone (dispatcher, shard writer, reporter), not one object."""
+    long = sorted(
+        f"{path.name}::{node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for path in (PACKAGE / "runner").glob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > 250
+    )
+    assert not long
+
+
+def test_only_one_module_of_the_dagster_layer_imports_dagsters_private_api() -> None:
+    private = sorted({
+        str(path.relative_to(PACKAGE))
+        for path in PACKAGE.rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ImportFrom | ast.Import)
+        and any(name.startswith("dagster._") for name in _imported(node))
+    })  # fmt: skip
+    assert private == ["defs/instance.py"]
+
+
+def _imported(node: ast.Import | ast.ImportFrom) -> list[str]:
+    return [node.module or ""] if isinstance(node, ast.ImportFrom) else [alias.name for alias in node.names]
