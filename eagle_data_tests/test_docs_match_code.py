@@ -145,8 +145,8 @@ def test_prose_counts_of_assets_and_checks_match_the_definitions(graph: Any, dat
 
     checks = [(k.name, k.asset_key.to_user_string(), graph.get_check_spec(k).blocking) for k in graph.asset_check_keys]
     validated = {n for n, asset, _ in checks if asset == f"{datasets[0]}_validated"}
-    said = re.search(r"(\w+) asset checks, thresholds from the catalog", README.read_text())
-    assert said and NUMBERS[said[1].lower()] == len(validated), "README miscounts the checks of {ds}_validated"
+    said = re.search(r"(\w+) asset checks, thresholds from the catalog", (ROOT / "docs" / "quality.md").read_text())
+    assert said and NUMBERS[said[1].lower()] == len(validated), "docs/quality.md miscounts the checks of {ds}_validated"
     on_datasets = {n for n, asset, blocking in checks if blocking and pattern(asset, datasets) != asset}
     capture = {n for n, asset, blocking in checks if blocking and asset == "hidden_states"}
     said = re.search(r"(\w+) checks are blocking: .*? carries (\w+) more", DESIGN.read_text(), re.S)
