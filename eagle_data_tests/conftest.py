@@ -84,3 +84,21 @@ def demo_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if not (path / "model.safetensors").is_file():
         path = tmp_path_factory.mktemp("demo-model") / "demo-qwen3"
     return ensure_demo_model(path)
+
+
+# Whole CLI, browser and Postgres runs, longest first: run in parallel (make test: pytest-xdist, by file),
+# they start first, so the short tests fill the other worker instead of one long test ending the run alone.
+LONG_FILES = (
+    "test_ui_browser.py",
+    "test_pools.py",
+    "test_postgres_instance.py",
+    "test_demo_catalog.py",
+    "test_definitions.py",
+    "test_admission_storages.py",
+    "test_engine_cli.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(LONG_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(LONG_FILES)))

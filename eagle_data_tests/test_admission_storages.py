@@ -249,4 +249,4 @@ def test_a_range_run_failing_on_two_shards_is_announced_once_naming_both(
     assert [a["blocks"][0]["text"]["text"] for a in receiver.bodies] == [
         "ERROR check empty_response failed on b9_seq (b9_seq_validated) [00000, 00002]"
     ]
-    assert "2 shards fail; shard 00000: 88.0% of 50 answered rows" in receiver.bodies[0]["text"]
+    assert "[00000, 00002]: 88.0% of 50 answered rows" in receiver.bodies[0]["text"]  # the first shard's line
