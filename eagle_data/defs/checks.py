@@ -61,12 +61,12 @@ Judge = Callable[[str], tuple[str, list[dict[str, Any]]]]  # partition -> (shard
 
 def report_shards(
     context: dg.AssetCheckExecutionContext, key: dg.AssetKey, partitions: Sequence[str], judge: Judge
-) -> Iterator[dg.AssetCheckEvaluation]:
+) -> Iterator[dg.AssetCheckEvaluation | dg.Output]:
     """One evaluation per (selected check, shard): `judge(partition)` gives the digest of the shard bytes
     judged and each check's outcome (AssetCheckEvaluation fields); each names the shard's latest
     materialization. A failed blocking check fails the step with one line naming every failing shard, so
-    the run's downstream steps do not start; otherwise Dagster emits the checks' outputs they wait on
-    (implicit Nothing outputs: docs/facts.md)."""
+    the run's downstream steps do not start; otherwise it yields the checks' outputs they wait on
+    (Dagster would emit them itself, logging that the step "did not yield expected outputs")."""
     selected, blocked = {k.name for k in context.selected_asset_check_keys}, []
     latest = latest_materializations(context.instance, key, partitions)
     for partition in partitions:
@@ -83,6 +83,8 @@ def report_shards(
         raise dg.Failure(
             f"{key.to_user_string()}: blocking check(s) failed: {', '.join(blocked)}; see each shard's evaluation"
         )
+    for check in context.selected_asset_check_keys:  # the outputs downstream steps wait on, said explicitly
+        yield dg.Output(None, output_name=dg.AssetCheckSpec(check.name, asset=check.asset_key).get_python_identifier())
 
 
 def _outcome(r: quality.CheckResult) -> dict[str, Any]:
