@@ -64,8 +64,8 @@ def captured(tmp_path_factory: pytest.TempPathFactory, specs: list[Any], demo_mo
     root = tmp_path_factory.mktemp("capture")
     frame = mix_frame(specs[0].name)
     store = write_mix(root, frame)
-    figures, found = write_hidden_states(specs, store, ["00000", "00001"], SETTINGS, str(demo_model), "cpu", print)
-    return {"root": root, "frame": frame, "figures": figures, "found": found}
+    figures, shards = write_hidden_states(specs, store, ["00000", "00001"], SETTINGS, str(demo_model), "cpu", print)
+    return {"root": root, "frame": frame, "figures": figures, "shards": shards}
 
 
 def test_layer_presets_follow_specforge_and_engine_numbering() -> None:
@@ -175,11 +175,14 @@ def test_each_format_loads_with_its_trainers_loader(captured: dict[str, Any]) ->
 
 
 def test_a_clean_capture_passes_every_check_and_records_provenance(captured: dict[str, Any]) -> None:
-    found, figures = captured["found"], captured["figures"]
-    assert all(found.passed(name) for name in verify.CHECKS), {n: found.line(n) for n in verify.CHECKS}
-    assert found.samples == 3 * 14 and found.recaptured == 2 * SETTINGS.recapture_rows
-    assert found.bytes_error() <= 0.02
-    assert figures["captured_rows"] == 14 and figures["tokens_per_s"] > 0 and figures["clamped"] is True
+    shards, figures = captured["shards"], captured["figures"]
+    for shard in shards.values():
+        found = shard.found
+        assert all(found.passed(name) for name in verify.CHECKS), {n: found.line(n) for n in verify.CHECKS}
+        assert found.recaptured == SETTINGS.recapture_rows and found.bytes_error() <= 0.02
+        assert shard.figures["captured"] is True and shard.figures["tokens_per_s"] > 0
+    assert [shards[p].found.samples for p in ("00000", "00001")] == [3 * 8, 3 * 6]
+    assert [shards[p].figures["captured_rows"] for p in ("00000", "00001")] == [8, 6] and figures["clamped"] is True
     record = __import__("json").loads(Path(figures["path"], "_shards", "00001.json").read_text())
     assert record["mix_rows"] == [8, 14] and len(record["checkpoint_sha256"]) == 64
     assert record["layers"]["aux_layers"] == [1, 0, 0] and record["layers"]["last_state"] == "after_norm"
@@ -225,7 +228,8 @@ def test_planted_corruption_fails_its_check(
     folder_key = layout.capture_dir(captured["figures"]["capture_id"])
     found = verify.verify_shard(store, folder_key, record, frame, plan, backend, 8, 0)  # every row re-captured
     assert not found.passed(failing)
-    assert found.line(failing).endswith("re-materialize hidden_states for the failing shards")
+    assert found.line(failing).startswith("shard 00000: ")
+    assert found.line(failing).endswith("re-materialize hidden_states partition 00000")
     if plant is _plant_nan:
         assert not found.passed(verify.RECAPTURE)  # the NaN row differs from its re-capture too
     if plant is _truncate_native:
@@ -238,15 +242,17 @@ def test_rerun_skips_unchanged_shards_and_recaptures_a_changed_one(
     root = tmp_path / "copy"
     shutil.copytree(captured["root"], root)
     store = ShardStore(str(root))
-    again, found = write_hidden_states(specs, store, ["00000", "00001"], SETTINGS, str(demo_model), "cpu", print)
-    assert (again["skipped_shards"], again["batches_run"]) == (2, 0) and found.passed(verify.IDS)
+    _, again = write_hidden_states(specs, store, ["00000", "00001"], SETTINGS, str(demo_model), "cpu", print)
+    assert [(s.figures["captured"], s.figures["batches_run"]) for s in again.values()] == [(False, 0), (False, 0)]
+    assert all(s.found.passed(verify.IDS) for s in again.values())
     frame = captured["frame"]
     changed = frame.with_columns(
         input_ids=pl.when(pl.col("prompt_id") == "p9").then(pl.col("input_ids").list.reverse()).otherwise("input_ids")
     )
     store.write_frame(layout.mix(), changed)
-    third, found = write_hidden_states(specs, store, ["00000", "00001"], SETTINGS, str(demo_model), "cpu", print)
-    assert (third["skipped_shards"], third["captured_shards"]) == (1, 1) and found.passed(verify.IDS)
+    _, third = write_hidden_states(specs, store, ["00000", "00001"], SETTINGS, str(demo_model), "cpu", print)
+    assert [s.figures["captured"] for s in third.values()] == [False, True]  # p9 is row 9, in shard 00001
+    assert all(s.found.passed(verify.IDS) for s in third.values())
 
 
 class Crashing:
@@ -375,14 +381,16 @@ def test_asset_materializes_on_the_demo_profile_and_its_checks_block_on_corrupti
     assert meta["captured_rows"].value == 6 and meta["formats"].value == ["specforge"] and meta["dtype"].value == "fp32"
     evaluations = result.get_asset_check_evaluations()
     assert {e.check_name for e in evaluations} == set(verify.CHECKS) and all(e.passed for e in evaluations)
+    digest = meta["shard_sha256"].value
+    assert {(e.partition, e.metadata["shard_sha256"].value) for e in evaluations} == {("00000", digest)}
     _corrupt_specforge_id(Path(meta["path"].value))  # the re-run skips the unchanged shard, the checks still read it
     again = dg.materialize([asset], resources=resources, instance=instance, partition_key="00000", raise_on_error=False)
     assert not again.success
-    failed = {e.check_name for e in again.get_asset_check_evaluations() if not e.passed}
-    assert failed == {verify.IDS}
+    failed = {e.check_name: e.description for e in again.get_asset_check_evaluations() if not e.passed}
+    assert list(failed) == [verify.IDS] and failed[verify.IDS].startswith("shard 00000: 1 stored sample(s) missing")
     third = dg.materialize([asset], resources=resources, instance=instance, partition_key="00000")
     assert third.success  # the failed shard lost its record, so this run captured it again
-    assert third.asset_materializations_for_node("hidden_states")[0].metadata["captured_shards"].value == 1
+    assert third.asset_materializations_for_node("hidden_states")[0].metadata["captured"].value is True
     past = dg.materialize([asset], resources=resources, instance=instance, partition_key="00003", raise_on_error=False)
     error = past.get_step_failure_events()[0].step_failure_data.error
     assert not past.success and "past the mix's 6 rows" in str(error)

@@ -60,7 +60,10 @@ Judge = Callable[[str], tuple[str, list[dict[str, Any]]]]  # partition -> (shard
 
 
 def report_shards(
-    context: dg.AssetCheckExecutionContext, key: dg.AssetKey, partitions: Sequence[str], judge: Judge
+    context: dg.AssetCheckExecutionContext | dg.AssetExecutionContext,
+    key: dg.AssetKey,
+    partitions: Sequence[str],
+    judge: Judge,
 ) -> Iterator[dg.AssetCheckEvaluation | dg.Output]:
     """One evaluation per (selected check, shard): `judge(partition)` gives the digest of the shard bytes
     judged and each check's outcome (AssetCheckEvaluation fields); each names the shard's latest

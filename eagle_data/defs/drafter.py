@@ -13,7 +13,7 @@ from pydantic import Field
 
 from eagle_data import layout, settings
 from eagle_data.catalog import PROFILE_ENV, DatasetSpec, shard_key
-from eagle_data.defs.assets import catalog_labels, partitions
+from eagle_data.defs.assets import SHARD_DIGEST, catalog_labels, partitions
 from eagle_data.defs.checks import judged_partitions, report_shards
 from eagle_data.defs.messages import file_locations, uri_locations
 from eagle_data.defs.resources import StorageResource
@@ -99,6 +99,18 @@ def _metadata_value(value: Any) -> Any:
     return dg.MetadataValue.json(value) if isinstance(value, (dict, list)) else value
 
 
+def _capture_outcome(found: verify.Findings, name: str) -> dict[str, Any]:
+    """One shard's evaluation of one capture check (AssetCheckEvaluation fields)."""
+    return {
+        "check_name": name,
+        "passed": found.passed(name),
+        "severity": dg.AssetCheckSeverity.ERROR,
+        "blocking": True,
+        "description": found.line(name),
+        "metadata": found.metadata(),
+    }
+
+
 def build_capture_asset(owners: list[str], specs: list[DatasetSpec]) -> dg.AssetsDefinition:
     """`hidden_states`, one partition per capture shard of the mix; the partition count is read from the
     catalog's [drafter.capture] when the definitions load."""
@@ -127,30 +139,26 @@ def build_capture_asset(owners: list[str], specs: list[DatasetSpec]) -> dg.Asset
             "the mix, a re-capture and the plan.",
         ),
     )
-    def hidden_states(
-        context: dg.AssetExecutionContext, storage: StorageResource, capture: CaptureResource
-    ) -> dg.MaterializeResult:
-        keys = list(context.partition_keys)
+    def hidden_states(context: dg.AssetExecutionContext, storage: StorageResource, capture: CaptureResource):
+        keys, store = list(context.partition_keys), storage.store()
         try:
-            figures, found = write_hidden_states(
-                specs, storage.store(), keys, load_drafter_settings().capture, *capture.resolved(), log=context.log.info
+            figures, shards = write_hidden_states(
+                specs, store, keys, load_drafter_settings().capture, *capture.resolved(), log=context.log.info
             )
         except (CaptureError, LayerError) as exc:
             raise dg.Failure(description=str(exc), allow_retries=False) from None
-        label = keys[0] if len(keys) == 1 else f"{keys[0]}...{keys[-1]}"  # the range these results judged
-        results = [
-            dg.AssetCheckResult(
-                check_name=name,
-                passed=found.passed(name),
-                severity=dg.AssetCheckSeverity.ERROR,
-                description=found.line(name),
-                metadata={**found.metadata(), "partitions": label},
-            )
-            for name in verify.CHECKS
-        ]
+        for key, shard in shards.items():  # each partition's materialization: its own shard's figures
+            own = {name: _metadata_value(value) for name, value in shard.figures.items()}
+            context.add_asset_metadata({**own, SHARD_DIGEST: shard.found.shard_sha256}, partition_key=key)
         metadata = {name: _metadata_value(value) for name, value in figures.items()}
         metadata["path"] = dg.MetadataValue.path(figures["path"])
-        return dg.MaterializeResult(metadata=metadata, check_results=results)
+        yield dg.MaterializeResult(metadata=metadata)  # recorded before the evaluations that name it
+
+        def judge(partition: str) -> tuple[str, list[dict[str, Any]]]:
+            found = shards[partition].found
+            return found.shard_sha256, [_capture_outcome(found, name) for name in verify.CHECKS]
+
+        yield from report_shards(context, context.asset_key, keys, judge)
 
     return hidden_states
 

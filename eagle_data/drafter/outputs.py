@@ -146,6 +146,14 @@ def decontamination_report(
     return report
 
 
+@dataclass
+class CapturedShard:
+    """One capture shard in a run: its own figures and what verification found in it."""
+
+    figures: dict[str, Any]
+    found: verify.Findings
+
+
 def write_hidden_states(
     specs: list[DatasetSpec],
     store: ShardStore,
@@ -154,11 +162,11 @@ def write_hidden_states(
     checkpoint: str,
     device: str,
     log: Log = print,
-) -> tuple[dict[str, Any], verify.Findings]:
+) -> tuple[dict[str, Any], dict[str, CapturedShard]]:
     """Capture (or skip, when unchanged) and verify the hidden states of the mix's capture shards
-    `partitions`; returns the figures and what verification found. A shard that fails verification loses
-    its record, so the next run captures it again. Refuses, before loading the model, a shard past the end
-    of the mix."""
+    `partitions`; returns the capture's figures (the same for every shard: provenance, layers, path) and
+    each shard's own. A shard that fails verification loses its record, so the next run captures it again.
+    Refuses, before loading the model, a shard past the end of the mix."""
     with local_mix(store, layout.mix()) as path:
         total = pl.scan_parquet(path).select(pl.len()).collect().item()
         filled = -(-total // settings.shard_rows)
@@ -188,11 +196,7 @@ def write_hidden_states(
         }
         cid = capture.capture_id(base)
         log(f"hidden states: capture {cid}, {plan.record()}, {backend.dtype} on {device}, {total:,} mix rows")
-        figures: dict[str, Any] = {"captured_shards": 0, "skipped_shards": 0, "rows": 0, "captured_rows": 0,
-                                   "tokens": 0, "tokens_run": 0, "seconds": 0.0, "batches_run": 0,
-                                   "batches_resumed": 0}  # fmt: skip
-        set_aside: dict[str, int] = {}
-        found = verify.Findings()
+        shards: dict[str, CapturedShard] = {}
         for partition in partitions:
             frame = capture.shard_frame(path, int(partition), settings.shard_rows)
             top = frame.select(pl.col("input_ids").list.max().max()).item()
@@ -209,30 +213,34 @@ def write_hidden_states(
             }
             result = capture.capture_shard(store, cid, partition, frame, provenance, backend, plan, settings, log)
             record = result.record
-            figures["captured_shards" if result.captured else "skipped_shards"] += 1
-            for name in ("rows", "captured_rows", "tokens"):
-                figures[name] += record[name]
-            for name in ("tokens_run", "seconds", "batches_run", "batches_resumed"):
-                figures[name] += getattr(result, name)
-            for reason, n in record["set_aside"].items():
-                set_aside[reason] = set_aside.get(reason, 0) + n
-            shard_found = verify.verify_shard(
+            found = verify.verify_shard(
                 store, layout.capture_dir(cid), record, frame, plan, backend, settings.recapture_rows, settings.seed
             )
-            found.merge(shard_found)
-            if not shard_found.data_ok():  # withdraw the record: the next run captures this shard again
+            shards[partition] = CapturedShard(_shard_figures(result), found)
+            if not found.data_ok():  # withdraw the record: the next run captures this shard again
                 store.delete(layout.capture_record(cid, capture.SHARDS, partition))
                 log(f"hidden states {partition}: failed verification; it will be captured again on the next run")
             rate = f", {result.tokens_run / result.seconds:,.0f} tokens/s" if result.seconds else ""
             log(f"hidden states {partition}: {'captured' if result.captured else 'unchanged, skipped'}, "
                 f"{record['captured_rows']} rows, {record['tokens']:,} tokens{rate}")  # fmt: skip
-    figures.update(
-        tokens_per_s=round(figures["tokens_run"] / figures["seconds"], 1) if figures["seconds"] else 0.0,
-        seconds=round(figures["seconds"], 3),
-        set_aside=set_aside,
-        capture_id=cid,
-        path=store.uri(layout.capture_dir(cid)),
+    figures = {
+        "capture_id": cid,
+        "path": store.uri(layout.capture_dir(cid)),
         **{k: base[k] for k in ("checkpoint", "checkpoint_sha256", "dtype", "fp8", "tokenizer_hash", "formats")},
         **plan.record(),
-    )
-    return figures, found
+    }
+    return figures, shards
+
+
+def _shard_figures(result: capture.ShardResult) -> dict[str, Any]:
+    """A shard's own figures: what it holds, and what this run did for it."""
+    record = result.record
+    return {
+        "captured": result.captured,
+        **{name: record[name] for name in ("rows", "captured_rows", "tokens", "set_aside")},
+        "tokens_run": result.tokens_run,
+        "seconds": round(result.seconds, 3),
+        "tokens_per_s": round(result.tokens_run / result.seconds, 1) if result.seconds else 0.0,
+        "batches_run": result.batches_run,
+        "batches_resumed": result.batches_resumed,
+    }

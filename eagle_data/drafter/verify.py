@@ -5,10 +5,14 @@ finite, its shape be [row length, layers, hidden size of the target]. A seeded s
 again, each alone, and must match what was stored within `TOLERANCE` of the sample's largest value (plus
 fp8's bound where the native format stores fp8). The bytes on disk must be within 2% of the plan's
 formula (`hidden_states.capture_bytes`) for the same layers, dtype, format, samples and tokens.
+
+Each shard is judged on its own (`Findings` of one shard), so a corrupt shard fails only its own verdicts,
+and each verdict carries the sha256 of the stored bytes it read.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 from collections.abc import Iterator
@@ -43,24 +47,21 @@ SHOWN = 5  # sample names quoted in a failing check's line
 
 @dataclass
 class Findings:
-    """What verification found over one or more shards; `merge` adds another shard's."""
+    """What verification found in one capture shard."""
 
+    partition: str
     samples: int = 0
     problems: dict[str, list[str]] = field(default_factory=lambda: {name: [] for name in CHECKS})
     recaptured: int = 0
     recapture_worst: float = 0.0  # the largest error as a share of the allowed error (<= 1 passes)
     actual_bytes: dict[str, int] = field(default_factory=dict)
     planned_bytes: dict[str, int] = field(default_factory=dict)
+    read: Any = field(default_factory=hashlib.sha256, repr=False)  # over every stored file read, in order
 
-    def merge(self, other: Findings) -> None:
-        self.samples += other.samples
-        for name, found in other.problems.items():
-            self.problems[name] += found
-        self.recaptured += other.recaptured
-        self.recapture_worst = max(self.recapture_worst, other.recapture_worst)
-        for mine, theirs in ((self.actual_bytes, other.actual_bytes), (self.planned_bytes, other.planned_bytes)):
-            for fmt, n in theirs.items():
-                mine[fmt] = mine.get(fmt, 0) + n
+    @property
+    def shard_sha256(self) -> str:
+        """The sha256 of the stored bytes these findings judged."""
+        return self.read.hexdigest()
 
     def bytes_error(self) -> float:
         planned, actual = sum(self.planned_bytes.values()), sum(self.actual_bytes.values())
@@ -76,26 +77,26 @@ class Findings:
         return all(self.passed(name) for name in CHECKS if name != BYTES)
 
     def line(self, name: str) -> str:
-        """The check's one line: what failed and what to do, or what passed."""
+        """The check's one line for this shard: what failed and what to do, or what passed."""
         found = self.problems[name]
         first = f" (first: {', '.join(found[:SHOWN])})" if found else ""
-        redo = "re-materialize hidden_states for the failing shards"
+        shard, redo = f"shard {self.partition}: ", f"re-materialize hidden_states partition {self.partition}"
         if name == BYTES:
             shown = f"{sum(self.actual_bytes.values()):,} bytes on disk vs {sum(self.planned_bytes.values()):,} planned"
             if self.passed(name):
-                return f"{shown} ({self.bytes_error():.2%} apart)"
+                return f"{shard}{shown} ({self.bytes_error():.2%} apart)"
             fix = "fix the plan's formula (formats.SAMPLE_BYTES)"
-            return f"{shown} ({self.bytes_error():.2%} apart){first}: {fix} or {redo}"
+            return f"{shard}{shown} ({self.bytes_error():.2%} apart){first}: {fix} or {redo}"
         if not found:
             done = f"{self.recaptured} rows re-captured, worst {self.recapture_worst:.0%} of the tolerance"
-            return done if name == RECAPTURE else f"{self.samples} stored samples verified"
+            return shard + (done if name == RECAPTURE else f"{self.samples} stored samples verified")
         what = {
             IDS: "stored sample(s) missing, unreadable or unlike their mix row",
             FINITE: "stored sample(s) hold NaN or infinite values",
             SHAPES: "stored sample(s) have the wrong shape for the target",
             RECAPTURE: "re-captured row(s) differ from what was stored beyond the tolerance",
         }[name]
-        return f"{len(found)} {what}{first}: {redo}"
+        return f"{shard}{len(found)} {what}{first}: {redo}"
 
     def metadata(self) -> dict[str, Any]:
         return {
@@ -122,6 +123,7 @@ def _stored(
             return None
         data = store.read_bytes(key)
         size += len(data)
+        found.read.update(data)
         return data
 
     try:
@@ -167,8 +169,8 @@ def verify_shard(
     """Check one captured shard (its record from capture_shard) against its mix rows and the target."""
     import torch
 
-    found = Findings()
     partition = record["partition"]
+    found = Findings(partition)
     mix = {
         row: (np.asarray(ids), np.asarray(mask))
         for row, ids, mask in frame.select("row", "input_ids", "loss_mask").iter_rows()
