@@ -96,6 +96,7 @@ LONG_FILES = (
     "test_definitions.py",
     "test_admission_storages.py",
     "test_engine_cli.py",
+    "test_capture_checks.py",
 )
 
 
