@@ -1,5 +1,5 @@
 """Drafter inputs: the EAGLE-3 draft vocabulary mappings built from the training mix, the hidden-state
-plan and capture (partitioned by capture shard, with blocking checks), and the blocking
+plan and capture (partitioned by capture shard, with blocking checks judged shard by shard), and the blocking
 benchmark-decontamination check of every `{ds}_validated`.
 
 The draft vocabulary is downstream of `training_mix`, so a failed blocking check upstream stops it in
@@ -140,10 +140,10 @@ def build_capture_asset(owners: list[str], specs: list[DatasetSpec]) -> dg.Asset
         ),
     )
     def hidden_states(context: dg.AssetExecutionContext, storage: StorageResource, capture: CaptureResource):
-        keys, store = list(context.partition_keys), storage.store()
+        keys = list(context.partition_keys)
         try:
             figures, shards = write_hidden_states(
-                specs, store, keys, load_drafter_settings().capture, *capture.resolved(), log=context.log.info
+                specs, storage.store(), keys, load_drafter_settings().capture, *capture.resolved(), log=context.log.info
             )
         except (CaptureError, LayerError) as exc:
             raise dg.Failure(description=str(exc), allow_retries=False) from None

@@ -56,12 +56,12 @@ class Findings:
     recapture_worst: float = 0.0  # the largest error as a share of the allowed error (<= 1 passes)
     actual_bytes: dict[str, int] = field(default_factory=dict)
     planned_bytes: dict[str, int] = field(default_factory=dict)
-    read: Any = field(default_factory=hashlib.sha256, repr=False)  # over every stored file read, in order
+    hasher: Any = field(default_factory=hashlib.sha256, repr=False)  # over every stored file read, in order
 
     @property
     def shard_sha256(self) -> str:
         """The sha256 of the stored bytes these findings judged."""
-        return self.read.hexdigest()
+        return self.hasher.hexdigest()
 
     def bytes_error(self) -> float:
         planned, actual = sum(self.planned_bytes.values()), sum(self.actual_bytes.values())
@@ -123,7 +123,7 @@ def _stored(
             return None
         data = store.read_bytes(key)
         size += len(data)
-        found.read.update(data)
+        found.hasher.update(data)
         return data
 
     try:
