@@ -43,7 +43,7 @@ CHAT_TEMPLATE = (
 
 
 def demo_model_path() -> Path:
-    default = Path.home() / ".cache" / "eagle-data" / f"demo-qwen3-v{DEMO_VERSION}"
+    default = settings.cache_folder() / f"demo-qwen3-v{DEMO_VERSION}"
     return Path(settings.get(DEMO_MODEL_ENV) or default).expanduser()
 
 

@@ -10,6 +10,9 @@ code that uses it (e.g. `storage.ROOT_ENV`, `catalog.PROFILE_ENV`).
 from __future__ import annotations
 
 import os
+from pathlib import Path
+
+CACHE_ENV = "EAGLE_DATA_CACHE"
 
 
 def get(name: str) -> str:
@@ -25,3 +28,8 @@ def set_default(name: str, value: str) -> None:
 def environment() -> dict[str, str]:
     """A copy of the whole environment, for a child process (Dagster's CLI, SGLang servers)."""
     return dict(os.environ)
+
+
+def cache_folder() -> Path:
+    """Where things built once and reused by every later process live (the demo model, converted tokenizers)."""
+    return Path(get(CACHE_ENV) or Path.home() / ".cache" / "eagle-data").expanduser()
