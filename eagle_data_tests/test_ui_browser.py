@@ -151,7 +151,8 @@ def test_ui_materializes_a_b7_partition_reruns_its_checks_and_opens_the_report(
     keys = load_catalog(profile="demo")["b7_sharegpt"].partition_keys
     browser.get(f"{group_page}?{LAUNCH_ALL_QUERY}")
     click(wait, "//button[contains(., 'Materialize all')]")
-    wait.until(ec.text_to_be_present_in_element((By.CSS_SELECTOR, "[role=dialog]"), f"{len(keys)} partitions"))
+    wait.until(ec.text_to_be_present_in_element((By.CSS_SELECTOR, "[role=dialog]"), f"{len(keys)} partitions"),
+               f"the launch link did not preselect all {len(keys)} partitions")  # fmt: skip
     dialog = browser.find_element(By.CSS_SELECTOR, "[role=dialog]")
     assert set(keys) <= set(dialog.text.splitlines()), dialog.text  # each key shows as a chosen tag
     assert dialog.find_elements(By.XPATH, ".//button[normalize-space(.)='Launch backfill' and not(@disabled)]")
