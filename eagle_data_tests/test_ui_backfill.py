@@ -37,7 +37,10 @@ def test_materialize_all_on_a_dataset_group_is_one_run(monkeypatch: pytest.Monke
                           location_name="eagle_data")  # fmt: skip
     with dg.instance_for_test(overrides={"run_coordinator": QUEUED}) as instance:
         with create_test_daemon_workspace_context(target, instance) as workspace:
-            params = {"assetSelection": [{"path": [name]} for name in group], "allPartitions": True}
+            # What the dialog sends for a group in the hidden asset job with every shard selected (the browser
+            # test sees it so): the keys themselves (`LaunchAssetChoosePartitionsDialog.tsx`).
+            params = {"assetSelection": [{"path": [name]} for name in group], "partitionNames": spec.partition_keys,
+                      "fromFailure": False}  # fmt: skip
             launched = execute_dagster_graphql(workspace.create_request_context(), LAUNCH_BACKFILL, {"params": params})
             assert launched.data["launchPartitionBackfill"]["__typename"] == "LaunchBackfillSuccess", launched.data
             for _ in range(2):  # the daemon's first iteration requests the runs; the second finds nothing left

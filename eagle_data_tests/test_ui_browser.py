@@ -1,9 +1,10 @@
 """The UI as a person uses it: `dagster dev` (webserver + daemon) on 127.0.0.1 and headless Debian
-Chromium through ChromeDriver. Open the global asset lineage and find the six dataset groups, then in
-the b7_sharegpt group click "Materialize all", pick partition 00000, launch, follow the toast to the
-run page and wait for it to report success. Then on b7_sharegpt_validated's Checks tab click "Execute
-all", follow the toast to that checks-only run and wait for success, and open the `quality_report` link
-of the materialization. Screenshots land in the test's tmp_path.
+Chromium through ChromeDriver. Open the global asset lineage and find the six dataset groups; open the
+b7_sharegpt group through its launch link, click "Materialize all" and see every shard selected for one
+backfill. Then on the plain group page click "Materialize all", pick partition 00000, launch, follow the
+toast to the run page and wait for it to report success. Then on b7_sharegpt_validated's Checks tab click
+"Execute all", follow the toast to that checks-only run and wait for success, and open the
+`quality_report` link of the materialization. Screenshots land in the test's tmp_path.
 
 Needs Debian's chromium and chromium-driver (`bash .ci/services.sh` as root installs them)."""
 
@@ -30,6 +31,7 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support import expected_conditions as ec
 from selenium.webdriver.support.ui import WebDriverWait
 
+from eagle_data.catalog import load_catalog
 from eagle_data_tests.conftest import free_port
 
 pytestmark = pytest.mark.browser
@@ -45,6 +47,7 @@ CHROMIUM_FLAGS = [
 ]
 DATASETS = ["b3_magicoder", "b4_mixturethoughts", "b5_openthoughts", "b6_ultrachat", "b7_sharegpt", "b8_perfectblend"]
 LOCATION = "eagle_data.definitions"  # `dagster dev -m eagle_data.definitions` names the location after the module
+LAUNCH_ALL_QUERY = "default_range=*"  # the dataset launch link's query (docs/running.md): every partition key
 
 
 def wait_for_server(url: str, proc: subprocess.Popen, log: Path, timeout_s: float = 180) -> None:
@@ -141,16 +144,30 @@ def test_ui_materializes_a_b7_partition_reruns_its_checks_and_opens_the_report(
     wait.until(lambda d: "fetching statuses" not in d.find_element(By.TAG_NAME, "body").text)
     browser.save_screenshot(str(tmp_path / "1-asset-graph.png"))
 
-    browser.get(f"{dagster_dev}/locations/{LOCATION}/asset-groups/b7_sharegpt")
+    # A dataset's launch link (docs/running.md) opens "Materialize all" with every shard selected: one
+    # single-run backfill of the whole group (test_ui_backfill.py follows it through the daemon). Dagster's
+    # dialog starts empty ("Custom", 0 partitions) and takes its selection from the page's query string.
+    group_page = f"{dagster_dev}/locations/{LOCATION}/asset-groups/b7_sharegpt"
+    keys = load_catalog(profile="demo")["b7_sharegpt"].partition_keys
+    browser.get(f"{group_page}?{LAUNCH_ALL_QUERY}")
+    click(wait, "//button[contains(., 'Materialize all')]")
+    wait.until(ec.text_to_be_present_in_element((By.CSS_SELECTOR, "[role=dialog]"), f"{len(keys)} partitions"),
+               f"the launch link did not preselect all {len(keys)} partitions")  # fmt: skip
+    dialog = browser.find_element(By.CSS_SELECTOR, "[role=dialog]")
+    assert set(keys) <= set(dialog.text.splitlines()), dialog.text  # each key shows as a chosen tag
+    assert dialog.find_elements(By.XPATH, ".//button[normalize-space(.)='Launch backfill' and not(@disabled)]")
+    browser.save_screenshot(str(tmp_path / "2-group-launch-dialog.png"))
+
+    browser.get(group_page)  # one shard, picked by hand
     click(wait, "//button[contains(., 'Materialize all')]")
     click(wait, "//*[text()='Select a partition or create one']")
     click(wait, "//span[normalize-space(text())='00000']")
     ActionChains(browser).send_keys(Keys.ESCAPE).perform()  # close the partition picker, keep the dialog
     wait.until(ec.text_to_be_present_in_element((By.CSS_SELECTOR, "[role=dialog]"), "1 partition"))
-    browser.save_screenshot(str(tmp_path / "2-launch-dialog.png"))
+    browser.save_screenshot(str(tmp_path / "3-launch-dialog.png"))
     click(wait, "//button[contains(., 'Launch 1 run')]")
     outcome = wait_for_run(browser)
-    browser.save_screenshot(str(tmp_path / "3-run.png"))
+    browser.save_screenshot(str(tmp_path / "4-run.png"))
     assert outcome == "Success", (tmp_path / "dagster-dev.log").read_text()[-3000:]
     assert "partition: 00000" in browser.find_element(By.TAG_NAME, "body").text
     assert (tmp_path / "out" / "b7_sharegpt" / "b7_sharegpt_validated" / "00000.parquet").is_file()
@@ -159,7 +176,7 @@ def test_ui_materializes_a_b7_partition_reruns_its_checks_and_opens_the_report(
     browser.get(f"{dagster_dev}/assets/b7_sharegpt_validated?view=checks")
     click(wait, "//button[normalize-space(.)='Execute all' and not(@disabled)]")
     outcome = wait_for_run(browser, timeout_s=300)
-    browser.save_screenshot(str(tmp_path / "4-checks-run.png"))
+    browser.save_screenshot(str(tmp_path / "5-checks-run.png"))
     assert outcome == "Success", (tmp_path / "dagster-dev.log").read_text()[-3000:]
     body = browser.find_element(By.TAG_NAME, "body").text
     assert "b7_sharegpt_quality_checks" in body and "partition: 00000" not in body  # a checks-only run
@@ -174,6 +191,6 @@ def test_ui_materializes_a_b7_partition_reruns_its_checks_and_opens_the_report(
     assert not browser.find_elements(By.XPATH, "//a[starts-with(@href, 'file:')]")
     browser.get(report.as_uri())  # as a user pastes the copied path
     assert "b7_sharegpt" in browser.title and browser.find_element(By.TAG_NAME, "h1").text
-    browser.save_screenshot(str(tmp_path / "5-report.png"))
+    browser.save_screenshot(str(tmp_path / "6-report.png"))
     log = (tmp_path / "dagster-dev.log").read_text()
     assert "BetaWarning" not in log and "PreviewWarning" not in log
