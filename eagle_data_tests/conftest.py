@@ -97,6 +97,7 @@ LONG_FILES = (
     "test_admission_storages.py",
     "test_engine_cli.py",
     "test_capture_checks.py",
+    "test_capture_ui.py",
 )
 
 
