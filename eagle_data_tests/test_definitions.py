@@ -114,6 +114,7 @@ def _materialize_b3(storage: StorageResource, model: Path) -> pl.DataFrame:
 def test_s3_run_gives_the_same_rows_as_the_local_run(tmp_path: Path, demo_model: Path, s3_endpoint: str,
                                                      s3_bucket: str, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("EAGLE_DATA_ENGINE", "local")  # the generation asset's pool is the environment's engine
+    monkeypatch.setenv("EAGLE_DATA_DEMO_MODEL", str(demo_model))  # generates as the demo model does (one thread)
     local = _materialize_b3(StorageResource(root=str(tmp_path / "local")), demo_model)
     s3 = _materialize_b3(
         StorageResource(root=f"s3://{s3_bucket}/eagle", s3=S3Resource(endpoint_url=s3_endpoint)), demo_model

@@ -16,7 +16,7 @@ CHAT = [{"role": "user", "content": "Write a haiku about compilers."}]
 
 @pytest.fixture(scope="module")
 def engine(demo_model: Path) -> LocalEngine:
-    return LocalEngine(demo_model, GEN)
+    return LocalEngine(demo_model, GEN, demo=True)
 
 
 def test_local_engine_returns_its_own_tokens(engine: LocalEngine):

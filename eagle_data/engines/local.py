@@ -2,7 +2,8 @@
 
 Needs no key, server or network. Requests are queued onto one worker thread (torch already uses every
 core), each seeded from its prompt so a re-run reproduces the same text. It returns the model's own
-output ids, so training ids need no re-tokenization.
+output ids, so training ids need no re-tokenization. The demo model is so small that torch's threads
+only wait on each other: it generates on one thread (the same tokens for a third of the CPU or less).
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -71,7 +74,7 @@ class LocalEngine(Engine):
     def _generate(self, messages: list[Message], prompt_id: str) -> Completion:
         import torch
 
-        with self._lock:
+        with self._lock, _torch_threads(1 if self.demo else None):
             tokenizer, model = self._load()
             prompt = tokenizer.apply_chat_template(
                 [{"role": m["role"], "content": m["content"]} for m in messages],
@@ -116,6 +119,20 @@ class LocalEngine(Engine):
 
     async def aclose(self) -> None:
         """Nothing to release per run: the model stays loaded for the next run in this process."""
+
+
+@contextmanager
+def _torch_threads(count: int | None) -> Iterator[None]:
+    """torch's intra-op thread count set to `count` for this block (None: left as it is), then restored."""
+    import torch
+
+    before = torch.get_num_threads()
+    if count is not None:
+        torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _to_completion(
