@@ -11,11 +11,10 @@ from pathlib import Path
 import dagster as dg
 import polars as pl
 import pytest
-from dagster_aws.s3 import S3Resource
 
 from eagle_data.catalog import load_catalog
 from eagle_data.defs.assets import build_dataset_assets
-from eagle_data.defs.resources import EngineResource, StorageResource
+from eagle_data.defs.resources import EngineResource, S3ClientResource, StorageResource
 from eagle_data.quality import KEPT
 from eagle_data.storage import ShardStore
 
@@ -117,10 +116,11 @@ def test_s3_run_gives_the_same_rows_as_the_local_run(tmp_path: Path, demo_model:
     monkeypatch.setenv("EAGLE_DATA_DEMO_MODEL", str(demo_model))  # generates as the demo model does (one thread)
     local = _materialize_b3(StorageResource(root=str(tmp_path / "local")), demo_model)
     s3 = _materialize_b3(
-        StorageResource(root=f"s3://{s3_bucket}/eagle", s3=S3Resource(endpoint_url=s3_endpoint)), demo_model
+        StorageResource(root=f"s3://{s3_bucket}/eagle", s3=S3ClientResource(endpoint_url=s3_endpoint)), demo_model
     )
     stable = [c for c in local.columns if c not in ("latency_s", "finished_at")]
     assert local.height == 10
     assert local.select(stable).equals(s3.select(stable))
-    keys = ShardStore(f"s3://{s3_bucket}/eagle", S3Resource(endpoint_url=s3_endpoint).get_client).list("b3_magicoder")
+    client = S3ClientResource(endpoint_url=s3_endpoint).get_client
+    keys = ShardStore(f"s3://{s3_bucket}/eagle", client).list("b3_magicoder")
     assert "b3_magicoder/b3_magicoder_validated/00000.parquet" in keys
