@@ -124,3 +124,13 @@ def test_s3_run_gives_the_same_rows_as_the_local_run(tmp_path: Path, demo_model:
     client = S3ClientResource(endpoint_url=s3_endpoint).get_client
     keys = ShardStore(f"s3://{s3_bucket}/eagle", client).list("b3_magicoder")
     assert "b3_magicoder/b3_magicoder_validated/00000.parquet" in keys
+
+
+def test_the_s3_settings_reach_the_client_and_credentials_never_come_from_config():
+    from botocore import UNSIGNED
+
+    client = S3ClientResource(endpoint_url="http://127.0.0.1:9", region_name="eu-west-1", max_attempts=2).get_client()
+    assert (client.meta.endpoint_url, client.meta.region_name) == ("http://127.0.0.1:9", "eu-west-1")
+    assert client.meta.config.retries == {"total_max_attempts": 3, "mode": "standard"}  # botocore's count: 2 retries
+    assert S3ClientResource(use_unsigned_session=True).get_client().meta.config.signature_version is UNSIGNED
+    assert not {"aws_access_key_id", "aws_secret_access_key", "aws_session_token"} & set(S3ClientResource.model_fields)

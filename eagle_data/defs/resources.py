@@ -34,7 +34,7 @@ class S3ClientResource(dg.ConfigurableResource):
     endpoint_url: str | None = Field(None, description="A custom endpoint (MinIO, moto); empty: AWS's.")
     region_name: str | None = Field(None, description="The region; empty: the AWS_* environment's.")
     profile_name: str | None = Field(None, description="A profile of ~/.aws/config.")
-    max_attempts: int = Field(5, description="boto3's standard retry mode: attempts per call, the first included.")
+    max_attempts: int = Field(5, description="Retries per call after the first (botocore's standard retry mode).")
     use_ssl: bool = Field(True, description="Whether to use SSL.")
     verify: bool | None = Field(None, description="Whether to verify SSL certificates (default: verified).")
     use_unsigned_session: bool = Field(False, description="Send unsigned requests (public buckets).")
