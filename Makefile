@@ -20,7 +20,8 @@ demo: setup
 test: setup
 	$(VENV)/bin/ruff check eagle_data eagle_data_tests benchmarks
 	# Two workers on two cores: most slow tests wait on subprocesses and servers. The 15 slowest are listed.
-	$(VENV)/bin/pytest -q -n auto --maxprocesses 4 --dist loadfile --durations=15
+	# Files go out in collection order, long ones first (conftest.py); xdist would sort them by test count.
+	$(VENV)/bin/pytest -q -n auto --maxprocesses 4 --dist loadfile --no-loadscope-reorder --durations=15
 
 lint: setup
 	$(VENV)/bin/ruff check eagle_data eagle_data_tests benchmarks

@@ -86,8 +86,9 @@ def demo_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return ensure_demo_model(path)
 
 
-# Whole CLI, browser and Postgres runs, longest first: run in parallel (make test: pytest-xdist, by file),
-# they start first, so the short tests fill the other worker instead of one long test ending the run alone.
+# Whole CLI, browser and Postgres runs, longest first: run in parallel (make test: pytest-xdist, by file, in
+# collection order: --no-loadscope-reorder), they start first, so the short tests fill the other worker
+# instead of one long test ending the run alone. (xdist's default order, most tests first, put these last.)
 LONG_FILES = (
     "test_ui_browser.py",
     "test_pools.py",

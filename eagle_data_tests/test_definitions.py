@@ -11,11 +11,10 @@ from pathlib import Path
 import dagster as dg
 import polars as pl
 import pytest
-from dagster_aws.s3 import S3Resource
 
 from eagle_data.catalog import load_catalog
 from eagle_data.defs.assets import build_dataset_assets
-from eagle_data.defs.resources import EngineResource, StorageResource
+from eagle_data.defs.resources import EngineResource, S3ClientResource, StorageResource
 from eagle_data.quality import KEPT
 from eagle_data.storage import ShardStore
 
@@ -114,12 +113,24 @@ def _materialize_b3(storage: StorageResource, model: Path) -> pl.DataFrame:
 def test_s3_run_gives_the_same_rows_as_the_local_run(tmp_path: Path, demo_model: Path, s3_endpoint: str,
                                                      s3_bucket: str, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("EAGLE_DATA_ENGINE", "local")  # the generation asset's pool is the environment's engine
+    monkeypatch.setenv("EAGLE_DATA_DEMO_MODEL", str(demo_model))  # generates as the demo model does (one thread)
     local = _materialize_b3(StorageResource(root=str(tmp_path / "local")), demo_model)
     s3 = _materialize_b3(
-        StorageResource(root=f"s3://{s3_bucket}/eagle", s3=S3Resource(endpoint_url=s3_endpoint)), demo_model
+        StorageResource(root=f"s3://{s3_bucket}/eagle", s3=S3ClientResource(endpoint_url=s3_endpoint)), demo_model
     )
     stable = [c for c in local.columns if c not in ("latency_s", "finished_at")]
     assert local.height == 10
     assert local.select(stable).equals(s3.select(stable))
-    keys = ShardStore(f"s3://{s3_bucket}/eagle", S3Resource(endpoint_url=s3_endpoint).get_client).list("b3_magicoder")
+    client = S3ClientResource(endpoint_url=s3_endpoint).get_client
+    keys = ShardStore(f"s3://{s3_bucket}/eagle", client).list("b3_magicoder")
     assert "b3_magicoder/b3_magicoder_validated/00000.parquet" in keys
+
+
+def test_the_s3_settings_reach_the_client_and_credentials_never_come_from_config():
+    from botocore import UNSIGNED
+
+    client = S3ClientResource(endpoint_url="http://127.0.0.1:9", region_name="eu-west-1", max_attempts=2).get_client()
+    assert (client.meta.endpoint_url, client.meta.region_name) == ("http://127.0.0.1:9", "eu-west-1")
+    assert client.meta.config.retries == {"total_max_attempts": 3, "mode": "standard"}  # botocore's count: 2 retries
+    assert S3ClientResource(use_unsigned_session=True).get_client().meta.config.signature_version is UNSIGNED
+    assert not {"aws_access_key_id", "aws_secret_access_key", "aws_session_token"} & set(S3ClientResource.model_fields)

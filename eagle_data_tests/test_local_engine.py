@@ -5,7 +5,7 @@ import pytest
 
 from eagle_data.catalog import Generation
 from eagle_data.engines import make_engine
-from eagle_data.engines.local import LocalEngine, _to_completion
+from eagle_data.engines.local import LocalEngine, _fingerprint, _to_completion
 from eagle_data.runner.resultlog import resume_key
 from eagle_data.types import FatalError
 from eagle_data_tests.servers.openai_fake import spec_for_tests
@@ -16,7 +16,7 @@ CHAT = [{"role": "user", "content": "Write a haiku about compilers."}]
 
 @pytest.fixture(scope="module")
 def engine(demo_model: Path) -> LocalEngine:
-    return LocalEngine(demo_model, GEN)
+    return LocalEngine(demo_model, GEN, demo=True)
 
 
 def test_local_engine_returns_its_own_tokens(engine: LocalEngine):
@@ -36,6 +36,15 @@ def test_local_engine_is_reproducible_per_prompt(engine: LocalEngine):
     b = asyncio.run(engine.complete(CHAT, prompt_id="same"))
     c = asyncio.run(engine.complete(CHAT, prompt_id="other"))
     assert a.output_ids == b.output_ids != c.output_ids
+
+
+def test_engines_share_a_loaded_checkpoint_until_it_is_rewritten(engine: LocalEngine, tmp_path: Path):
+    """Each run builds its own engine: the next run in this process must not load the model again."""
+    assert LocalEngine(engine.model_path, GEN)._load() is engine._load()
+    (tmp_path / "config.json").write_text("{}")
+    before = _fingerprint(tmp_path)
+    (tmp_path / "config.json").write_text('{"rewritten": true}')
+    assert _fingerprint(tmp_path) != before
 
 
 def test_reasoning_is_split_at_the_think_end_token(engine: LocalEngine):

@@ -48,6 +48,11 @@ def _wait_for(condition, timeout_s: float, what: str) -> None:
         time.sleep(0.2)
 
 
+def _durable_turns(root: Path) -> int:
+    """Turn records the runs' result logs hold on disk (each flush appends whole lines)."""
+    return sum(len(log.read_bytes().splitlines()) for log in root.glob("b7_sharegpt/b7_sharegpt/_log/*/turns-*.jsonl"))
+
+
 def _first(events: list[dg.EventLogEntry], kind: dg.DagsterEventType, step: str | None = None) -> float:
     """Time of the first event of `kind` (of `step`, if given)."""
     return next(e.timestamp for e in events if e.dagster_event_type == kind and (step is None or e.step_key == step))
@@ -55,7 +60,7 @@ def _first(events: list[dg.EventLogEntry], kind: dg.DagsterEventType, step: str 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads child processes from /proc (Linux)")
 def test_sigkilled_cli_run_does_not_block_the_next_one(tmp_path: Path):
-    server = FakeOpenAI(Faults(latency_s=0.5, latency_jitter_s=60.0))
+    server = FakeOpenAI(Faults(latency_s=0.5, latency_jitter_s=20.0))  # 3 answers in seconds, the rest in flight
     base_url = server.start()
     home = tmp_path / "home"
     home.mkdir()
@@ -67,13 +72,14 @@ def test_sigkilled_cli_run_does_not_block_the_next_one(tmp_path: Path):
     try:
         first = subprocess.Popen([sys.executable, "-m", "dagster", *COMMAND], env=env,
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-        _wait_for(lambda: sum(server.answered.values()) >= 3, 240, "the first run to get answers")
-        time.sleep(6)  # past the result log's flush: these answers are durable
+        _wait_for(lambda: _durable_turns(tmp_path / "out") >= 3, 240, "the first run's answers to be durable")
         workers = _step_processes(first.pid)
         assert workers
         first.kill()  # SIGKILL: no cleanup, no daemon
         first.wait()
-        time.sleep(5)
+        deadline = time.monotonic() + 5  # a step tied to its run worker ends at once; 5 s: a loaded machine
+        while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+            time.sleep(0.1)
         orphans = [pid for pid in workers if _alive(pid)]  # a step process still paying for the killed run
         server.faults.latency_s = server.faults.latency_jitter_s = 0.0
 

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import dagster as dg
-from dagster_aws.s3 import S3Resource
 from pydantic import Field
 
 from eagle_data import settings
@@ -27,12 +26,39 @@ NO_ENGINE_POOL = "generation"  # the pool while no engine is chosen (a run then 
 ENGINE_VARIABLES = {"kind": ENGINE_ENV, "model": "EAGLE_DATA_MODEL", "base_url": "EAGLE_DATA_BASE_URL"}
 
 
+class S3ClientResource(dg.ConfigurableResource):
+    """S3 client settings, the non-secret fields of dagster-aws's S3Resource; credentials come from the AWS_*
+    environment only. Its own class because importing dagster-aws (and boto3) costs every step process
+    about a second at start; boto3 is imported here on first use, by runs that store on S3."""
+
+    endpoint_url: str | None = Field(None, description="A custom endpoint (MinIO, moto); empty: AWS's.")
+    region_name: str | None = Field(None, description="The region; empty: the AWS_* environment's.")
+    profile_name: str | None = Field(None, description="A profile of ~/.aws/config.")
+    max_attempts: int = Field(5, description="Retries per call after the first (botocore's standard retry mode).")
+    use_ssl: bool = Field(True, description="Whether to use SSL.")
+    verify: bool | None = Field(None, description="Whether to verify SSL certificates (default: verified).")
+    use_unsigned_session: bool = Field(False, description="Send unsigned requests (public buckets).")
+
+    def get_client(self) -> Any:
+        import boto3
+        from botocore import UNSIGNED
+        from botocore.config import Config
+
+        config = Config(retries={"max_attempts": self.max_attempts, "mode": "standard"})
+        if self.use_unsigned_session:
+            config = config.merge(Config(signature_version=UNSIGNED))
+        return boto3.session.Session(profile_name=self.profile_name).client(
+            "s3", region_name=self.region_name, endpoint_url=self.endpoint_url, use_ssl=self.use_ssl,
+            verify=self.verify, config=config,
+        )  # fmt: skip
+
+
 class StorageResource(dg.ConfigurableResource):
     """Where shards live: a local folder (default ./eagle-output) or s3://bucket/prefix."""
 
     root: str = Field("", description="Folder or s3://bucket/prefix; empty: $EAGLE_DATA_ROOT or ./eagle-output.")
-    s3: S3Resource = Field(
-        default_factory=S3Resource,
+    s3: S3ClientResource = Field(
+        default_factory=S3ClientResource,
         description="S3 client settings (endpoint_url for MinIO); credentials from the AWS_* environment.",
     )
 

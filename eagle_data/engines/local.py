@@ -2,14 +2,18 @@
 
 Needs no key, server or network. Requests are queued onto one worker thread (torch already uses every
 core), each seeded from its prompt so a re-run reproduces the same text. It returns the model's own
-output ids, so training ids need no re-tokenization.
+output ids, so training ids need no re-tokenization. The demo model is so small that torch's threads
+only wait on each other: it generates on one thread (the same tokens for a third of the CPU or less).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,6 +28,9 @@ if TYPE_CHECKING:
     from eagle_data.catalog import DatasetSpec
 
 DEMO_NOTE = "demo model, random weights"
+# One generation at a time in this process, whichever engine asks: engines share a loaded checkpoint, and
+# torch's random generator, seeded per prompt, is the process's.
+_GENERATING = threading.Lock()
 
 
 class LocalEngine(Engine):
@@ -51,27 +58,18 @@ class LocalEngine(Engine):
         self.model = self.model_path.name  # the short label rows carry; config() names the whole path
         self.generation = generation
         self.device, self.demo, self.markers = device, demo, markers
-        self._lock = threading.Lock()
-        self._loaded: tuple[Any, Any] | None = None
 
     def config(self) -> dict[str, Any]:
         """The resolved checkpoint path, not its folder name: `/runs/a/final` and `/runs/b/final` are two models."""
         return {"engine": self.name, "model": str(self.model_path), **self.generation.model_dump()}
 
     def _load(self) -> tuple[Any, Any]:
-        if self._loaded is None:
-            import torch
-            from transformers import AutoModelForCausalLM, AutoTokenizer
-
-            tokenizer = AutoTokenizer.from_pretrained(self.model_path)
-            model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32).to(self.device).eval()
-            self._loaded = (tokenizer, model)
-        return self._loaded
+        return _checkpoint(self.model_path, self.device, _fingerprint(self.model_path))
 
     def _generate(self, messages: list[Message], prompt_id: str) -> Completion:
         import torch
 
-        with self._lock:
+        with _GENERATING, _torch_threads(1 if self.demo else None):
             tokenizer, model = self._load()
             prompt = tokenizer.apply_chat_template(
                 [{"role": m["role"], "content": m["content"]} for m in messages],
@@ -115,7 +113,38 @@ class LocalEngine(Engine):
         return await asyncio.to_thread(self._generate, messages, prompt_id)
 
     async def aclose(self) -> None:
-        """Nothing to release per run: the model stays loaded for the next run in this process."""
+        """Nothing to release per run: the model stays loaded for the next run in this process (`_checkpoint`)."""
+
+
+@functools.lru_cache(maxsize=1)
+def _checkpoint(path: Path, device: str, fingerprint: tuple[tuple[str, int, int], ...]) -> tuple[Any, Any]:
+    """The tokenizer and model of a checkpoint, loaded once per process: each run builds its own engine, and
+    a load costs seconds. `fingerprint` (its files' names, sizes and times) makes a checkpoint rewritten in
+    place load again."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device).eval()
+    return tokenizer, model
+
+
+def _fingerprint(path: Path) -> tuple[tuple[str, int, int], ...]:
+    return tuple(sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in path.iterdir() if f.is_file()))
+
+
+@contextmanager
+def _torch_threads(count: int | None) -> Iterator[None]:
+    """torch's intra-op thread count set to `count` for this block (None: left as it is), then restored."""
+    import torch
+
+    before = torch.get_num_threads()
+    if count is not None:
+        torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _to_completion(
