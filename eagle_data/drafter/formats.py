@@ -118,7 +118,11 @@ def _specforge_dict(sample: Sample, plan: LayerPlan) -> dict[str, Any]:
 def _owned(tensor: Any) -> Any:
     """`tensor` alone in its storage: torch.save writes a view's whole storage (here the batch's states), so a
     view is copied; a reshape that already copied is kept as it is."""
-    return tensor if tensor.untyped_storage().nbytes() == tensor.nbytes else tensor.clone()
+    import torch
+
+    if tensor.untyped_storage().nbytes() == tensor.nbytes:
+        return tensor
+    return tensor.clone(memory_format=torch.contiguous_format)  # preserve_format would keep a view's gaps
 
 
 def _end_to_end(states: Sequence[Any]) -> Any:
