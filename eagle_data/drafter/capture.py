@@ -206,8 +206,10 @@ def _arrays(column: pl.Series, dtype: type) -> list[np.ndarray]:
     through Python lists (rows must not be empty: `set_aside` takes those out)."""
     if column.is_empty():
         return []
-    flat = column.explode().to_numpy().astype(dtype, copy=False)
-    return np.split(flat, np.cumsum(column.list.len().to_numpy())[:-1])
+    values = column.explode()
+    if values.null_count():
+        raise CaptureError(f"training_mix's {column.name} holds a null value: materialize training_mix again")
+    return np.split(values.to_numpy().astype(dtype, copy=False), np.cumsum(column.list.len().to_numpy())[:-1])
 
 
 def capture_id(provenance: dict[str, Any]) -> str:
