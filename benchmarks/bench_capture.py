@@ -5,9 +5,14 @@ batches; the bare loop only calls the model with `output_hidden_states=True`, th
 (`capture_shard`) also picks the layers, copies them to the CPU, writes every file of the chosen formats
 atomically and records progress per batch. Times are process CPU seconds (all threads), the steadier
 figure on a shared machine, with one torch thread by default; wall seconds are printed too.
-The demo model's forward is cheap (hidden size 64), so per-file costs show: the per-sample formats
-(specforge, speculators: one torch.save / safetensors file per row, ~1 ms CPU each) score lower than the
-native one (one file per batch); with a real target the forward dominates.
+The demo model's forward is cheap (hidden size 64), so what the capture adds shows: the writes into the
+page cache (~1 ms CPU per MB) and, for the per-sample formats (specforge, speculators: one torch.save /
+safetensors file per row), ~0.3-1 ms CPU per file; with a real target the forward dominates.
+Measured 2026-12-01 on the shared 2-core machine (`nice .venv/bin/python benchmarks/bench_capture.py
+--formats native`, then specforge, speculators): RESULT capture_vs_raw native 0.77-0.88, specforge
+0.82-0.94, speculators 0.79-0.93 over three runs each, the median of a run's 5 paired repeats 0.82-0.95;
+capture 35-51 k tokens per CPU-s, the bare loop 38-57 k: a run moves by up to +-0.15 with the machine's
+load, so docs/hidden-states.md (Throughput) also times the capture's parts inside one process.
 Usage: python benchmarks/bench_capture.py [--rows 300] [--formats native] [--repeats 5]
 """
 
@@ -97,6 +102,10 @@ def main() -> None:
     print(f"bare forward loop: {raw_cpu:.2f} CPU-s ({raw_wall:.2f} s wall)  {tokens / raw_cpu:,.0f} tokens/CPU-s")
     print(f"capture_shard:     {ours_cpu:.2f} CPU-s ({ours_wall:.2f} s wall)  {tokens / ours_cpu:,.0f} tokens/CPU-s  "
           f"{written / 1e6:,.1f} MB written")  # fmt: skip
+    ratios = sorted(r / o for (r, _), (o, _) in zip(raw, ours, strict=True))
+    print(f"spread over {args.repeats} repeats: bare loop {raw_cpu:.2f}-{max(c for c, _ in raw):.2f} CPU-s, capture "
+          f"{ours_cpu:.2f}-{max(c for c, _ in ours):.2f} CPU-s; repeat by repeat {ratios[0]:.3f}-{ratios[-1]:.3f} "
+          f"(median {ratios[len(ratios) // 2]:.3f})")  # fmt: skip
     print(f"RESULT capture_vs_raw {raw_cpu / ours_cpu:.3f}")
 
 

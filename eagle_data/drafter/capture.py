@@ -58,7 +58,8 @@ class CaptureBackend(Protocol):
 
     def capture(self, rows: Sequence[np.ndarray], plan: LayerPlan) -> list[Any]:
         """Per row, its states as a contiguous CPU tensor [len(row), plan.count, hidden_size] in `dtype` (it
-        may be a view into a batch's tensor: a writer that pickles storages copies it first):
+        may be a view into a batch's tensor: a writer that pickles storages copies it first; rows that lie end
+        to end in one tensor are written by the native writer without a copy):
         the outputs of decoder layers `plan.aux`, then the last state when `plan.last` is set."""
         ...
 
@@ -113,10 +114,15 @@ class TransformersBackend:
         picked = [out.hidden_states[i + 1] if i < top else pre_norm[0] for i in plan.aux]
         if plan.last is not None:
             picked.append(out.hidden_states[-1] if plan.last == "after_norm" else pre_norm[0])
-        # One copy for the batch, [rows, T, layers, H] on the CPU; a row's first n positions are a contiguous
-        # view of it, so no row is copied again.
-        states = torch.stack(picked, dim=2).to("cpu")
-        return [states[b, :n] for b, n in enumerate(lengths)]
+        # One copy of the real tokens (no padding), rows end to end [tokens, layers, H], then one transfer to
+        # the CPU: each row is a contiguous view of it, and the native writer stores it without another copy.
+        packed = picked[0].new_empty((sum(lengths), len(picked), picked[0].shape[-1]))
+        start = 0
+        for b, n in enumerate(lengths):
+            torch.stack([p[b, :n] for p in picked], dim=1, out=packed[start : start + n])
+            start += n
+        packed = packed.to("cpu")
+        return list(packed.split(lengths))
 
 
 def checkpoint_folder(checkpoint: str) -> Path:
@@ -185,13 +191,25 @@ def shard_hash(frame: pl.DataFrame) -> str:
 def set_aside(frame: pl.DataFrame, plan: LayerPlan, settings: CaptureSettings) -> dict[int, str]:
     """Rows not captured, each with its reason: empty rows; for DFlash, rows with fewer than
     2 x block_size supervised tokens (SpecForge drops them too)."""
+    counts = frame.select("row", pl.col("input_ids").list.len(), pl.col("loss_mask").list.sum())
     out = {}
-    for row, ids, mask in frame.select("row", "input_ids", "loss_mask").iter_rows():
-        if not ids:
+    for row, length, supervised in counts.iter_rows():
+        if not length:
             out[row] = EMPTY
-        elif plan.preset == "dflash" and sum(mask) < 2 * settings.block_size:
+        elif plan.preset == "dflash" and supervised < 2 * settings.block_size:
             out[row] = DFLASH_SHORT
     return out
+
+
+def _arrays(column: pl.Series, dtype: type) -> list[np.ndarray]:
+    """Each row's list as a numpy array in `dtype`: views into one flat array, made in one pass rather than
+    through Python lists (rows must not be empty: `set_aside` takes those out)."""
+    if column.is_empty():
+        return []
+    values = column.explode()
+    if values.null_count():
+        raise CaptureError(f"training_mix's {column.name} holds a null value: materialize training_mix again")
+    return np.split(values.to_numpy().astype(dtype, copy=False), np.cumsum(column.list.len().to_numpy())[:-1])
 
 
 def capture_id(provenance: dict[str, Any]) -> str:
@@ -252,8 +270,9 @@ def capture_shard(
         return ShardResult(partition, old, captured=False)
     aside = set_aside(frame, plan, settings)
     kept = frame.filter(~pl.col("row").is_in(list(aside)))
-    rows = kept.select("row", "prompt_id", "input_ids", "loss_mask").rows()
-    groups = batches([len(r[2]) for r in rows], settings.batch_tokens)
+    rows = list(zip(kept["row"].to_list(), kept["prompt_id"].to_list(), strict=True))
+    ids, masks = _arrays(kept["input_ids"], np.int64), _arrays(kept["loss_mask"], np.uint8)
+    groups = batches([len(i) for i in ids], settings.batch_tokens)
     progress = _read_json(store, progress_key)
     if progress is None or progress["key"] != key:
         for stale in (old, progress):
@@ -267,18 +286,15 @@ def capture_shard(
     fp8 = settings.fp8
     started = time.perf_counter()
     for b in range(done, len(groups)):
-        members = [rows[i] for i in groups[b]]
-        ids = [np.asarray(r[2], dtype=np.int64) for r in members]
-        states = backend.capture(ids, plan)
+        states = backend.capture([ids[i] for i in groups[b]], plan)
         samples = [
-            formats.Sample(r[0], r[1], i, np.asarray(r[3], dtype=np.uint8), s)
-            for r, i, s in zip(members, ids, states, strict=True)
-        ]
+            formats.Sample(*rows[i], ids[i], masks[i], s) for i, s in zip(groups[b], states, strict=True)
+        ]  # fmt: skip
         formats.write_batch(store, folder, partition, b, samples, plan, fp8, settings.formats)
-        progress["batches"].append([[r[0], r[1], len(r[2])] for r in members])
+        progress["batches"].append([[s.row, s.prompt_id, len(s.input_ids)] for s in samples])
         store.write_bytes(progress_key, json.dumps(progress).encode())
         result.batches_run += 1
-        result.tokens_run += sum(len(i) for i in ids)
+        result.tokens_run += sum(len(s.input_ids) for s in samples)
     result.seconds = time.perf_counter() - started
     batches_rows = progress["batches"]
     if formats.NATIVE in settings.formats:

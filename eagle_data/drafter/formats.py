@@ -108,12 +108,36 @@ def _specforge_dict(sample: Sample, plan: LayerPlan) -> dict[str, Any]:
     seq, _, hidden = sample.states.shape
     ids = torch.from_numpy(sample.input_ids.astype(np.int64))
     mask = torch.from_numpy(sample.loss_mask.astype(np.int64))
-    # contiguous: a view would make torch.save write the whole [seq, layers, H] storage
-    aux = sample.states[:, : len(plan.aux)].reshape(1, seq, len(plan.aux) * hidden).contiguous()
+    aux = _owned(sample.states[:, : len(plan.aux)].reshape(1, seq, len(plan.aux) * hidden))
     if plan.last is None:
         return {"input_ids": ids, "loss_mask": mask, "hidden_states": aux}
-    last = sample.states[:, -1].reshape(1, seq, hidden).contiguous()
+    last = _owned(sample.states[:, -1].reshape(1, seq, hidden))
     return {"input_ids": ids, "loss_mask": mask, "hidden_state": last, "aux_hidden_state": aux}
+
+
+def _owned(tensor: Any) -> Any:
+    """`tensor` alone in its storage: torch.save writes a view's whole storage (here the batch's states), so a
+    view is copied; a reshape that already copied is kept as it is."""
+    import torch
+
+    if tensor.untyped_storage().nbytes() == tensor.nbytes:
+        return tensor
+    return tensor.clone(memory_format=torch.contiguous_format)  # preserve_format would keep a view's gaps
+
+
+def _end_to_end(states: Sequence[Any]) -> Any:
+    """The states of a batch's samples as one tensor [tokens, layers, H]: a view when they already lie end to
+    end in one storage (as `TransformersBackend` returns a batch), else a copy."""
+    import torch
+
+    first = states[0]
+    offset, storage = first.storage_offset(), first.untyped_storage().data_ptr()
+    for s in states:
+        if not s.is_contiguous() or s.untyped_storage().data_ptr() != storage or s.storage_offset() != offset:
+            return torch.cat(list(states))
+        offset += s.numel()
+    _, layers, hidden = first.shape
+    return first.as_strided((sum(len(s) for s in states), layers, hidden), (layers * hidden, hidden, 1))
 
 
 @contextmanager
@@ -156,7 +180,7 @@ def write_batch(
                 with _staged(store, speculators_key(folder, s.row)) as tmp:
                     save_file(tensors, tmp)
         else:
-            states = torch.cat([s.states for s in samples]) if samples else torch.empty(0)
+            states = _end_to_end([s.states for s in samples]) if samples else torch.empty(0)
             tensors = {
                 "input_ids": torch.from_numpy(np.concatenate([s.input_ids for s in samples]).astype(np.int32)),
                 "loss_mask": torch.from_numpy(np.concatenate([s.loss_mask for s in samples]).astype(np.uint8)),
