@@ -6,6 +6,7 @@ EAGLE_TEST_PG_{HOST,PORT,USER,PASSWORD,DB} point elsewhere. Without one a test s
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -49,6 +50,20 @@ def pg_database() -> Iterator[str]:
     try:
         yield name
     finally:
-        with admin.cursor() as cur:
-            cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        _drop(admin, name)
         admin.close()
+
+
+def _drop(admin: Any, name: str, patience_s: float = 30.0) -> None:
+    """Drop the test database, waiting out a backend this role may not terminate (an autovacuum worker
+    or a closing Dagster process seen mid-exit), which FORCE refuses instead of waiting for."""
+    deadline = time.monotonic() + patience_s
+    while True:
+        try:
+            with admin.cursor() as cur:
+                cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            return
+        except (psycopg2.errors.InsufficientPrivilege, psycopg2.errors.ObjectInUse):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
