@@ -25,7 +25,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -104,7 +103,7 @@ def wait_until(what: str, predicate: Any, timeout_s: float, poll_s: float = 0.5)
 @contextlib.contextmanager
 def dagster_dev(env: dict[str, str], log: Path) -> Iterator[Graphql]:
     """`dagster dev` on a free port; stopped (SIGINT, then SIGKILL of its process group) on the way out."""
-    from eagle_data_tests.conftest import free_port
+    from eagle_data_tests.conftest import free_port, stop_process_group
 
     port = free_port()
     with log.open("w") as sink:
@@ -124,13 +123,7 @@ def dagster_dev(env: dict[str, str], log: Path) -> Iterator[Graphql]:
         wait_until("dagster dev answering", answers, 300, poll_s=1)
         yield Graphql(url)
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=20)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
+        stop_process_group(proc, grace_s=20)
 
 
 def runs_tagged(graphql: Graphql, key: str, value: str) -> list[dict[str, Any]]:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
+import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +24,18 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def stop_process_group(proc: subprocess.Popen, grace_s: float = 15) -> None:
+    """SIGINT lets `dagster dev` stop its webserver, daemon and code servers; SIGKILL takes what is left of
+    its process group (started with start_new_session=True)."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=grace_s)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)
 
 
 @pytest.fixture(scope="session")

@@ -10,10 +10,8 @@ Needs Debian's chromium and chromium-driver (`bash .ci/services.sh` as root inst
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -32,7 +30,7 @@ from selenium.webdriver.support import expected_conditions as ec
 from selenium.webdriver.support.ui import WebDriverWait
 
 from eagle_data.catalog import load_catalog
-from eagle_data_tests.conftest import free_port
+from eagle_data_tests.conftest import free_port, stop_process_group
 
 pytestmark = pytest.mark.browser
 
@@ -61,17 +59,6 @@ def wait_for_server(url: str, proc: subprocess.Popen, log: Path, timeout_s: floa
         except OSError:
             time.sleep(1)
     pytest.fail(f"dagster dev did not answer within {timeout_s:.0f} s:\n{log.read_text()[-3000:]}")
-
-
-def stop_process_group(proc: subprocess.Popen) -> None:
-    """SIGINT lets `dagster dev` stop its webserver, daemon and code servers; SIGKILL takes what is left."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=15)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=10)
 
 
 @pytest.fixture
