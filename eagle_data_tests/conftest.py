@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
 import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,6 +27,20 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def materialize_cli(
+    env: dict[str, str], *args: str, run_config: dict[str, Any] | None = None, timeout_s: float = 600
+) -> subprocess.CompletedProcess:
+    """`dagster asset materialize -m eagle_data.definitions ARGS` with the run's steps in the CLI's own process
+    (Dagster's `in_process` executor, merged into `run_config`). The tests calling this check what a run writes
+    and refuses, which does not depend on how steps are started, and a process per step costs seconds of CPU
+    each. The default, a process per step, runs in test_postgres_instance, test_pools, test_demo_output and the
+    browser test."""
+    config = {**(run_config or {}), "execution": {"config": {"in_process": {}}}}
+    command = ["asset", "materialize", "-m", "eagle_data.definitions", *args, "--config-json", json.dumps(config)]
+    return subprocess.run([sys.executable, "-m", "dagster", *command], env=env, capture_output=True, text=True,
+                          timeout=timeout_s)  # fmt: skip
 
 
 def stop_process_group(proc: subprocess.Popen, grace_s: float = 15) -> None:

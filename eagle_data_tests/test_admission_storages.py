@@ -9,8 +9,6 @@ counted from the shards it expects admitted with the export's own row filter.
 
 import os
 import shutil
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,6 +23,7 @@ from eagle_data.catalog import load_catalog
 from eagle_data.defs.checks import check_keys
 from eagle_data.defs.sensors import build_sensors
 from eagle_data.storage import ShardStore
+from eagle_data_tests.conftest import materialize_cli
 from eagle_data_tests.fixtures_postgres import postgres_storage
 from eagle_data_tests.fixtures_quality import Receiver, generation_frame
 from eagle_data_tests.test_exports_defs import definitions, run, shard_frame, spec
@@ -219,10 +218,9 @@ def test_the_demo_range_run_twice_then_the_export_takes_every_shard(demo_model: 
         store.write_shard(
             spec.name, spec.name, key, replies.with_columns(prompt_id=pl.lit(f"{key}-") + pl.col("prompt_id"))
         )
-    materialize = [sys.executable, "-m", "dagster", "asset", "materialize", "-m", "eagle_data.definitions", "--select"]
-    ranged = [f"{spec.name}_validated", "--partition-range", f"{keys[0]}...{keys[-1]}"]
-    for command in (ranged, ranged, ["training_mix"]):
-        out = subprocess.run([*materialize, *command], env=env, capture_output=True, text=True, timeout=300)
+    ranged = ["--select", f"{spec.name}_validated", "--partition-range", f"{keys[0]}...{keys[-1]}"]
+    for command in (ranged, ranged, ["--select", "training_mix"]):
+        out = materialize_cli(env, *command, timeout_s=300)
         assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
     validated = [store.read_shard(spec.name, f"{spec.name}_validated", k) for k in keys]
     expected = sum(exports.exportable(shard, spec)[0].height for shard in validated)

@@ -17,6 +17,7 @@ from eagle_data.defs.assets import build_dataset_assets
 from eagle_data.defs.resources import EngineResource, S3ClientResource, StorageResource
 from eagle_data.quality import KEPT
 from eagle_data.storage import ShardStore
+from eagle_data_tests.conftest import materialize_cli
 
 DATASETS = ["b3_magicoder", "b4_mixturethoughts", "b5_openthoughts", "b6_ultrachat", "b7_sharegpt", "b8_perfectblend"]
 GENERATION_COLUMNS = {
@@ -38,11 +39,6 @@ def demo_env(tmp_path: Path, demo_model: Path) -> dict[str, str]:
     return env
 
 
-def dagster_cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dagster", *args, "-m", "eagle_data.definitions"],
-                          env=env, capture_output=True, text=True, timeout=600)
-
-
 def test_definitions_hold_four_assets_per_dataset_in_six_groups_plus_the_exports_and_drafter_inputs():
     from eagle_data.definitions import defs
 
@@ -57,7 +53,8 @@ def test_definitions_hold_four_assets_per_dataset_in_six_groups_plus_the_exports
 
 
 def test_cli_lists_24_dataset_assets_the_mix_and_the_drafter_inputs(demo_env: dict[str, str]):
-    out = dagster_cli(demo_env, "asset", "list")
+    out = subprocess.run([sys.executable, "-m", "dagster", "asset", "list", "-m", "eagle_data.definitions"],
+                         env=demo_env, capture_output=True, text=True, timeout=600)  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
     listed = [line.strip() for line in out.stdout.splitlines() if line.strip()]
     drafter = {"draft_vocab", "hidden_state_plan", "hidden_states"}
@@ -66,7 +63,7 @@ def test_cli_lists_24_dataset_assets_the_mix_and_the_drafter_inputs(demo_env: di
 
 
 def test_cli_materializes_one_shard_with_the_design_columns(demo_env: dict[str, str], tmp_path: Path):
-    out = dagster_cli(demo_env, "asset", "materialize", "--select", B7, "--partition", "00002")
+    out = materialize_cli(demo_env, "--select", B7, "--partition", "00002")
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
     root = tmp_path / "out" / "b7_sharegpt"
     prompts = pl.read_parquet(root / "b7_sharegpt_prompts" / "00002.parquet")
@@ -79,7 +76,7 @@ def test_cli_materializes_one_shard_with_the_design_columns(demo_env: dict[str, 
     assert set(generations["status"]) <= {"ok", "truncated"}
     assert validated.schema["input_ids"] == pl.List(pl.Int32) and validated.schema["loss_mask"] == pl.List(pl.UInt8)
 
-    out = dagster_cli(demo_env, "asset", "materialize", "--select", "training_mix")
+    out = materialize_cli(demo_env, "--select", "training_mix")
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
     passing = validated.filter(pl.col("verdict").is_in(list(KEPT)))
     train = pl.read_parquet(root / "export" / "train.parquet")
@@ -90,8 +87,7 @@ def test_cli_materializes_one_shard_with_the_design_columns(demo_env: dict[str, 
 
 
 def test_cli_materializes_a_partition_range_in_one_run(demo_env: dict[str, str], tmp_path: Path):
-    out = dagster_cli(demo_env, "asset", "materialize", "--select", "b7_sharegpt_prompts",
-                      "--partition-range", "00001...00003")
+    out = materialize_cli(demo_env, "--select", "b7_sharegpt_prompts", "--partition-range", "00001...00003")
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
     written = sorted(p.name for p in (tmp_path / "out" / "b7_sharegpt" / "b7_sharegpt_prompts").glob("*.parquet"))
     assert written == ["00001.parquet", "00002.parquet", "00003.parquet"]

@@ -8,15 +8,15 @@ key a server echoes nor a base URL's password reaches the output root, DAGSTER_H
 from __future__ import annotations
 
 import base64
-import json
 import os
 import subprocess
-import sys
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 import pytest
 
+from eagle_data_tests.conftest import materialize_cli
 from eagle_data_tests.servers.openai_fake import FakeOpenAI, Faults
 
 DS = "b7_sharegpt"
@@ -37,12 +37,8 @@ def env(tmp_path: Path, demo_model: Path, server: FakeOpenAI) -> dict[str, str]:
     return env
 
 
-def materialize(env: dict[str, str], *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "dagster", "asset", "materialize", "-m", "eagle_data.definitions", "--select", SELECT,
-         "--partition", "00000", *extra],
-        env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+def materialize(env: dict[str, str], run_config: dict[str, Any] | None = None) -> subprocess.CompletedProcess:
+    return materialize_cli(env, "--select", SELECT, "--partition", "00000", run_config=run_config)
 
 
 def generations(tmp_path: Path) -> pl.DataFrame:
@@ -63,9 +59,7 @@ def leaks(tmp_path: Path, out: subprocess.CompletedProcess, secret: str) -> list
 def test_one_engine_field_in_run_config_keeps_the_environments_engine(
     env: dict[str, str], server: FakeOpenAI, tmp_path: Path
 ) -> None:
-    config = tmp_path / "run.yaml"
-    config.write_text("resources:\n  engine:\n    config:\n      timeout_s: 30\n")
-    out = materialize(env, "--config", str(config))
+    out = materialize(env, {"resources": {"engine": {"config": {"timeout_s": 30}}}})
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
     assert prompts_asked(server) == SHARD  # the openai engine answered, not the demo model
     rows = generations(tmp_path)
@@ -111,7 +105,7 @@ def test_a_base_url_with_a_password_in_run_config_is_refused_before_dagster_stor
     env: dict[str, str], server: FakeOpenAI, tmp_path: Path
 ) -> None:
     url = f"http://user:{PASSWORD}@127.0.0.1:{server.port}/v1"
-    out = materialize(env, "--config-json", json.dumps({"resources": {"engine": {"config": {"base_url": url}}}}))
+    out = materialize(env, {"resources": {"engine": {"config": {"base_url": url}}}})
     assert out.returncode != 0 and 'unexpected config entry "base_url"' in out.stdout + out.stderr, out.stderr[-2000:]
     assert server.received == 0
     assert leaks(tmp_path, out, PASSWORD) == []  # the run database, event log and compute logs included

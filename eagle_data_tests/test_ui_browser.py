@@ -10,6 +10,7 @@ Needs Debian's chromium and chromium-driver (`bash .ci/services.sh` as root inst
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -108,16 +109,32 @@ def click(wait: WebDriverWait, xpath: str) -> None:
     wait.until(ec.element_to_be_clickable((By.XPATH, xpath))).click()
 
 
-def wait_for_run(browser: WebDriver, timeout_s: float = 600) -> str:
-    """Follow the "Launched run" toast to the run page; the run's final status text."""
+def run_status(base_url: str, run_id: str) -> str:
+    """The run's status as the webserver's GraphQL API reports it (QUEUED, STARTED, SUCCESS, ...)."""
+    query = "query($id: ID!) { runOrError(runId: $id) { ... on Run { status } } }"
+    body = json.dumps({"query": query, "variables": {"id": run_id}}).encode()
+    request = urllib.request.Request(f"{base_url}/graphql", body, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.load(response)["data"]["runOrError"]["status"]
+
+
+def wait_for_run(browser: WebDriver, base_url: str, timeout_s: float = 600) -> str:
+    """Follow the "Launched run" toast to the run page and, once the run has ended, the status that page shows.
+    The wait itself asks the webserver's API on a blank tab: a live run page keeps Chromium's renderer busy at
+    about 0.7 of a core, which the run's own steps need on a 2-core machine."""
     wait = WebDriverWait(browser, 60)
     click(wait, "//*[contains(text(), 'Launched run')]/following::*[normalize-space(text())='View'][1]")
     wait.until(ec.url_contains("/runs/"))
+    run_page = browser.current_url
+    run_id = run_page.split("/runs/")[1].split("?")[0].strip("/")
+    browser.get("about:blank")
+    deadline = time.monotonic() + timeout_s
+    while run_status(base_url, run_id) not in ("SUCCESS", "FAILURE", "CANCELED") and time.monotonic() < deadline:
+        time.sleep(2)
+    browser.get(run_page)
     status = "//*[normalize-space(text())='Success' or normalize-space(text())='Failure' or " \
              "normalize-space(text())='Canceled']"
-    return WebDriverWait(browser, timeout_s, poll_frequency=2).until(
-        ec.visibility_of_element_located((By.XPATH, status))
-    ).text
+    return wait.until(ec.visibility_of_element_located((By.XPATH, status))).text
 
 
 @pytest.mark.timeout(1500)  # bounds a loaded machine: one run took over 5 min at load 20 on 2 cores
@@ -153,7 +170,7 @@ def test_ui_materializes_a_b7_partition_reruns_its_checks_and_opens_the_report(
     wait.until(ec.text_to_be_present_in_element((By.CSS_SELECTOR, "[role=dialog]"), "1 partition"))
     browser.save_screenshot(str(tmp_path / "3-launch-dialog.png"))
     click(wait, "//button[contains(., 'Launch 1 run')]")
-    outcome = wait_for_run(browser)
+    outcome = wait_for_run(browser, dagster_dev)
     browser.save_screenshot(str(tmp_path / "4-run.png"))
     assert outcome == "Success", (tmp_path / "dagster-dev.log").read_text()[-3000:]
     assert "partition: 00000" in browser.find_element(By.TAG_NAME, "body").text
@@ -162,7 +179,7 @@ def test_ui_materializes_a_b7_partition_reruns_its_checks_and_opens_the_report(
     # Re-run the checks from the asset's Checks tab, without materializing anything.
     browser.get(f"{dagster_dev}/assets/b7_sharegpt_validated?view=checks")
     click(wait, "//button[normalize-space(.)='Execute all' and not(@disabled)]")
-    outcome = wait_for_run(browser, timeout_s=300)
+    outcome = wait_for_run(browser, dagster_dev, timeout_s=300)
     browser.save_screenshot(str(tmp_path / "5-checks-run.png"))
     assert outcome == "Success", (tmp_path / "dagster-dev.log").read_text()[-3000:]
     body = browser.find_element(By.TAG_NAME, "body").text
