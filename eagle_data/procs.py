@@ -44,22 +44,37 @@ def liveness(worker: str) -> Liveness:
 
 
 def _zombie(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:  # no procfs (macOS): trust kill(0)
+    stat = _stat(pid)
+    return stat is not None and stat[0] == "Z"  # no procfs (macOS): trust kill(0)
+
+
+def die_with(worker_pid: int) -> bool:
+    """Ask the kernel to SIGKILL this process when `worker_pid` dies (Linux only), so a process whose
+    orchestrator was killed stops paying for requests nobody will record. `worker_pid` is this process's
+    parent (multiprocessing's spawn) or its parent's parent through a forkserver: a forkserver exits as soon
+    as the process that started it dies (its "alive" pipe reaches EOF), and the kernel's signal follows this
+    process's parent. Returns whether the tie is in place; exits at once if the parent is already gone."""
+    if sys.platform != "linux":
         return False
-    return stat.rpartition(")")[2].split()[0] == "Z"
-
-
-def die_with_parent(parent_pid: int) -> bool:
-    """Ask the kernel to SIGKILL this process when `parent_pid`, its parent, dies (Linux only), so a
-    worker whose orchestrator was killed stops paying for requests nobody will record. Returns whether
-    the tie is in place; exits at once if the parent is already gone."""
-    if sys.platform != "linux" or os.getppid() != parent_pid:
+    parent = os.getppid()
+    if worker_pid not in (parent, _parent(parent)):
         return False
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
         return False
-    if os.getppid() != parent_pid:  # died between the check and the prctl call
+    if os.getppid() != parent:  # died between the check and the prctl call
         os.kill(os.getpid(), signal.SIGKILL)
     return True
+
+
+def _parent(pid: int) -> int | None:
+    stat = _stat(pid)
+    return int(stat[1]) if stat else None
+
+
+def _stat(pid: int) -> list[str] | None:
+    """The fields of /proc/<pid>/stat after the command name (state, parent, ...), or None without one."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return None

@@ -21,17 +21,18 @@ SLOT_WAIT_S = 30.0  # the issue asks for 10 s; the margin is for process start-u
 
 
 def _step_processes(pid: int) -> list[int]:
-    """The multiprocess executor's step processes started by `pid` (from /proc)."""
-    found = []
+    """The multiprocess executor's step processes under run worker `pid` (from /proc): the children of its
+    forkserver (the project's default start method), or its own spawned children (`start_method: spawn`)."""
+    parents, commands = {}, {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            parent = int(stat.read_text().rpartition(")")[2].split()[1])
-            command = (stat.parent / "cmdline").read_bytes()
+            parents[int(stat.parent.name)] = int(stat.read_text().rpartition(")")[2].split()[1])
+            commands[int(stat.parent.name)] = (stat.parent / "cmdline").read_bytes()
         except OSError:
             continue
-        if parent == pid and b"spawn_main" in command:
-            found.append(int(stat.parent.name))
-    return found
+    forkservers = {p for p, parent in parents.items() if parent == pid and b"forkserver" in commands[p]}
+    return [p for p, parent in parents.items()
+            if parent in forkservers or (parent == pid and b"spawn_main" in commands[p])]  # fmt: skip
 
 
 def _alive(pid: int) -> bool:
