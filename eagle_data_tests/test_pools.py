@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -149,3 +150,41 @@ def test_the_run_worker_tag_is_hidden_from_the_ui():
     from eagle_data.defs.pools import WORKER_TAG
 
     assert get_tag_type(WORKER_TAG) == TagType.HIDDEN
+
+
+WORKER = """
+import multiprocessing, os, sys, time
+from eagle_data.procs import die_with
+
+def step(worker: int) -> None:
+    print(os.getpid(), die_with(worker), flush=True)
+    time.sleep(60)
+
+if __name__ == "__main__":
+    context = multiprocessing.get_context(sys.argv[1])
+    context.Process(target=step, args=(os.getpid(),)).start()
+    time.sleep(60)
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="PDEATHSIG and /proc (Linux)")
+@pytest.mark.parametrize("start_method", ["forkserver", "spawn"])
+def test_a_step_tied_to_its_run_worker_dies_with_it(tmp_path: Path, start_method: str):
+    """Under forkserver a step's parent is the forkserver, which outlives a SIGKILLed worker while the step lives."""
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    worker = subprocess.Popen([sys.executable, str(script), start_method], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+    step = 0
+    try:
+        pid, tied = worker.stdout.readline().split()
+        step = int(pid)
+        assert tied == "True"
+        worker.kill()  # SIGKILL: no cleanup
+        worker.wait()
+        _wait_for(lambda: not _alive(step), 5, "the step to die with its run worker")
+    finally:
+        worker.kill()
+        worker.wait()
+        if step and _alive(step):
+            os.kill(step, signal.SIGKILL)

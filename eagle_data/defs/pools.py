@@ -7,6 +7,8 @@ later generation step on that engine would wait for ever (Dagster logs the wait 
   steps waits for a slot, logs at INFO which run holds it and re-checks that run every few seconds;
 - a multiprocess step of generation dies with its run worker (`procs.die_with`), so a killed run
   stops paying for requests nobody would record, and "the run worker is gone" means "the run is gone";
+- that executor starts step processes from a forkserver that imported Dagster and eagle_data's wiring
+  once (STEP_PRELOAD), not as fresh interpreters that each import them;
 - the `dead_run_reaper` sensor does the same release on the daemon's schedule, for slots nobody waits for yet.
 A released run is marked failed, with a WARNING that names it. Runs recorded on another host are left to
 Dagster's run monitoring (run launchers that can check their workers, e.g. Kubernetes).
