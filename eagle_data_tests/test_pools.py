@@ -188,3 +188,41 @@ def test_a_step_tied_to_its_run_worker_dies_with_it(tmp_path: Path, start_method
         worker.wait()
         if step and _alive(step):
             os.kill(step, signal.SIGKILL)
+
+
+@dg.op
+def _nothing() -> None:
+    pass
+
+
+@dg.job
+def _one_step() -> None:
+    _nothing()
+
+
+DEFAULT = {"multiprocess": {"max_concurrent": None}}
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        DEFAULT,
+        {"multiprocess": {"start_method": {"spawn": {}}}},
+        {"multiprocess": {"start_method": {"forkserver": {"preload_modules": ["x"]}}}},
+        {"in_process": {}},
+    ],
+)
+def test_steps_start_from_a_preloaded_forkserver_unless_the_run_config_says_otherwise(given: dict):
+    from eagle_data.defs.pools import STEP_PRELOAD, _forkserver_by_default, pool_watch_executor
+
+    with dg.instance_for_test() as instance:
+        context = dg.InitExecutorContext(dg.reconstructable(_one_step), pool_watch_executor, given, instance)
+        config = _forkserver_by_default(context).executor_config
+    if given is not DEFAULT:
+        assert config == given
+        return
+    assert config["multiprocess"]["max_concurrent"] is None
+    preload = config["multiprocess"]["start_method"]["forkserver"]["preload_modules"]
+    assert preload[: len(STEP_PRELOAD)] == list(STEP_PRELOAD)
+    assert "dagster._core.storage.sqlite_storage" in preload  # the instance's storage, as the step builds it
+    assert not {"eagle_data.definitions", "torch", "transformers"} & set(preload)
