@@ -56,7 +56,8 @@ def die_with(worker_pid: int) -> bool:
     (multiprocessing's spawn): the kernel signals this process when its parent exits (PDEATHSIG). Or it is
     the parent of this process's parent, a forkserver: a forkserver outlives the process that started it as
     long as any process it forked lives (each holds its "alive" pipe open), so a thread here waits for the
-    worker itself. Returns whether the tie is in place; exits at once if the parent is already gone."""
+    worker itself. Returns whether the tie is in place: not when the worker is gone already (the caller
+    checks), except that a spawned process whose parent died during the tie exits at once."""
     if sys.platform != "linux":
         return False
     parent = os.getppid()

@@ -16,10 +16,11 @@ Dagster's run monitoring (run launchers that can check their workers, e.g. Kuber
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import pkgutil
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
 import dagster as dg
@@ -160,8 +161,10 @@ def _forkserver_by_default(init_context: dg.InitExecutorContext) -> dg.InitExecu
     (or runs in process)."""
     config, instance = init_context.executor_config, init_context.instance
     multiprocess = config.get("multiprocess")
-    if not isinstance(multiprocess, dict) or multiprocess.get("start_method") or not instance.is_persistent:
+    if not isinstance(multiprocess, Mapping) or multiprocess.get("start_method") or not instance.is_persistent:
         return init_context  # steps in separate processes need a persistent instance: Dagster says so itself
+    if "forkserver" not in multiprocessing.get_all_start_methods():  # Windows
+        return init_context
     ref = instance.get_ref()  # the step process builds this instance's storage classes
     storage = [data.module_name for data in (ref.storage_data, ref.compute_logs_data) if data is not None]
     preload = {"preload_modules": [*STEP_PRELOAD, *storage]}
