@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import ctypes
 import os
+import select
 import signal
 import socket
 import sys
+import threading
 from enum import Enum
 from pathlib import Path
 
@@ -44,22 +46,54 @@ def liveness(worker: str) -> Liveness:
 
 
 def _zombie(pid: int) -> bool:
+    stat = _stat(pid)
+    return stat is not None and stat[0] == "Z"  # no procfs (macOS): trust kill(0)
+
+
+def die_with(worker_pid: int) -> bool:
+    """End this process with a SIGKILL when `worker_pid` dies (Linux only), so a process whose orchestrator
+    was killed stops paying for requests nobody will record. `worker_pid` is this process's parent
+    (multiprocessing's spawn): the kernel signals this process when its parent exits (PDEATHSIG). Or it is
+    the parent of this process's parent, a forkserver: a forkserver outlives the process that started it as
+    long as any process it forked lives (each holds its "alive" pipe open), so a thread here waits for the
+    worker itself. Returns whether the tie is in place: not when the worker is gone already (the caller
+    checks), except that a spawned process whose parent died during the tie exits at once."""
+    if sys.platform != "linux":
+        return False
+    parent = os.getppid()
+    if parent == worker_pid:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            return False
+        if os.getppid() != parent:  # died between the check and the prctl call
+            os.kill(os.getpid(), signal.SIGKILL)
+        return True
+    if _parent(parent) != worker_pid:
+        return False
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:  # no procfs (macOS): trust kill(0)
+        worker = os.pidfd_open(worker_pid)
+    except OSError:  # gone already, or a kernel before 5.3
         return False
-    return stat.rpartition(")")[2].split()[0] == "Z"
-
-
-def die_with_parent(parent_pid: int) -> bool:
-    """Ask the kernel to SIGKILL this process when `parent_pid`, its parent, dies (Linux only), so a
-    worker whose orchestrator was killed stops paying for requests nobody will record. Returns whether
-    the tie is in place; exits at once if the parent is already gone."""
-    if sys.platform != "linux" or os.getppid() != parent_pid:
+    if _parent(parent) != worker_pid:  # it died before the open: its pid may name another process now
+        os.close(worker)
         return False
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-        return False
-    if os.getppid() != parent_pid:  # died between the check and the prctl call
-        os.kill(os.getpid(), signal.SIGKILL)
+    threading.Thread(target=_kill_self_on_exit, args=(worker,), name="die_with", daemon=True).start()
     return True
+
+
+def _kill_self_on_exit(pidfd: int) -> None:
+    select.select([pidfd], [], [])  # a process's pidfd turns readable when it exits
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _parent(pid: int) -> int | None:
+    stat = _stat(pid)
+    return int(stat[1]) if stat else None
+
+
+def _stat(pid: int) -> list[str] | None:
+    """The fields of /proc/<pid>/stat after the command name (state, parent, ...), or None without one."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -21,17 +22,18 @@ SLOT_WAIT_S = 30.0  # the issue asks for 10 s; the margin is for process start-u
 
 
 def _step_processes(pid: int) -> list[int]:
-    """The multiprocess executor's step processes started by `pid` (from /proc)."""
-    found = []
+    """The multiprocess executor's step processes under run worker `pid` (from /proc): the children of its
+    forkserver (the project's default start method), or its own spawned children (`start_method: spawn`)."""
+    parents, commands = {}, {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            parent = int(stat.read_text().rpartition(")")[2].split()[1])
-            command = (stat.parent / "cmdline").read_bytes()
+            parents[int(stat.parent.name)] = int(stat.read_text().rpartition(")")[2].split()[1])
+            commands[int(stat.parent.name)] = (stat.parent / "cmdline").read_bytes()
         except OSError:
             continue
-        if parent == pid and b"spawn_main" in command:
-            found.append(int(stat.parent.name))
-    return found
+    forkservers = {p for p, parent in parents.items() if parent == pid and b"forkserver" in commands[p]}
+    return [p for p, parent in parents.items()
+            if parent in forkservers or (parent == pid and b"spawn_main" in commands[p])]  # fmt: skip
 
 
 def _alive(pid: int) -> bool:
@@ -148,3 +150,79 @@ def test_the_run_worker_tag_is_hidden_from_the_ui():
     from eagle_data.defs.pools import WORKER_TAG
 
     assert get_tag_type(WORKER_TAG) == TagType.HIDDEN
+
+
+WORKER = """
+import multiprocessing, os, sys, time
+from eagle_data.procs import die_with
+
+def step(worker: int) -> None:
+    print(os.getpid(), die_with(worker), flush=True)
+    time.sleep(60)
+
+if __name__ == "__main__":
+    context = multiprocessing.get_context(sys.argv[1])
+    context.Process(target=step, args=(os.getpid(),)).start()
+    time.sleep(60)
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="PDEATHSIG and /proc (Linux)")
+@pytest.mark.parametrize("start_method", ["forkserver", "spawn"])
+def test_a_step_tied_to_its_run_worker_dies_with_it(tmp_path: Path, start_method: str):
+    """Under forkserver a step's parent is the forkserver, which outlives a SIGKILLed worker while the step lives."""
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    worker = subprocess.Popen([sys.executable, str(script), start_method], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+    step = 0
+    try:
+        pid, tied = worker.stdout.readline().split()
+        step = int(pid)
+        assert tied == "True"
+        worker.kill()  # SIGKILL: no cleanup
+        worker.wait()
+        _wait_for(lambda: not _alive(step), 5, "the step to die with its run worker")
+    finally:
+        worker.kill()
+        worker.wait()
+        if step and _alive(step):
+            os.kill(step, signal.SIGKILL)
+
+
+@dg.op
+def _nothing() -> None:
+    pass
+
+
+@dg.job
+def _one_step() -> None:
+    _nothing()
+
+
+DEFAULT = {"multiprocess": {"max_concurrent": None}}
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        DEFAULT,
+        {"multiprocess": {"start_method": {"spawn": {}}}},
+        {"multiprocess": {"start_method": {"forkserver": {"preload_modules": ["x"]}}}},
+        {"in_process": {}},
+    ],
+)
+def test_steps_start_from_a_preloaded_forkserver_unless_the_run_config_says_otherwise(given: dict):
+    from eagle_data.defs.pools import STEP_PRELOAD, _forkserver_by_default, pool_watch_executor
+
+    with dg.instance_for_test() as instance:
+        context = dg.InitExecutorContext(dg.reconstructable(_one_step), pool_watch_executor, given, instance)
+        config = _forkserver_by_default(context).executor_config
+    if given is not DEFAULT:
+        assert config == given
+        return
+    assert config["multiprocess"]["max_concurrent"] is None
+    preload = config["multiprocess"]["start_method"]["forkserver"]["preload_modules"]
+    assert preload[: len(STEP_PRELOAD)] == list(STEP_PRELOAD)
+    assert "dagster._core.storage.sqlite_storage" in preload  # the instance's storage, as the step builds it
+    assert not {"eagle_data.definitions", "torch", "transformers"} & set(preload)

@@ -5,8 +5,10 @@ later generation step on that engine would wait for ever (Dagster logs the wait 
 - the executor of every job records its run worker (`host:pid`) as a hidden run tag (WORKER_TAG),
   releases slots held by runs whose worker is gone before its own steps claim any, and, while one of its
   steps waits for a slot, logs at INFO which run holds it and re-checks that run every few seconds;
-- a multiprocess step of generation dies with its run worker (`procs.die_with_parent`), so a killed run
+- a multiprocess step of generation dies with its run worker (`procs.die_with`), so a killed run
   stops paying for requests nobody would record, and "the run worker is gone" means "the run is gone";
+- that executor starts step processes from a forkserver that imported Dagster and eagle_data's wiring
+  once (STEP_PRELOAD), not as fresh interpreters that each import them;
 - the `dead_run_reaper` sensor does the same release on the daemon's schedule, for slots nobody waits for yet.
 A released run is marked failed, with a WARNING that names it. Runs recorded on another host are left to
 Dagster's run monitoring (run launchers that can check their workers, e.g. Kubernetes).
@@ -14,14 +16,18 @@ Dagster's run monitoring (run launchers that can check their workers, e.g. Kuber
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+import pkgutil
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
 import dagster as dg
 
-from eagle_data.procs import Liveness, die_with_parent, liveness, worker_id
+import eagle_data.defs
+from eagle_data import engines
+from eagle_data.procs import Liveness, die_with, liveness, worker_id
 
 if TYPE_CHECKING:
     from eagle_data.defs.instance import ExecutionPlan, PlanOrchestrationContext, RetryMode
@@ -71,7 +77,7 @@ def _gone(run: dg.DagsterRun | None) -> str | None:
 
 
 def holders_line(instance: dg.DagsterInstance, pool: str, run_id: str) -> str | None:
-    """"step S waits for pool P: held by run R (step T, worker W)" while a step of `run_id` waits, else None."""
+    """ "step S waits for pool P: held by run R (step T, worker W)" while a step of `run_id` waits, else None."""
     info = instance.event_log_storage.get_concurrency_info(pool)
     waiting = [p.step_key for p in info.pending_steps if p.run_id == run_id and p.assigned_timestamp is None]
     if not waiting:
@@ -128,10 +134,43 @@ class PoolWatchExecutor(dg.Executor):
                     told[pool] = line
 
 
+# What a step process imports before its first line of work, measured with `python -X importtime` (about
+# 1.3 CPU-s a step when each step was a fresh `spawn` interpreter). The forkserver imports these once per run
+# and forks every step from itself. Only imports without side effects belong here: an error other than
+# ImportError kills the forkserver, so not `eagle_data.definitions` (its import reads the catalog and the
+# environment and builds the definitions: each step still does that itself), and nothing that loads torch
+# (a fork must not share its state, CUDA above all). Polars starts allocator threads at import; a fork is
+# safe from them (polars and jemalloc register fork handlers) and its thread pool starts at a first query.
+# A name a later Dagster moves is skipped by the forkserver (ImportError): that costs time, not correctness.
+STEP_PRELOAD = (
+    "dagster._cli.api",  # the step's entry point in Dagster's child process
+    "upath.implementations.local",  # the instance's defs-state storage
+    *(f"eagle_data.defs.{module.name}" for module in pkgutil.iter_modules(eagle_data.defs.__path__)),
+    *engines.BUILTIN_MODULES,
+)
+
+
 def _create(init_context: dg.InitExecutorContext) -> dg.Executor:
     creation_fn = dg.multi_or_in_process_executor.executor_creation_fn
     assert creation_fn is not None
-    return PoolWatchExecutor(creation_fn(init_context))
+    return PoolWatchExecutor(creation_fn(_forkserver_by_default(init_context)))
+
+
+def _forkserver_by_default(init_context: dg.InitExecutorContext) -> dg.InitExecutorContext:
+    """Start steps from a forkserver preloaded with STEP_PRELOAD, unless the run config names a start method
+    (or runs in process)."""
+    config, instance = init_context.executor_config, init_context.instance
+    multiprocess = config.get("multiprocess")
+    if not isinstance(multiprocess, Mapping) or multiprocess.get("start_method") or not instance.is_persistent:
+        return init_context  # steps in separate processes need a persistent instance: Dagster says so itself
+    if "forkserver" not in multiprocessing.get_all_start_methods():  # Windows
+        return init_context
+    ref = instance.get_ref()  # the step process builds this instance's storage classes
+    storage = [data.module_name for data in (ref.storage_data, ref.compute_logs_data) if data is not None]
+    preload = {"preload_modules": [*STEP_PRELOAD, *storage]}
+    return init_context._replace(
+        executor_config={**config, "multiprocess": {**multiprocess, "start_method": {"forkserver": preload}}}
+    )
 
 
 pool_watch_executor = dg.ExecutorDefinition(
@@ -152,10 +191,11 @@ def tie_to_run_worker(context: dg.AssetExecutionContext) -> None:
     if not pid.isdigit() or int(pid) == os.getpid():
         return
     state = liveness(worker)
+    if state is Liveness.ALIVE:
+        die_with(int(pid))
+        state = liveness(worker)  # it may have died before the tie took hold: then nothing would end this step
     if state is Liveness.GONE:
         raise dg.Failure(f"run worker {worker} is gone (the run was killed): this step stops; re-run to resume")
-    if state is Liveness.ALIVE:
-        die_with_parent(int(pid))
 
 
 def dead_run_reaper() -> dg.SensorDefinition:
