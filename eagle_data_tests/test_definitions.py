@@ -18,6 +18,7 @@ from eagle_data.defs.resources import EngineResource, S3ClientResource, StorageR
 from eagle_data.quality import KEPT
 from eagle_data.storage import ShardStore
 from eagle_data_tests.conftest import materialize_cli
+from eagle_data_tests.servers.openai_fake import FakeOpenAI, Faults
 
 DATASETS = ["b3_magicoder", "b4_mixturethoughts", "b5_openthoughts", "b6_ultrachat", "b7_sharegpt", "b8_perfectblend"]
 GENERATION_COLUMNS = {
@@ -93,27 +94,33 @@ def test_cli_materializes_a_partition_range_in_one_run(demo_env: dict[str, str],
     assert written == ["00001.parquet", "00002.parquet", "00003.parquet"]
 
 
-def _materialize_b3(storage: StorageResource, model: Path) -> pl.DataFrame:
+def _materialize_b3(storage: StorageResource) -> pl.DataFrame:
     spec = load_catalog(profile="demo")["b3_magicoder"]
     result = dg.materialize(
         build_dataset_assets(spec),
         selection=dg.AssetSelection.all() - dg.AssetSelection.assets("b3_magicoder_estimate"),
         partition_key="00000",
-        resources={"storage": storage, "engine": EngineResource(kind="local", model=str(model))},
+        resources={"storage": storage, "engine": EngineResource(kind="openai", model="m", api_key_env="")},
         instance=dg.DagsterInstance.ephemeral(),
     )
     assert result.success
     return storage.store().read_shard("b3_magicoder", "b3_magicoder_validated", "00000")
 
 
-def test_s3_run_gives_the_same_rows_as_the_local_run(tmp_path: Path, demo_model: Path, s3_endpoint: str,
-                                                     s3_bucket: str, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setenv("EAGLE_DATA_ENGINE", "local")  # the generation asset's pool is the environment's engine
-    monkeypatch.setenv("EAGLE_DATA_DEMO_MODEL", str(demo_model))  # generates as the demo model does (one thread)
-    local = _materialize_b3(StorageResource(root=str(tmp_path / "local")), demo_model)
-    s3 = _materialize_b3(
-        StorageResource(root=f"s3://{s3_bucket}/eagle", s3=S3ClientResource(endpoint_url=s3_endpoint)), demo_model
-    )
+def test_s3_run_gives_the_same_rows_as_the_local_run(
+    tmp_path: Path, s3_endpoint: str, s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+):
+    """Replies from the fake server (the same for the same prompt), so both runs answer alike in a second."""
+    server = FakeOpenAI(Faults(reply_tokens=(20, 90)))  # long enough for the demo profile's gates
+    server.start()
+    monkeypatch.setenv("EAGLE_DATA_ENGINE", "openai")  # the generation asset's pool is the environment's engine
+    monkeypatch.setenv("EAGLE_DATA_BASE_URL", f"http://127.0.0.1:{server.port}/v1")
+    try:
+        local = _materialize_b3(StorageResource(root=str(tmp_path / "local")))
+        s3_client = S3ClientResource(endpoint_url=s3_endpoint)
+        s3 = _materialize_b3(StorageResource(root=f"s3://{s3_bucket}/eagle", s3=s3_client))
+    finally:
+        server.stop()
     stable = [c for c in local.columns if c not in ("latency_s", "finished_at")]
     assert local.height == 10
     assert local.select(stable).equals(s3.select(stable))
