@@ -153,27 +153,31 @@ def test_the_run_worker_tag_is_hidden_from_the_ui():
 
 
 WORKER = """
-import multiprocessing, os, sys, time
+import errno, multiprocessing, os, sys, time
 from eagle_data.procs import die_with
 
-def step(worker: int) -> None:
+def step(worker: int, pidfd: bool) -> None:
+    if not pidfd:  # as on a kernel before 5.3
+        def pidfd_open(pid: int) -> int:
+            raise OSError(errno.ENOSYS, "pidfd_open")
+        os.pidfd_open = pidfd_open
     print(os.getpid(), die_with(worker), flush=True)
     time.sleep(60)
 
 if __name__ == "__main__":
     context = multiprocessing.get_context(sys.argv[1])
-    context.Process(target=step, args=(os.getpid(),)).start()
+    context.Process(target=step, args=(os.getpid(), sys.argv[2] == "pidfd")).start()
     time.sleep(60)
 """
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="PDEATHSIG and /proc (Linux)")
-@pytest.mark.parametrize("start_method", ["forkserver", "spawn"])
-def test_a_step_tied_to_its_run_worker_dies_with_it(tmp_path: Path, start_method: str):
+@pytest.mark.parametrize("start_method,pidfd", [("forkserver", "pidfd"), ("forkserver", "no-pidfd"), ("spawn", "")])
+def test_a_step_tied_to_its_run_worker_dies_with_it(tmp_path: Path, start_method: str, pidfd: str):
     """Under forkserver a step's parent is the forkserver, which outlives a SIGKILLed worker while the step lives."""
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
-    worker = subprocess.Popen([sys.executable, str(script), start_method], stdout=subprocess.PIPE, text=True,
+    worker = subprocess.Popen([sys.executable, str(script), start_method, pidfd], stdout=subprocess.PIPE, text=True,
                               env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
     step = 0
     try:
