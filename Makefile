@@ -19,7 +19,7 @@ demo: setup
 
 test: setup
 	$(VENV)/bin/ruff check eagle_data eagle_data_tests benchmarks
-	# Two workers on two cores: most slow tests wait on subprocesses and servers. The 15 slowest are listed.
+	# Two workers on two cores: the suite is CPU-bound (a third worker made it slower). The 15 slowest are listed.
 	# Files go out in collection order, long ones first (conftest.py); xdist would sort them by test count.
 	$(VENV)/bin/pytest -q -n auto --maxprocesses 4 --dist loadfile --no-loadscope-reorder --durations=15
 
