@@ -8,9 +8,7 @@ nothing here can tell, and callers must leave such a worker alone.
 from __future__ import annotations
 
 import ctypes
-import errno
 import os
-import select
 import signal
 import socket
 import sys
@@ -20,6 +18,7 @@ from enum import Enum
 from pathlib import Path
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
+WATCH_S = 0.25  # how often a forkserver step checks that its run worker lives (one /proc read)
 
 
 class Liveness(Enum):
@@ -57,10 +56,10 @@ def die_with(worker_pid: int) -> bool:
     was killed stops paying for requests nobody will record. `worker_pid` is this process's parent
     (multiprocessing's spawn): the kernel signals this process when its parent exits (PDEATHSIG). Or it is
     the parent of this process's parent, a forkserver: a forkserver outlives the process that started it as
-    long as any process it forked lives (each holds its "alive" pipe open), so a thread here waits for the
-    worker itself (its pidfd; before Linux 5.3, the forkserver's re-parenting). Returns whether the tie is
-    in place: not when the worker is gone already (the caller checks), except that a spawned process whose
-    parent died during the tie exits at once."""
+    long as any process it forked lives (each holds its "alive" pipe open), so a thread here watches the
+    forkserver: when the worker dies it is re-parented. Returns whether the tie is in place: not when the
+    worker is gone already (the caller checks), except that a spawned process whose parent died during the
+    tie exits at once."""
     if sys.platform != "linux":
         return False
     parent = os.getppid()
@@ -73,27 +72,13 @@ def die_with(worker_pid: int) -> bool:
         return True
     if _parent(parent) != worker_pid:
         return False
-    try:
-        worker: int | None = os.pidfd_open(worker_pid)
-    except OSError as exc:
-        if exc.errno != errno.ENOSYS:
-            return False  # gone already
-        worker = None  # a kernel before 5.3: the thread watches the forkserver's parent instead
-    if _parent(parent) != worker_pid:  # it died before the open: its pid may name another process now
-        if worker is not None:
-            os.close(worker)
-        return False
-    watch = threading.Thread(target=_kill_self_on_exit, args=(worker, parent, worker_pid), name="die_with", daemon=True)
-    watch.start()
+    threading.Thread(target=_kill_self_when_orphaned, args=(parent, worker_pid), name="die_with", daemon=True).start()
     return True
 
 
-def _kill_self_on_exit(pidfd: int | None, forkserver: int, worker_pid: int) -> None:
-    if pidfd is not None:
-        select.select([pidfd], [], [])  # a process's pidfd turns readable when it exits
-    else:
-        while _parent(forkserver) == worker_pid:  # a dead worker's children are re-parented
-            time.sleep(0.5)
+def _kill_self_when_orphaned(forkserver: int, worker_pid: int) -> None:
+    while _parent(forkserver) == worker_pid:  # a dead worker's children are re-parented (or the server is gone)
+        time.sleep(WATCH_S)
     os.kill(os.getpid(), signal.SIGKILL)
 
 

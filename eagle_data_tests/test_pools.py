@@ -22,8 +22,8 @@ SLOT_WAIT_S = 30.0  # the issue asks for 10 s; the margin is for process start-u
 
 
 def _step_processes(pid: int) -> list[int]:
-    """The multiprocess executor's step processes under run worker `pid` (from /proc): the children of its
-    forkserver (the project's default start method), or its own spawned children (`start_method: spawn`)."""
+    """The step processes under run worker `pid` (from /proc): the children of its forkserver, which the
+    project's executor starts steps from by default."""
     parents, commands = {}, {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
@@ -32,8 +32,7 @@ def _step_processes(pid: int) -> list[int]:
         except OSError:
             continue
     forkservers = {p for p, parent in parents.items() if parent == pid and b"forkserver" in commands[p]}
-    return [p for p, parent in parents.items()
-            if parent in forkservers or (parent == pid and b"spawn_main" in commands[p])]  # fmt: skip
+    return [p for p, parent in parents.items() if parent in forkservers]
 
 
 def _alive(pid: int) -> bool:
@@ -76,7 +75,7 @@ def test_sigkilled_cli_run_does_not_block_the_next_one(tmp_path: Path):
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
         _wait_for(lambda: _durable_turns(tmp_path / "out") >= 3, 240, "the first run's answers to be durable")
         workers = _step_processes(first.pid)
-        assert workers
+        assert workers  # the CLI's steps run in processes forked by the run worker's forkserver
         first.kill()  # SIGKILL: no cleanup, no daemon
         first.wait()
         deadline = time.monotonic() + 5  # a step tied to its run worker ends at once; 5 s: a loaded machine
@@ -153,31 +152,27 @@ def test_the_run_worker_tag_is_hidden_from_the_ui():
 
 
 WORKER = """
-import errno, multiprocessing, os, sys, time
+import multiprocessing, os, sys, time
 from eagle_data.procs import die_with
 
-def step(worker: int, pidfd: bool) -> None:
-    if not pidfd:  # as on a kernel before 5.3
-        def pidfd_open(pid: int) -> int:
-            raise OSError(errno.ENOSYS, "pidfd_open")
-        os.pidfd_open = pidfd_open
+def step(worker: int) -> None:
     print(os.getpid(), die_with(worker), flush=True)
     time.sleep(60)
 
 if __name__ == "__main__":
     context = multiprocessing.get_context(sys.argv[1])
-    context.Process(target=step, args=(os.getpid(), sys.argv[2] == "pidfd")).start()
+    context.Process(target=step, args=(os.getpid(),)).start()
     time.sleep(60)
 """
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="PDEATHSIG and /proc (Linux)")
-@pytest.mark.parametrize("start_method,pidfd", [("forkserver", "pidfd"), ("forkserver", "no-pidfd"), ("spawn", "")])
-def test_a_step_tied_to_its_run_worker_dies_with_it(tmp_path: Path, start_method: str, pidfd: str):
+@pytest.mark.parametrize("start_method", ["forkserver", "spawn"])
+def test_a_step_tied_to_its_run_worker_dies_with_it(tmp_path: Path, start_method: str):
     """Under forkserver a step's parent is the forkserver, which outlives a SIGKILLed worker while the step lives."""
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
-    worker = subprocess.Popen([sys.executable, str(script), start_method, pidfd], stdout=subprocess.PIPE, text=True,
+    worker = subprocess.Popen([sys.executable, str(script), start_method], stdout=subprocess.PIPE, text=True,
                               env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
     step = 0
     try:
@@ -216,7 +211,7 @@ DEFAULT = {"multiprocess": {"max_concurrent": None}}
         {"in_process": {}},
     ],
 )
-def test_steps_start_from_a_preloaded_forkserver_unless_the_run_config_says_otherwise(given: dict):
+def test_the_executor_config_defaults_to_a_preloaded_forkserver_unless_the_run_config_says_otherwise(given: dict):
     from eagle_data.defs.pools import STEP_PRELOAD, _forkserver_by_default, pool_watch_executor
 
     with dg.instance_for_test() as instance:

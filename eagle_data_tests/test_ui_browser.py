@@ -129,12 +129,13 @@ def wait_for_run(browser: WebDriver, base_url: str, timeout_s: float = 600) -> s
     run_id = run_page.split("/runs/")[1].split("?")[0].strip("/")
     browser.get("about:blank")
     deadline = time.monotonic() + timeout_s
-    while run_status(base_url, run_id) not in ("SUCCESS", "FAILURE", "CANCELED") and time.monotonic() < deadline:
+    while (status := run_status(base_url, run_id)) not in ("SUCCESS", "FAILURE", "CANCELED"):
+        assert time.monotonic() < deadline, f"run {run_id} still {status} after {timeout_s:.0f} s"
         time.sleep(2)
     browser.get(run_page)
-    status = "//*[normalize-space(text())='Success' or normalize-space(text())='Failure' or " \
-             "normalize-space(text())='Canceled']"
-    return wait.until(ec.visibility_of_element_located((By.XPATH, status))).text
+    shown = "//*[normalize-space(text())='Success' or normalize-space(text())='Failure' or " \
+            "normalize-space(text())='Canceled']"
+    return wait.until(ec.visibility_of_element_located((By.XPATH, shown))).text
 
 
 @pytest.mark.timeout(1500)  # bounds a loaded machine: one run took over 5 min at load 20 on 2 cores
