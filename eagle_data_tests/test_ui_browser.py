@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.by import By
@@ -105,8 +106,21 @@ def browser(tmp_path: Path) -> Iterator[WebDriver]:
         driver.quit()
 
 
+def waiting(browser: WebDriver, timeout_s: float = 60) -> WebDriverWait:
+    """A wait that looks again when React re-renders the element it found (stale on a busy machine)."""
+    return WebDriverWait(browser, timeout_s, ignored_exceptions=(StaleElementReferenceException,))
+
+
 def click(wait: WebDriverWait, xpath: str) -> None:
-    wait.until(ec.element_to_be_clickable((By.XPATH, xpath))).click()
+    """Find and click in one attempt, again until the wait ends: the element found may be replaced before the click."""
+
+    def clicked(driver: WebDriver) -> bool:
+        element = ec.element_to_be_clickable((By.XPATH, xpath))(driver)
+        if element:
+            element.click()
+        return bool(element)
+
+    wait.until(clicked)
 
 
 def run_status(base_url: str, run_id: str) -> str:
@@ -122,7 +136,7 @@ def wait_for_run(browser: WebDriver, base_url: str, timeout_s: float = 600) -> s
     """Follow the "Launched run" toast to the run page and, once the run has ended, the status that page shows.
     The wait itself asks the webserver's API on a blank tab: a live run page keeps Chromium's renderer busy at
     about 0.7 of a core, which the run's own steps need on a 2-core machine."""
-    wait = WebDriverWait(browser, 60)
+    wait = waiting(browser)
     click(wait, "//*[contains(text(), 'Launched run')]/following::*[normalize-space(text())='View'][1]")
     wait.until(ec.url_contains("/runs/"))
     run_page = browser.current_url
@@ -142,7 +156,7 @@ def wait_for_run(browser: WebDriver, base_url: str, timeout_s: float = 600) -> s
 def test_ui_materializes_a_b7_partition_reruns_its_checks_and_opens_the_report(
     dagster_dev: str, browser: WebDriver, tmp_path: Path
 ):
-    wait = WebDriverWait(browser, 60)
+    wait = waiting(browser)
     browser.get(f"{dagster_dev}/asset-groups")
     for group in DATASETS:  # each group shows twice: in the sidebar tree and as a node of the graph
         wait.until(lambda d, g=group: len(d.find_elements(By.XPATH, f"//*[normalize-space(text())='{g}']")) >= 2)
