@@ -102,13 +102,15 @@ def routers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Routers]:
         yield Routers(fleet_url, mixed_url, empty_url, workers, wrong, answers)
 
 
-def engine(url: str):
-    return make_engine("sglang", urls=(url,), model=MODEL, codec=qwen_codec(), max_new_tokens=80, reprobe_s=0.2)
+def engine(url: str, **options: object):
+    """The native path (token ids) by default; a probe alone takes the chat path, which needs no tokenizer."""
+    codec = None if options.get("mode") == "chat" else qwen_codec()
+    return make_engine("sglang", urls=(url,), model=MODEL, codec=codec, max_new_tokens=80, reprobe_s=0.2, **options)
 
 
 def check(url: str) -> str:
     async def run() -> str:
-        eng = engine(url)
+        eng = engine(url, mode="chat")
         try:
             return await eng.check()
         finally:
@@ -156,7 +158,7 @@ def test_a_url_answering_html_is_one_line_naming_it_before_any_request() -> None
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
         url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
-        eng = engine(url)
+        eng = engine(url, mode="chat")
         try:
             with pytest.raises(FatalError) as err:
                 await eng.check()

@@ -88,11 +88,10 @@ async def _first_json(
     session: aiohttp.ClientSession, url: str, paths: tuple[str, ...], timeout: aiohttp.ClientTimeout
 ) -> dict[str, Any]:
     """The JSON object of the first of `paths` that is not 404 (newer names first)."""
-    for path in paths:
-        body = await _json(session, url, path, timeout, missing_ok=path != paths[-1])
-        if body is not None:
+    for path in paths[:-1]:
+        if (body := await _json(session, url, path, timeout, missing_ok=True)) is not None:
             return body
-    raise AssertionError("unreachable: the last path never answers None")
+    return await _json(session, url, paths[-1], timeout)
 
 
 async def _json(
