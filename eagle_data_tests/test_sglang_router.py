@@ -174,7 +174,7 @@ def test_a_url_answering_html_is_one_line_naming_it_before_any_request() -> None
 def test_a_dataset_through_the_router_with_one_worker_killed_loses_nothing_and_pays_nothing_twice(
     routers: Routers, tmp_path: Path
 ) -> None:
-    assert check(routers.fleet).startswith("SGLang: 1/1 servers up")  # the router is one server here
+    assert check(routers.fleet).startswith("SGLang: 1/1 servers up (2 healthy workers behind sglang-router)")
     spec = spec_for_tests(breaker=Breaker(enabled=False))
     shards = prompt_shards(2, 20, turns=2)
     victim = routers.workers.servers[1]

@@ -171,7 +171,9 @@ class SGLangEngine(Engine):
     async def check(self) -> str:
         await self.start()
         stats = self.stats()
-        return f"SGLang: {stats['servers_up']}/{stats['servers']} servers up, serving {self.settings.model}"
+        workers = sum(int(s.info.get("workers") or 0) for s in self.servers if s.up and s.info.get("router"))
+        behind = f" ({workers} healthy workers behind sglang-router)" if workers else ""
+        return f"SGLang: {stats['servers_up']}/{stats['servers']} servers up{behind}, serving {self.settings.model}"
 
     async def complete(
         self, messages: list[Message], *, prompt_id: str, sampling: Sampling | None = None
