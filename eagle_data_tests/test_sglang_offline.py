@@ -74,6 +74,7 @@ def local(demo_model: Path) -> Any:
 def test_the_local_kind_runs_sglangs_offline_engine_on_a_gpu_box(gpu_box: type[FakeEngine], demo_model: Path):
     engine = local(demo_model)
     assert isinstance(engine, SGLangLocalEngine) and PROVIDER in engine.describe()
+    assert "SGLang's offline engine" in asyncio.run(engine.check())
     done = asyncio.run(engine.complete(CHAT, prompt_id="p1"))
     (sglang,) = gpu_box.built
     assert sglang.kwargs["model_path"] == str(demo_model.resolve()) and sglang.kwargs["skip_tokenizer_init"]

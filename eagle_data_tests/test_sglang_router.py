@@ -25,6 +25,7 @@ from aiohttp import web
 from eagle_data.catalog import Breaker
 from eagle_data.engines import make_engine
 from eagle_data.engines.launcher import LaunchConfig, Launcher
+from eagle_data.engines.sglang import SGLangEngine
 from eagle_data.runner import RunnerSettings, run_generation
 from eagle_data.storage import ShardStore
 from eagle_data.types import FatalError
@@ -102,7 +103,7 @@ def routers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Routers]:
         yield Routers(fleet_url, mixed_url, empty_url, workers, wrong, answers)
 
 
-def engine(url: str, **options: object):
+def engine(url: str, **options: object) -> SGLangEngine:
     """The native path (token ids) by default; a probe alone takes the chat path, which needs no tokenizer."""
     codec = None if options.get("mode") == "chat" else qwen_codec()
     return make_engine("sglang", urls=(url,), model=MODEL, codec=codec, max_new_tokens=80, reprobe_s=0.2, **options)

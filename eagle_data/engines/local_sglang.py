@@ -119,7 +119,8 @@ class SGLangLocalEngine(Engine):
 
     async def check(self) -> str:
         await asyncio.to_thread(_runtime, self.model_path)
-        return f"local engine: {self.model_path} in SGLang's offline engine on the GPU"
+        note = f" ({DEMO_NOTE}: its text is meaningless)" if self.demo else ""
+        return f"local engine: {self.model_path}{note} in SGLang's offline engine on the GPU"
 
     async def complete(
         self, messages: list[Message], *, prompt_id: str, sampling: Sampling | None = None
