@@ -2,7 +2,7 @@
 
 Endpoints as SGLang 0.5.23 serves them (`python/sglang/srt/entrypoints/http_server.py` of its wheel):
 `/generate` (input_ids -> output_ids + meta_info), `/v1/chat/completions` (with `reasoning_content`),
-`/health`, `/model_info` and `/server_info` with their deprecated aliases `/get_model_info` and
+`/health`, `/ready`, `/model_info` and `/server_info` with their deprecated aliases `/get_model_info` and
 `/get_server_info` (same bodies). `api="old"` is an SGLang from before the rename (the aliases only, the
 new names 404), `api="next"` one that removed the aliases as announced. `/server_info` carries one
 stand-in extra, `cuda_visible_devices`, so a launcher test sees which GPUs a server was given.
@@ -104,6 +104,7 @@ class FakeSGLang:
     def app(self) -> web.Application:
         app = web.Application()
         app.router.add_get("/health", self.health)
+        app.router.add_get("/ready", self.health)  # 0.5.23: whether it takes new requests
         for path in APIS[self.api]:
             app.router.add_get(path, self.model_info if "model" in path else self.server_info)
         app.router.add_post("/generate", self.generate)
