@@ -23,7 +23,7 @@ import pytest
 from aiohttp import web
 
 from eagle_data.catalog import Breaker
-from eagle_data.engines import make_engine
+from eagle_data.engines import EngineSettings, build_engine, make_engine
 from eagle_data.engines.launcher import LaunchConfig, Launcher
 from eagle_data.engines.sglang import SGLangEngine
 from eagle_data.runner import RunnerSettings, run_generation
@@ -31,7 +31,7 @@ from eagle_data.storage import ShardStore
 from eagle_data.types import FatalError
 from eagle_data_tests.servers.openai_fake import prompt_shards, spec_for_tests
 from eagle_data_tests.servers.sglang_fake import free_port_block
-from eagle_data_tests.test_sglang import FAKE, MODEL, REPO, qwen_codec
+from eagle_data_tests.test_sglang import FAKE, MODEL, REPO
 
 pytest.importorskip("sglang_router", reason="sglang-router is in the test extra: pip install -e '.[test]'")
 
@@ -103,15 +103,14 @@ def routers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Routers]:
         yield Routers(fleet_url, mixed_url, empty_url, workers, wrong, answers)
 
 
-def engine(url: str, **options: object) -> SGLangEngine:
-    """The native path (token ids) by default; a probe alone takes the chat path, which needs no tokenizer."""
-    codec = None if options.get("mode") == "chat" else qwen_codec()
-    return make_engine("sglang", urls=(url,), model=MODEL, codec=codec, max_new_tokens=80, reprobe_s=0.2, **options)
+def engine(url: str) -> SGLangEngine:
+    """For a probe alone: the chat path probes the same and needs no target tokenizer."""
+    return make_engine("sglang", urls=(url,), model=MODEL, mode="chat")
 
 
 def check(url: str) -> str:
     async def run() -> str:
-        eng = engine(url, mode="chat")
+        eng = engine(url)
         try:
             return await eng.check()
         finally:
@@ -159,7 +158,7 @@ def test_a_url_answering_html_is_one_line_naming_it_before_any_request() -> None
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
         url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
-        eng = engine(url, mode="chat")
+        eng = engine(url)
         try:
             with pytest.raises(FatalError) as err:
                 await eng.check()
@@ -189,8 +188,8 @@ def test_a_dataset_through_the_router_with_one_worker_killed_loses_nothing_and_p
     killer = threading.Thread(target=kill_mid_run)
     killer.start()
     try:
-        reports = run_generation(engine(routers.fleet), spec, shards, ShardStore(str(tmp_path)), settings=FAST,
-                                 log=lambda _: None)  # fmt: skip
+        kind = build_engine(EngineSettings(kind="sglang", model=MODEL, base_url=routers.fleet), spec)  # one URL
+        reports = run_generation(kind, spec, shards, ShardStore(str(tmp_path)), settings=FAST, log=lambda _: None)
     finally:
         stop.set()
         killer.join()
@@ -205,7 +204,7 @@ def test_a_dataset_through_the_router_with_one_worker_killed_loses_nothing_and_p
     for a in answers:
         sent.setdefault(prompt_of(a), []).append(a["output"])
     assert sorted(r["prompt_id"] for r in rows) == sorted(p for f in shards.values() for p in f["prompt_id"])
-    assert {r["status"] for r in rows} == {"ok"}  # 0 lost (80 tokens: no stand-in reply is cut)
+    assert {r["status"] for r in rows} == {"ok"}  # 0 lost (no stand-in reply reaches max_tokens)
     assert max(survivor.values()) == 1  # no turn answered twice by the live worker: nothing paid twice
     for row in rows:
         turns = [m["output_ids"] for m in row["messages"] if m["role"] == "assistant"]
