@@ -84,7 +84,7 @@ def test_launcher_starts_stand_ins_and_tears_them_down(tmp_path: Path) -> None:
     config = stand_in(tmp_path, gpu_ids=(3, 5))
     with Launcher(config) as launcher:
         groups = [s.process.pid for s in launcher.servers]
-        infos = [get_json(url + "/get_server_info") for url in launcher.urls]
+        infos = [get_json(url + "/server_info") for url in launcher.urls]
         assert all(group_alive(g) for g in groups)
     assert [i["cuda_visible_devices"] for i in infos] == ["3", "5"]
     assert [i["model_path"] for i in infos] == ["Qwen/Qwen3-8B"] * 2

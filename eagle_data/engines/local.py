@@ -173,19 +173,24 @@ def _to_completion(
 
 def make_local(
     *, model: str, device: str = "cpu", markers: ReasoningMarkers | None = THINK_TAGS, **generation: Any
-) -> LocalEngine:
+) -> Engine:
     """A local engine from keyword arguments: a checkpoint folder and the catalog's generation fields. The
-    demo checkpoint's folder (which only the demo profile fills in) is built on first use and reported as such."""
+    demo checkpoint's folder (which only the demo profile fills in) is built on first use and reported as such.
+    On a GPU machine with `sglang` installed it is SGLang's offline engine (`local_sglang`), else transformers."""
     from eagle_data.demo import demo_model_path, ensure_demo_model
+    from eagle_data.engines.local_sglang import SGLangLocalEngine, sglang_serves
 
     sampling = Generation(**{k: v for k, v in generation.items() if k in Generation.model_fields})
     path = Path(model).expanduser().resolve()
     demo = path == demo_model_path().resolve()
     checkpoint = ensure_demo_model(path) if demo else path
-    return LocalEngine(checkpoint, sampling, device=device, demo=demo, markers=markers)
+    engine = LocalEngine(checkpoint, sampling, device=device, demo=demo, markers=markers)  # checks the folder
+    if sglang_serves():
+        return SGLangLocalEngine(engine.model_path, sampling, demo=demo, markers=markers)
+    return engine
 
 
-def _build(settings: EngineSettings, spec: DatasetSpec) -> LocalEngine:
+def _build(settings: EngineSettings, spec: DatasetSpec) -> Engine:
     return make_local(model=settings.model, markers=reasoning_markers(spec.target), **spec.generation.model_dump())
 
 

@@ -49,12 +49,13 @@ class SGLangSettings(BaseModel):
 
     Attributes:
         urls: server base URLs (one per data-parallel server), or one sglang-router URL.
-        model: the target model; each server's /get_model_info `model_path` must name it.
+        model: the target model; each server's /model_info (`served_model_name` or `model_path`), or
+            every healthy worker a router lists, must name it.
         mode: "generate" (native, token ids) or "chat" (OpenAI-compatible, reasoning_content).
         thinking: the target's thinking switch (chat template `enable_thinking`).
         max_in_flight_per_server: requests sent to one server at once; None: twice its
-            --max-running-requests (from /get_server_info), else 128. For a router URL, set it to
-            the whole fleet's figure.
+            --max-running-requests (from /server_info), else 128; a router URL is one server whose
+            default is 128 per healthy worker (set it to the whole fleet's figure).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -170,7 +171,9 @@ class SGLangEngine(Engine):
     async def check(self) -> str:
         await self.start()
         stats = self.stats()
-        return f"SGLang: {stats['servers_up']}/{stats['servers']} servers up, serving {self.settings.model}"
+        workers = sum(int(s.info.get("workers") or 0) for s in self.servers if s.up and s.info.get("router"))
+        behind = f" ({workers} healthy workers behind sglang-router)" if workers else ""
+        return f"SGLang: {stats['servers_up']}/{stats['servers']} servers up{behind}, serving {self.settings.model}"
 
     async def complete(
         self, messages: list[Message], *, prompt_id: str, sampling: Sampling | None = None

@@ -1,7 +1,8 @@
 """A pool of SGLang servers: probe, least-loaded dispatch under a per-server cap, mark-down and re-probe.
 
 Kept apart from the request/response code in `sglang.py`: this module knows servers, not prompts.
-One URL may be an sglang-router in front of many servers; give it a cap as large as the fleet behind it.
+One URL may be an sglang-router in front of many servers: it is one server here, with its own cap
+(by default sized by its healthy workers; `sglang_probe`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 
 import aiohttp
 
-from eagle_data.engines.served import ModelMismatchError, model_matches
+from eagle_data.engines.sglang_probe import probe
 from eagle_data.secrets import mask_url
 from eagle_data.types import FatalError, RetryableError
 
@@ -78,29 +79,6 @@ class Server:
         }
 
 
-async def probe(session: aiohttp.ClientSession, url: str, model: str, timeout_s: float) -> dict[str, Any]:
-    """Check /health and /get_model_info; return /get_server_info (empty if the server has none).
-
-    Raises ModelMismatchError when the served model is not `model`, and the SERVER_GONE_ERRORS or
-    RetryableError when the server is not (yet) usable.
-    """
-    timeout = aiohttp.ClientTimeout(total=timeout_s)
-    shown = mask_url(url)
-    async with session.get(url + "/health", timeout=timeout) as resp:
-        if resp.status != 200:
-            raise RetryableError(f"{shown}/health answered {resp.status}", kind="server_down")
-    async with session.get(url + "/get_model_info", timeout=timeout) as resp:
-        resp.raise_for_status()
-        served = str((await resp.json()).get("model_path", ""))
-    if not model_matches(served, model):
-        raise ModelMismatchError(
-            f"SGLang server {shown} serves {served!r}, but the target model is {model!r}: "
-            "start it with --model-path for the target, or point the engine at the right servers"
-        )
-    async with session.get(url + "/get_server_info", timeout=timeout) as resp:
-        return dict(await resp.json()) if resp.status == 200 else {}
-
-
 def fleet_stats(servers: list[Server]) -> dict[str, Any]:
     """Per-server and total figures for the progress line and Dagster metadata."""
     now = time.monotonic()
@@ -156,7 +134,7 @@ class Fleet:
             return_exceptions=True,
         )
         for server, result in zip(self.servers, results, strict=True):
-            if isinstance(result, ModelMismatchError):
+            if isinstance(result, FatalError):  # configuration: wrong model, not SGLang, a router with no worker
                 raise result
             if isinstance(result, BaseException):
                 await self.mark_down(server, describe_error(result))
@@ -169,9 +147,11 @@ class Fleet:
             )
 
     def _set_info(self, server: Server, info: dict[str, Any]) -> None:
-        """Default cap: twice the server's --max-running-requests, so its queue never runs dry."""
+        """Default cap: twice the server's --max-running-requests, so its queue never runs dry; for an
+        sglang-router, which reports no worker's figure, twice SGLang's default per healthy worker."""
         server.info = info
-        server.cap = self._cap or 2 * int(info.get("max_running_requests") or 64)
+        per_worker = 2 * int(info.get("max_running_requests") or 64)
+        server.cap = self._cap or per_worker * int(info.get("workers") or 1)
 
     @contextlib.asynccontextmanager
     async def lease(self) -> AsyncIterator[Server]:

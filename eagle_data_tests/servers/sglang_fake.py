@@ -1,7 +1,11 @@
 """A stand-in SGLang server on 127.0.0.1: the part of SGLang's HTTP API that eagle-data uses.
 
-Endpoints: `/generate` (input_ids -> output_ids + meta_info), `/v1/chat/completions` (with
-`reasoning_content`), `/health`, `/get_model_info`, `/get_server_info`.
+Endpoints as SGLang 0.5.23 serves them (`python/sglang/srt/entrypoints/http_server.py` of its wheel):
+`/generate` (input_ids -> output_ids + meta_info), `/v1/chat/completions` (with `reasoning_content`),
+`/health`, `/ready`, `/model_info` and `/server_info` with their deprecated aliases `/get_model_info` and
+`/get_server_info` (same bodies). `api="old"` is an SGLang from before the rename (the aliases only, the
+new names 404), `api="next"` one that removed the aliases as announced. `/server_info` carries one
+stand-in extra, `cuda_visible_devices`, so a launcher test sees which GPUs a server was given.
 
 Replies are deterministic functions of (seed, input): a test can recompute them, and servers with
 different seeds give different tokens, so a test can tell which server answered. Some replies think
@@ -27,6 +31,7 @@ import random
 import socket
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +42,12 @@ from eagle_data_tests.servers.drip import drip
 THINK_START, THINK_END, IM_END = 151667, 151668, 151645
 NEWLINE, DOUBLE_NEWLINE = 198, 271
 PROMPT_ID_HEADER = "X-Eagle-Prompt-Id"  # what eagle-data's engines send; a stand-in imports no client code
+# The introspection paths each SGLang generation serves (see the module docstring).
+APIS = {
+    "0.5.23": ("/model_info", "/server_info", "/get_model_info", "/get_server_info"),
+    "old": ("/get_model_info", "/get_server_info"),
+    "next": ("/model_info", "/server_info"),
+}
 WORDS = ("alpha", "beta", "gamma", "delta", "kappa", "sigma", "omega", "theta")
 
 
@@ -73,8 +84,16 @@ class FakeSGLang:
         unhealthy: bool = False,
         fail_status: int = 0,
         drip_s: float = 0.0,
+        api: str = "0.5.23",
+        served_model_name: str = "",
+        max_running_requests: int = 8,
     ) -> None:
+        if api not in APIS:
+            raise ValueError(f"api {api!r}: one of {sorted(APIS)}")
         self.model, self.seed, self.delay_s, self.unhealthy = model, seed, delay_s, unhealthy
+        self.api, self.served_model_name = api, served_model_name or model
+        self.max_running_requests = max_running_requests
+        self.hits: Counter[str] = Counter()  # GET path -> times asked
         self.drip_s = drip_s  # nonzero: /generate sends its answer one byte at a time, this many seconds apart
         self.fail_status = fail_status  # nonzero: /generate answers this HTTP status, as SGLang's errors
         self.log = Path(log_path).open("a", encoding="utf-8") if log_path else None  # noqa: SIM115
@@ -85,8 +104,9 @@ class FakeSGLang:
     def app(self) -> web.Application:
         app = web.Application()
         app.router.add_get("/health", self.health)
-        app.router.add_get("/get_model_info", self.model_info)
-        app.router.add_get("/get_server_info", self.server_info)
+        app.router.add_get("/ready", self.health)  # 0.5.23: whether it takes new requests
+        for path in APIS[self.api]:
+            app.router.add_get(path, self.model_info if "model" in path else self.server_info)
         app.router.add_post("/generate", self.generate)
         app.router.add_post("/v1/chat/completions", self.chat)
         app.on_cleanup.append(self._close)
@@ -96,21 +116,40 @@ class FakeSGLang:
         if self.log:
             self.log.close()
 
-    async def health(self, _request: web.Request) -> web.Response:
+    async def health(self, request: web.Request) -> web.Response:
+        self.hits[request.path] += 1
         return web.Response(status=503 if self.unhealthy else 200)
 
-    async def model_info(self, _request: web.Request) -> web.Response:
-        info = {"model_path": self.model, "tokenizer_path": self.model, "is_generation": True}
+    async def model_info(self, request: web.Request) -> web.Response:
+        """0.5.23's `/model_info` fields (those a text-only model has)."""
+        self.hits[request.path] += 1
+        info = {
+            "model_path": self.model, "served_model_name": self.served_model_name, "tokenizer_path": self.model,
+            "is_generation": True, "preferred_sampling_params": None, "weight_version": "default",
+            "load_format": "auto", "reasoning_parser": None, "tool_call_parser": None, "disaggregation_mode": "null",
+            "has_image_understanding": False, "has_audio_understanding": False, "model_type": "qwen3",
+            "architectures": ["Qwen3ForCausalLM"],
+        }  # fmt: skip
         return web.json_response(info)
 
-    async def server_info(self, _request: web.Request) -> web.Response:
+    async def server_info(self, request: web.Request) -> web.Response:
+        """0.5.23's `/server_info`: the resolved server args, the scheduler's info, per-DP internal states."""
+        self.hits[request.path] += 1
         return web.json_response(
             {
                 "model_path": self.model,
-                "max_running_requests": 8,
-                "version": "fake",
+                "served_model_name": self.served_model_name,
+                "skip_tokenizer_init": True,
+                "max_running_requests": self.max_running_requests,
+                "tp_size": 1,
+                "dp_size": 1,
+                "status": "ready",
+                "max_total_num_tokens": 65536,
+                "max_req_input_len": 32762,
+                "internal_states": [{"effective_max_running_requests_per_dp": self.max_running_requests}],
+                "version": "0.5.23",
+                "frontend": "python",
                 "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
-                "running": self.running,
             }
         )
 
@@ -134,7 +173,7 @@ class FakeSGLang:
         answer = {"output_ids": output_ids, "meta_info": meta}
         if self.drip_s:
             return await drip(request, json.dumps(answer).encode(), self.drip_s)
-        self._record(request, "generate", body.get("rid", ""), output_ids)
+        self._record(request, "generate", body.get("rid", ""), output_ids, len(input_ids))
         return web.json_response(answer)
 
     async def chat(self, request: web.Request) -> web.Response:
@@ -174,11 +213,12 @@ class FakeSGLang:
         finally:
             self.running -= 1
 
-    def _record(self, request: web.Request, kind: str, rid: str, output: object) -> None:
+    def _record(self, request: web.Request, kind: str, rid: str, output: object, prompt_tokens: int = 0) -> None:
         entry = {
             "kind": kind,
             "rid": rid,
-            "prompt_id": request.headers.get(PROMPT_ID_HEADER, ""),
+            "prompt_id": request.headers.get(PROMPT_ID_HEADER, ""),  # "" behind sglang-router: it drops the header
+            "prompt_tokens": prompt_tokens,  # with prompt_id, tells a conversation's turns apart
             "port": request.transport.get_extra_info("sockname")[1] if request.transport else 0,
             "output": output,
             "t": time.time(),
@@ -189,9 +229,10 @@ class FakeSGLang:
             self.log.flush()
 
 
-def free_port_block(n: int) -> int:
-    """A base port with `n` free ports after it on 127.0.0.1 (bind-tested), for servers started by port."""
-    for base in range(41000 + (os.getpid() % 1000) * 17, 64000, 7):
+def free_port_block(n: int, start: int = 41000, stop: int = 64000) -> int:
+    """A base port with `n` free ports after it on 127.0.0.1 (bind-tested), for servers started by port.
+    A range below the kernel's ephemeral ports (32768 up) is never taken by an outgoing connection meanwhile."""
+    for base in range(start + (os.getpid() % 1000) * 17 % (stop - start - n), stop - n, 7):
         with contextlib.ExitStack() as stack:
             try:
                 for port in range(base, base + n):
@@ -211,6 +252,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--delay", type=float, default=0.0, help="seconds per request (0.5x-1.5x)")
     parser.add_argument("--log", default=None, help="append one JSON line per answer; {port} is filled in")
     parser.add_argument("--unhealthy", action="store_true", help="/health answers 503 forever")
+    parser.add_argument("--served-model-name", default="")
+    parser.add_argument("--max-running-requests", type=int, default=8)
+    parser.add_argument("--api", choices=sorted(APIS), default="0.5.23", help="which introspection paths it serves")
     args, ignored = parser.parse_known_args(argv)
     server = FakeSGLang(
         model=args.model,
@@ -218,6 +262,9 @@ def main(argv: list[str] | None = None) -> None:
         delay_s=args.delay,
         log_path=args.log.format(port=args.port) if args.log else None,
         unhealthy=args.unhealthy,
+        api=args.api,
+        served_model_name=args.served_model_name,
+        max_running_requests=args.max_running_requests,
     )
     print(f"fake sglang: model={args.model} port={args.port} ignored={ignored}", flush=True)
     if args.unhealthy:
