@@ -52,8 +52,9 @@ def build_drafter_assets(specs: list[DatasetSpec]) -> list[dg.AssetsDefinition]:
         ),
     )
     def draft_vocab(context: dg.AssetExecutionContext, storage: StorageResource) -> dg.MaterializeResult:
-        sizes = load_drafter_settings().draft_vocab_sizes
-        figures = write_draft_vocab(specs, storage.store(), sizes, log=context.log.info)
+        drafter = load_drafter_settings()
+        formats = drafter.capture.formats  # the chosen trainers pick the mapping files
+        figures = write_draft_vocab(specs, storage.store(), drafter.draft_vocab_sizes, context.log.info, formats)
         return dg.MaterializeResult(metadata={**figures, **uri_locations(storage.store(), figures)})
 
     @dg.asset(
