@@ -208,3 +208,10 @@ def test_a_setting_a_chosen_trainer_cannot_use_is_refused_in_one_line(
         load_drafter_settings(catalog)  # the asset loads the settings before it loads the model
     message = str(caught.value)
     assert "\n" not in message and f"[drafter.capture] {named}" in message and str(catalog) in message
+
+
+def test_the_docs_table_is_the_registry() -> None:
+    from eagle_data.drafter.trainers import markdown_table
+
+    docs = Path(__file__).parents[1] / "docs" / "hidden-states.md"
+    assert markdown_table() in docs.read_text(), "paste trainers.markdown_table() into docs/hidden-states.md"

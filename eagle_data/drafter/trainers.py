@@ -87,7 +87,7 @@ def _specforge_dflash_family(kind: str, last: Norm | None, extra: tuple[Tensor, 
         f"specforge-{kind}", "SpecForge", "dflash", last, _SPECFORGE_FILES, TORCH,
         (_IDS, _MASK, Tensor("hidden_states", "aux", "states", True), *extra), "consecutive", None,
         _SPECFORGE_ORDER, _SPECFORGE_LOADER,
-        f"specforge train -c cfg.yaml (algorithm {kind}, data.hidden_states_path = .../specforge-{kind})",
+        f"specforge train -c cfg.yaml (training.strategy: {kind}, data.hidden_states_path: .../specforge-{kind})",
     )  # fmt: skip
 
 
@@ -97,8 +97,8 @@ def _speculators(kind: Literal["eagle3", "dflash"]) -> Trainer:
         SAFETENSORS, (Tensor("hidden_states", "layers", "states"), Tensor("token_ids", "input_ids", "int64")),
         "supervised", "npy", "hs_{i} is row i of the shard's Arrow dataset (the shard's captured rows in mix order)",
         "speculators.train.data.ArrowDataset(max_len, datapath=.../{shard})",
-        f"speculators train --speculator-type {kind} --data-path .../speculators-{kind}/{{shard}} "
-        "--d2t-path d2t-{N}.npy --t2d-path t2d-{N}.npy",
+        f"speculators train --speculator-type {kind} --verifier-name-or-path TARGET "
+        f"--data-path .../speculators-{kind}/{{shard}} --d2t-path d2t-{{size}}.npy --t2d-path t2d-{{size}}.npy",
         dataset=True,
     )  # fmt: skip
 
@@ -111,7 +111,7 @@ REGISTRY: dict[str, Trainer] = {
             (_IDS, _MASK, Tensor("hidden_state", "last", "states", True),
              Tensor("aux_hidden_state", "aux", "states", True)),
             None, "pt", _SPECFORGE_ORDER, _SPECFORGE_LOADER,
-            "specforge train -c cfg.yaml (algorithm eagle3, data.hidden_states_path = .../specforge-eagle3)",
+            "specforge train -c cfg.yaml (training.strategy: eagle3, data.hidden_states_path: .../specforge-eagle3)",
         ),
         _specforge_dflash_family("dflash", None, ()),
         _specforge_dflash_family("domino", None, ()),
@@ -125,7 +125,7 @@ REGISTRY: dict[str, Trainer] = {
             (_IDS, _MASK, Tensor("hidden_states", "last", "states"), Tensor("aux_hidden_states", "aux", "states")),
             None, "modelopt", "any (ModelOpt lists rglob('*.pt'))",
             "modelopt.torch.speculative.eagle.utils.OfflineSupervisedDataset(sorted(root.rglob('*.pt')))",
-            "examples/speculative_decoding/main.py --offline-data .../modelopt",
+            "examples/speculative_decoding/main.py --offline_data_path .../modelopt",
         ),
         Trainer(
             "native", "eagle-data", None, None, "{shard}/batch_{batch}.safetensors + {shard}/index.json", NATIVE_FILES,
@@ -208,14 +208,15 @@ def refuses(floor: str, mask: list[int]) -> bool:
 def markdown_table() -> str:
     """The registry as the docs' table (docs/hidden-states.md; test_docs_match_code keeps them equal)."""
     lines = [
-        "| format | trainer | kind | last state | files | keys (dtype, shape) | floor | vocab | loader |",
+        "| format | trainer, kind | last state | files; order | keys (dtype, shape) | floor | vocab | loaded by "
+        "| train |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for t in REGISTRY.values():
         keys = ", ".join(f"`{x.key}` ({x.dtype}, {x.shape()})" for x in t.tensors)
         vocab = " + ".join(f"`{p}`" for p in VOCAB_FILES[t.vocab]) if t.vocab else "-"
         lines.append(
-            f"| `{t.name}` | {t.trainer} | {t.kind or 'any'} | {t.last_state or 'not read'} | `{t.files}` | {keys} "
-            f"| {t.floor or '-'} | {vocab} | `{t.loader}` |"
+            f"| `{t.name}` | {t.trainer}, {t.kind or 'any'} | {t.last_state or 'not read'} | `{t.files}`; {t.ordering} "
+            f"| {keys} | {t.floor or '-'} | {vocab} | `{t.loader}` | `{t.command}` |"
         )
     return "\n".join(lines)
