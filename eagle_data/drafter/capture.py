@@ -253,6 +253,38 @@ def _remove_stale(store: ShardStore, folder: str, partition: str, old: dict[str,
             store.delete(formats.row_key(folder, name, partition, row, index))
 
 
+def _write_shard_files(
+    store: ShardStore,
+    folder: str,
+    partition: str,
+    batches_rows: list[list[list[Any]]],
+    kept: pl.DataFrame,
+    plan: LayerPlan,
+    settings: CaptureSettings,
+) -> None:
+    """A finished shard's own files: the native index, and the prepared dataset of each target that has one
+    (its rows in mix order, as `hs_{i}` were numbered)."""
+    if formats.NATIVE in settings.formats:
+        entries = [[tuple(m) for m in batch] for batch in batches_rows]
+        index = formats.native_index(partition, entries, plan, settings.fp8)
+        formats.write_native_index(store, folder, partition, index)
+    for trainer in trainers.chosen(settings.formats):
+        if trainer.dataset:
+            formats.write_dataset(store, folder, trainer.name, partition, kept.select("row", "input_ids", "loss_mask"))
+
+
+def _figures(rows: int, aside: dict[int, str], batches_rows: list[list[list[Any]]]) -> dict[str, Any]:
+    """A shard record's counts: rows, captured rows and tokens, rows set aside (by reason, and each)."""
+    return {
+        "rows": rows,
+        "captured_rows": sum(len(batch) for batch in batches_rows),
+        "tokens": sum(n for batch in batches_rows for _, _, n in batch),
+        "set_aside": {reason: sum(1 for r in aside.values() if r == reason) for reason in sorted(set(aside.values()))},
+        "set_aside_rows": {str(row): reason for row, reason in sorted(aside.items())},
+        "batches": batches_rows,
+    }
+
+
 def capture_shard(
     store: ShardStore,
     cid: str,
@@ -290,38 +322,21 @@ def capture_shard(
     result = ShardResult(partition, {}, captured=True, batches_resumed=done)
     if done:
         log(f"hidden states {partition}: resuming at batch {done + 1} of {len(groups)}")
-    fp8 = settings.fp8
     started = time.perf_counter()
     for b in range(done, len(groups)):
         states = backend.capture([ids[i] for i in groups[b]], plan)
         samples = [
             formats.Sample(*rows[i], ids[i], masks[i], s, index=i) for i, s in zip(groups[b], states, strict=True)
         ]  # fmt: skip
-        formats.write_batch(store, folder, partition, b, samples, plan, fp8, settings.formats)
+        formats.write_batch(store, folder, partition, b, samples, plan, settings.fp8, settings.formats)
         progress["batches"].append([[s.row, s.prompt_id, len(s.input_ids)] for s in samples])
         store.write_bytes(progress_key, json.dumps(progress).encode())
         result.batches_run += 1
         result.tokens_run += sum(len(s.input_ids) for s in samples)
     result.seconds = time.perf_counter() - started
     batches_rows = progress["batches"]
-    if formats.NATIVE in settings.formats:
-        index = formats.native_index(partition, [[tuple(m) for m in batch] for batch in batches_rows], plan, fp8)
-        formats.write_native_index(store, folder, partition, index)
-    for trainer in trainers.chosen(settings.formats):
-        if trainer.dataset:
-            formats.write_dataset(store, folder, trainer.name, partition, kept.select("row", "input_ids", "loss_mask"))
-    tokens = sum(n for batch in batches_rows for _, _, n in batch)
-    record = {
-        "key": key,
-        "partition": partition,
-        **material,
-        "rows": frame.height,
-        "captured_rows": len(rows),
-        "tokens": tokens,
-        "set_aside": {reason: sum(1 for r in aside.values() if r == reason) for reason in sorted(set(aside.values()))},
-        "set_aside_rows": {str(row): reason for row, reason in sorted(aside.items())},
-        "batches": batches_rows,
-    }
+    _write_shard_files(store, folder, partition, batches_rows, kept, plan, settings)
+    record = {"key": key, "partition": partition, **material, **_figures(frame.height, aside, batches_rows)}
     store.write_bytes(record_key, json.dumps(record).encode())
     store.delete(progress_key)
     result.record = record
