@@ -1,6 +1,7 @@
 """Every export target loaded by its trainer's own released code from a demo capture (the Makefile's peer
 block installs speculators 0.9.0, specforge 0.2.0 and nvidia-modelopt 0.47.0; docs/facts.md says how and
-why), with one forward/loss step where the trainer runs on CPU (speculators). One capture per group of
+why), with one forward/loss step where the trainer runs on CPU (speculators' EAGLE-3 and DFlash,
+SpecForge's DFlash family; SpecForge's EAGLE-3 loss needs Triton). One capture per group of
 targets that share layers and norm, shared by the whole module."""
 
 from __future__ import annotations
@@ -71,6 +72,14 @@ def demo(tmp_path_factory: pytest.TempPathFactory, demo_model: Path) -> dict[str
     return {"root": root, "frame": frame, "captures": captures, "vocab": vocab, "model": demo_model}
 
 
+@pytest.fixture(scope="module")
+def target(demo_model: Path) -> Any:
+    """The demo checkpoint with its LM head: the verifier's embeddings, final norm and head."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(demo_model, dtype=torch.float32)
+
+
 def _mix_rows(demo: dict[str, Any]) -> dict[int, tuple[list[int], list[int]]]:
     return dict(enumerate(demo["frame"].select("input_ids", "loss_mask").iter_rows()))
 
@@ -107,13 +116,52 @@ def test_specforge_reads_each_kind_through_its_own_registry(demo: dict[str, Any]
         assert not any(eligible(torch.tensor(mix[row][1])) for row in (SPARSE, UNSUPERVISED))
 
 
+@pytest.mark.parametrize("kind", ["dflash", "domino", "dspark"])
+def test_specforge_dflash_family_trains_a_step_on_cpu(demo: dict[str, Any], target: Any, kind: str) -> None:
+    """SpecForge's own draft model and training wrapper of each kind, on a batch its own loader made from our
+    files (one draft layer; the target's embeddings and LM head from the demo checkpoint)."""
+    from specforge.algorithms.builtin import builtin_algorithm_registry
+    from specforge.algorithms.common import dflash_family_model as online
+    from specforge.modeling.draft.dflash import DFlashDraftModel
+    from specforge.modeling.draft.domino import DominoDraftModel
+    from specforge.modeling.draft.dspark import DSparkDraftModel
+    from specforge.runtime.data_plane.feature_store import load_feature_file
+    from transformers import AutoConfig
+
+    draft_class, wrapper = {
+        "dflash": (DFlashDraftModel, online.OnlineDFlashModel),
+        "domino": (DominoDraftModel, online.OnlineDominoModel),
+        "dspark": (DSparkDraftModel, online.OnlineDSparkModel),
+    }[kind]
+    config = AutoConfig.from_pretrained(demo["model"])
+    config.num_hidden_layers, config.num_target_layers, config.block_size = 1, 2, 4
+    config.layer_types, config._attn_implementation = ["full_attention"], "sdpa"
+    config.dflash_config = {"target_layer_ids": list(range(AUX))}
+    if kind == "domino":
+        config.dflash_config.update(emb_dim=16, gru_hidden_dim=16)
+    model = wrapper(
+        draft_class(config), target.lm_head, target.model.embed_tokens, mask_token_id=config.vocab_size - 1,
+        block_size=4, attention_backend="sdpa", num_anchors=8,
+    )  # fmt: skip
+    provider = builtin_algorithm_registry().resolve(kind).providers.offline_for("text")
+    folder = demo["captures"]["dflash_after"]["path"] / f"specforge-{kind}"
+    refs = provider.build_reader(str(folder), run_id="t", ttt_length=1, max_len=2048).read()
+    normalize = provider.build_normalizer(max_len=2048)
+    batch = provider.build_collator()([normalize(load_feature_file(r.feature_store_uri[7:])) for r in refs[:3]])
+    names = ("input_ids", "hidden_states", "loss_mask", "target_last_hidden_states")[: 4 if kind == "dspark" else 3]
+    loss = model(**{name: batch[name] for name in names})[0]
+    assert torch.isfinite(loss) and loss.item() > 0
+    loss.backward()
+
+
 @pytest.mark.parametrize("kind", ["eagle3", "dflash"])
-def test_speculators_arrow_dataset_loads_every_shard_with_the_verifier_state(demo: dict[str, Any], kind: str) -> None:
+def test_speculators_arrow_dataset_loads_every_shard_with_the_verifier_state(
+    demo: dict[str, Any], target: Any, kind: str
+) -> None:
     from speculators.train.data import ArrowDataset, CollateFn
     from speculators.train.recovery import SampleUnavailable
-    from transformers import AutoModel
 
-    norm = AutoModel.from_pretrained(demo["model"], dtype=torch.float32).norm  # the verifier's final norm
+    norm = target.model.norm  # the verifier's final norm
     after = demo["captures"]["eagle3_after"]["path"] / "specforge-eagle3"
     mix, aux, total = _mix_rows(demo), AUX, 0
     for shard in ("00000", "00001"):
