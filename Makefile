@@ -12,6 +12,12 @@ $(VENV)/.installed: pyproject.toml
 	# torch first, pinned: an unpinned torch pulls a CUDA build of several GB.
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[local,test]'
+	# Trainer peers: the tests load our outputs with each trainer's own released code (docs/facts.md, "Trainer
+	# peers"). --no-deps, since their pins would replace our torch/transformers (specforge: torch 2.11,
+	# transformers 5.8.1, sglang; speculators: transformers<=5.19, torchvision; datasets 5.1.0: fsspec<=2026.7);
+	# the packages their loaders really import are in the `test` extra.
+	$(PY) -m pip install -q --no-deps specforge==0.2.0 speculators==0.9.0 hs-connectors==0.9.0 datasets==5.1.0 \
+		nvidia-modelopt==0.47.0
 	touch $@
 
 demo: setup

@@ -9,7 +9,8 @@ The demo model's forward is cheap (hidden size 64), so what the capture adds sho
 page cache (~1 ms CPU per MB) and, for the per-sample formats (specforge, speculators: one torch.save /
 safetensors file per row), ~0.3-1 ms CPU per file; with a real target the forward dominates.
 Measured 2026-12-01 on the shared 2-core machine (`nice .venv/bin/python benchmarks/bench_capture.py
---formats native`, then specforge, speculators): RESULT capture_vs_raw native 0.77-0.88, specforge
+--formats native`, then specforge, speculators, now named specforge-eagle3, speculators-eagle3): RESULT
+capture_vs_raw native 0.77-0.88, specforge
 0.82-0.94, speculators 0.79-0.93 over three runs each, the median of a run's 5 paired repeats 0.82-0.95;
 capture 35-51 k tokens per CPU-s, the bare loop 38-57 k: a run moves by up to +-0.15 with the machine's
 load, so docs/hidden-states.md (Throughput) also times the capture's parts inside one process.
@@ -68,7 +69,7 @@ def timed(fn) -> tuple[float, float]:  # type: ignore[no-untyped-def]
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=300)
-    ap.add_argument("--formats", default="native", help="comma-separated: native, specforge, speculators")
+    ap.add_argument("--formats", default="native", help="comma-separated export targets (trainers.NAMES)")
     ap.add_argument("--fp8", action="store_true")
     ap.add_argument("--batch-tokens", type=int, default=16_384)
     ap.add_argument("--repeats", type=int, default=5)

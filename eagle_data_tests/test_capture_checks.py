@@ -80,7 +80,7 @@ def test_a_range_run_with_one_corrupt_shard_fails_that_shards_evaluation_only(
         assert len(first) == 15 and all(e.passed for e in first.values())
 
         path = Path(str(clean.asset_materializations_for_node(KEY.path[-1])[0].metadata["path"].value))
-        planted = path / "specforge" / "rows_0-2000" / "data_5.ckpt"  # row 5: in shard 00001
+        planted = path / "specforge-eagle3" / "rows_0-2000" / "data_5.ckpt"  # row 5: in shard 00001
         planted.write_bytes(planted.read_bytes()[:-100])  # a truncated file
         corrupt = dg.materialize([asset], resources=resources, instance=instance, tags=RANGE, raise_on_error=False)
         assert not corrupt.success
@@ -95,7 +95,7 @@ def test_a_range_run_with_one_corrupt_shard_fails_that_shards_evaluation_only(
         assert after["00000"] == before["00000"] and after["00001"] != before["00001"]  # the bytes read changed
         line = found[(verify.IDS, "00001")].description
         assert line.startswith("shard 00001: 1 stored sample(s) missing, unreadable or unlike their mix row")
-        assert "specforge row 5 unreadable" in line and "\n" not in line
+        assert "specforge-eagle3 row 5 unreadable" in line and "\n" not in line
         assert line.endswith("re-materialize hidden_states partition 00001")
 
         again = dg.materialize([asset], resources=resources, instance=instance, tags=RANGE)
@@ -128,7 +128,7 @@ def test_the_cli_materializes_a_capture_shard_on_the_demo_profile_with_its_check
         [record] = latest_materializations(instance, KEY, ["00000"]).values()
         metadata = record.asset_materialization.metadata
         assert metadata["captured"].value is True and metadata["captured_rows"].value == 6
-        files = sorted(Path(str(metadata["path"].value), "specforge").rglob("data_*.ckpt"))
+        files = sorted(Path(str(metadata["path"].value), "specforge-eagle3").rglob("data_*.ckpt"))
         assert [f.name for f in files] == [f"data_{row}.ckpt" for row in range(6)]
         found = latest_evaluations(instance, CHECKS, ["00000"])
         assert len(found) == len(CHECKS) and all(e.passed for e in found.values()), found

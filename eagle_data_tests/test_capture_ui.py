@@ -141,7 +141,7 @@ def test_the_ui_materializes_a_capture_shard_on_the_demo_profile_with_its_checks
         assert metadata["captured"].value is True and metadata["captured_rows"].value == ROWS
         path = Path(str(metadata["path"].value))
         assert path.is_relative_to(out)
-        files = sorted(path.joinpath("specforge").rglob("data_*.ckpt"))
+        files = sorted(path.joinpath("specforge-eagle3").rglob("data_*.ckpt"))
         assert [f.name for f in files] == [f"data_{row}.ckpt" for row in range(ROWS)]
         assert all(f.stat().st_size > 0 for f in files)
 

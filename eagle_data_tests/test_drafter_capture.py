@@ -17,14 +17,14 @@ from safetensors.torch import load_file
 from eagle_data import layout
 from eagle_data.catalog import load_catalog
 from eagle_data.drafter import formats, verify
-from eagle_data.drafter.capture import DFLASH_SHORT, TransformersBackend, batches, capture_shard
+from eagle_data.drafter.capture import FLOOR_REASONS, TransformersBackend, batches, capture_shard
 from eagle_data.drafter.layers import LayerError, dflash_ids, eagle3_ids, engine_ids, resolve
 from eagle_data.drafter.outputs import write_hidden_states
 from eagle_data.drafter.settings import CaptureSettings
 from eagle_data.storage import ShardStore, StorageError
 
 SETTINGS = CaptureSettings(
-    formats=("specforge", "speculators", "native"), fp8=True, shard_rows=8, batch_tokens=160, dtype="fp32"
+    formats=("specforge-eagle3", "modelopt", "native"), fp8=True, shard_rows=8, batch_tokens=160, dtype="fp32"
 )
 
 
@@ -60,7 +60,7 @@ def backend(demo_model: Path) -> TransformersBackend:
 
 @pytest.fixture(scope="module")
 def captured(tmp_path_factory: pytest.TempPathFactory, specs: list[Any], demo_model: Path) -> dict[str, Any]:
-    """A 14-row mix captured in all three formats (native in fp8), in two shards of 8 rows."""
+    """A 14-row mix captured for three after-norm EAGLE-3 targets (native in fp8), in two shards of 8 rows."""
     root = tmp_path_factory.mktemp("capture")
     frame = mix_frame(specs[0].name)
     store = write_mix(root, frame)
@@ -76,7 +76,7 @@ def test_layer_presets_follow_specforge_and_engine_numbering() -> None:
     two = resolve(CaptureSettings(), 2)  # the demo model: [1, 0, -2] clamped into 0..1, width kept
     assert (two.aux, two.last, two.clamped, two.count) == ((1, 0, 0), "after_norm", True, 4)
     assert not resolve(CaptureSettings(), 36).clamped
-    assert resolve(CaptureSettings(layers="dflash"), 36).last is None
+    assert resolve(CaptureSettings(formats=("specforge-dflash",)), 36).last is None
     with pytest.raises(LayerError, match=r"layers \[5\] are outside the target's decoder layers 0..1"):
         resolve(CaptureSettings(layers=(0, 5)), 2)
 
@@ -102,7 +102,7 @@ def test_specforge_numbering_captures_the_inputs_engines_name(tmp_path: Path, de
         return lambda _m, args, kwargs: inputs.__setitem__(j, args[0] if args else kwargs["hidden_states"])
 
     for last in ("after_norm", "before_norm"):
-        plan = resolve(CaptureSettings(last_state=last), 8)
+        plan = resolve(CaptureSettings(formats=("native",), last_state=last), 8)
         inputs.clear()
         norm_io.clear()
         hooks = [
@@ -154,13 +154,14 @@ def test_each_format_loads_with_its_trainers_loader(captured: dict[str, Any]) ->
     for row, (ids, mask) in rows.items():
         seq = len(ids)
         group = row // 2000 * 2000
-        sf = torch.load(folder / "specforge" / f"rows_{group}-{group + 2000}" / f"data_{row}.ckpt", weights_only=True)
+        sf_path = folder / "specforge-eagle3" / f"rows_{group}-{group + 2000}" / f"data_{row}.ckpt"
+        sf = torch.load(sf_path, weights_only=True)
         assert sf["input_ids"].tolist() == ids and sf["loss_mask"].tolist() == mask
         assert sf["hidden_state"].shape == (1, seq, hidden) and sf["aux_hidden_state"].shape == (1, seq, 3 * hidden)
-        sp = load_file(folder / "speculators" / f"{row}.safetensors")
-        assert sp["token_ids"].tolist() == ids and sp["hidden_states"].shape == (seq, 4, hidden)
-        assert torch.equal(sp["hidden_states"][:, 3], sf["hidden_state"][0])  # the same last state
-        assert torch.equal(sp["hidden_states"][:, :3].reshape(seq, -1), sf["aux_hidden_state"][0])
+        mo = torch.load(folder / "modelopt" / f"{row // 8:05d}" / f"{row}.pt", weights_only=True)
+        assert mo["input_ids"].tolist() == ids and mo["hidden_states"].shape == (seq, hidden)  # no batch dimension
+        assert torch.equal(mo["hidden_states"], sf["hidden_state"][0])  # the same last state
+        assert torch.equal(mo["aux_hidden_states"], sf["aux_hidden_state"][0])
     seen = {}
     for shard in ("00000", "00001"):
         index = __import__("json").loads((folder / "native" / shard / "index.json").read_text())
@@ -190,19 +191,17 @@ def test_a_clean_capture_passes_every_check_and_records_provenance(captured: dic
 
 
 def _corrupt_specforge_id(folder: Path) -> None:
-    path = folder / "specforge" / "rows_0-2000" / "data_3.ckpt"
+    path = folder / "specforge-eagle3" / "rows_0-2000" / "data_3.ckpt"
     data = torch.load(path, weights_only=True)
     data["input_ids"][1] += 1
     torch.save(data, path)
 
 
 def _plant_nan(folder: Path) -> None:
-    from safetensors.torch import save_file
-
-    path = folder / "speculators" / "2.safetensors"
-    data = load_file(path)
-    data["hidden_states"][0, 0, 0] = float("nan")
-    save_file(data, path)
+    path = folder / "modelopt" / "00000" / "2.pt"
+    data = torch.load(path, weights_only=True)
+    data["aux_hidden_states"][0, 0] = float("nan")
+    torch.save(data, path)
 
 
 def _truncate_native(folder: Path) -> None:
@@ -327,15 +326,16 @@ def test_a_refused_write_fails_in_one_line_naming_the_file_and_records_no_batch(
     backend: TransformersBackend, tmp_path: Path
 ) -> None:
     frame = mix_frame("d", rows=8).with_row_index("row").cast({"row": pl.Int64})
-    settings = SETTINGS.model_copy(update={"batch_tokens": 64, "formats": ("specforge",)})
-    store, plan, provenance = ShardStore(str(tmp_path)), resolve(settings, 2), {"formats": ["specforge"]}
-    blocker = tmp_path / layout.capture_dir("cid") / "specforge"  # a file where the rows' folder must go
+    settings = SETTINGS.model_copy(update={"batch_tokens": 64, "formats": ("specforge-eagle3",)})
+    store, plan, provenance = ShardStore(str(tmp_path)), resolve(settings, 2), {"formats": ["specforge-eagle3"]}
+    blocker = tmp_path / layout.capture_dir("cid") / "specforge-eagle3"  # a file where the rows' folder must go
     blocker.parent.mkdir(parents=True)
     blocker.write_bytes(b"")
     with pytest.raises(StorageError) as failed:
         capture_shard(store, "cid", "00000", frame, provenance, backend, plan, settings)
     message = str(failed.value)
-    assert "\n" not in message and "/specforge/rows_0-2000/data_" in message and "a file is in the way" in message
+    assert "\n" not in message and "a file is in the way" in message
+    assert "/specforge-eagle3/rows_0-2000/data_" in message
     assert not store.exists(layout.capture_record("cid", "progress", "00000"))  # no batch recorded done
     blocker.unlink()
     counting = Crashing(backend, crash_at=None)
@@ -343,22 +343,24 @@ def test_a_refused_write_fails_in_one_line_naming_the_file_and_records_no_batch(
     assert (result.batches_resumed, result.record["captured_rows"]) == (0, 8)
 
 
-def test_dflash_sets_aside_rows_short_of_two_blocks(backend: TransformersBackend, tmp_path: Path) -> None:
+def test_dflash_sets_aside_the_rows_specforge_refuses(backend: TransformersBackend, tmp_path: Path) -> None:
+    """SpecForge's DFlash family needs two adjacent supervised tokens (since 2026-07-30), nothing more: a row
+    supervising every other token is set aside, a row of two adjacent ones is kept."""
     frame = mix_frame("d", rows=8).with_row_index("row").cast({"row": pl.Int64})
-    settings = CaptureSettings(layers="dflash", block_size=8, shard_rows=8, dtype="fp32")
+    masks = frame["loss_mask"].to_list()
+    masks[2] = [i % 2 for i in range(len(masks[2]))]  # supervised, never twice in a row
+    masks[5] = [0] * (len(masks[5]) - 2) + [1, 1]  # the floor exactly
+    frame = frame.with_columns(loss_mask=pl.Series(masks, dtype=pl.List(pl.UInt8)))
+    settings = CaptureSettings(formats=("specforge-dflash",), shard_rows=8, dtype="fp32")
     plan = resolve(settings, 2)
-    result = capture_shard(
-        ShardStore(str(tmp_path)), "cid", "00000", frame, {"formats": ["specforge"]}, backend, plan, settings
-    )
-    short = [r for r, m in zip(frame["row"], frame["loss_mask"], strict=True) if sum(m) < 16]
-    assert 0 < len(short) < 8
-    assert result.record["set_aside"] == {DFLASH_SHORT: len(short)}
-    assert result.record["captured_rows"] == 8 - len(short)
-    kept = next(r for r in range(8) if r not in short)
-    path = Path(tmp_path, formats.row_key(layout.capture_dir("cid"), "specforge", kept))
-    data = torch.load(path, weights_only=True)
+    provenance = {"formats": ["specforge-dflash"]}
+    result = capture_shard(ShardStore(str(tmp_path)), "cid", "00000", frame, provenance, backend, plan, settings)
+    assert result.record["set_aside_rows"] == {"2": FLOOR_REASONS["consecutive"]}
+    assert result.record["captured_rows"] == 7
+    key = formats.row_key(layout.capture_dir("cid"), "specforge-dflash", "00000", 5, 4)
+    data = torch.load(Path(tmp_path, key), weights_only=True)
     assert set(data) == {"input_ids", "loss_mask", "hidden_states"} and data["hidden_states"].shape[2] == 5 * 64
-    assert not Path(tmp_path, formats.row_key(layout.capture_dir("cid"), "specforge", short[0])).exists()
+    assert not Path(tmp_path, formats.row_key(layout.capture_dir("cid"), "specforge-dflash", "00000", 2, 2)).exists()
 
 
 def test_asset_materializes_on_the_demo_profile_and_its_checks_block_on_corruption(
@@ -378,7 +380,8 @@ def test_asset_materializes_on_the_demo_profile_and_its_checks_block_on_corrupti
     result = dg.materialize([asset], resources=resources, instance=instance, partition_key="00000")
     assert result.success
     meta = result.asset_materializations_for_node("hidden_states")[0].metadata
-    assert meta["captured_rows"].value == 6 and meta["formats"].value == ["specforge"] and meta["dtype"].value == "fp32"
+    assert meta["captured_rows"].value == 6 and meta["dtype"].value == "fp32"
+    assert meta["formats"].value == ["specforge-eagle3"]
     evaluations = result.get_asset_check_evaluations()
     assert {e.check_name for e in evaluations} == set(verify.CHECKS) and all(e.passed for e in evaluations)
     digest = meta["shard_sha256"].value

@@ -35,16 +35,16 @@ def samples(backend: TransformersBackend, settings: CaptureSettings) -> list[for
 def test_a_specforge_file_of_one_layer_holds_only_its_rows_states(backend: TransformersBackend, tmp_path: Path) -> None:
     """DFlash on one layer (no last state): a row's states are a contiguous view of the batch's, which
     torch.save would write whole; each file must hold its row alone."""
-    settings = CaptureSettings(layers="dflash", dflash_layers=1, formats=("specforge",), dtype="fp32")
+    settings = CaptureSettings(dflash_layers=1, formats=("specforge-dflash",), dtype="fp32")
     plan = resolve(settings, backend.num_layers)
     batch = samples(backend, settings)
     formats.write_batch(ShardStore(str(tmp_path)), "c", "00000", 0, batch, plan, False, settings.formats)
     for s in batch:
-        path = tmp_path / formats.specforge_key("c", s.row)
+        path = tmp_path / formats.row_key("c", "specforge-dflash", "00000", s.row, s.row)
         saved = torch.load(path, weights_only=True)["hidden_states"]
         assert torch.equal(saved, s.states.reshape(1, len(s.input_ids), -1))
         assert saved.untyped_storage().nbytes() == saved.nbytes  # not the batch's storage
-        assert path.stat().st_size < s.states.nbytes + formats.SAMPLE_BYTES[formats.SPECFORGE] + 16 * len(s.input_ids)
+        assert path.stat().st_size < s.states.nbytes + formats.SAMPLE_BYTES["specforge-dflash"] + 16 * len(s.input_ids)
 
 
 @pytest.mark.parametrize("order", [[0, 1, 2], [2, 0, 1]], ids=["as-captured", "reordered"])

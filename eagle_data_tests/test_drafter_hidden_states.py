@@ -34,7 +34,8 @@ def mix_path(tmp_path: Path) -> Path:
 @pytest.mark.parametrize(
     ("dtype", "fmt", "per_token_by_hand"),
     [
-        ("bf16", "specforge", 4 * 4096 * 2 + 8 + 8),  # + int64 input_ids, loss_mask
+        ("bf16", "specforge-eagle3", 4 * 4096 * 2 + 8 + 8),  # + int64 input_ids, loss_mask
+        ("bf16", "speculators-eagle3", 4 * 4096 * 2 + 8 + 8 + 8),  # + int64 token_ids, the dataset's ids and mask
         ("fp8", "native", 4 * (4096 * 1 + 4) + 4 + 1),  # + int32 input_ids, uint8 loss_mask
     ],
 )

@@ -12,7 +12,7 @@ import dagster as dg
 from pydantic import Field
 
 from eagle_data import layout, settings
-from eagle_data.catalog import PROFILE_ENV, DatasetSpec, shard_key
+from eagle_data.catalog import PROFILE_ENV, CatalogError, DatasetSpec, shard_key
 from eagle_data.defs.assets import SHARD_DIGEST, catalog_labels, partitions
 from eagle_data.defs.checks import judged_partitions, report_shards
 from eagle_data.defs.messages import file_locations, uri_locations
@@ -52,8 +52,9 @@ def build_drafter_assets(specs: list[DatasetSpec]) -> list[dg.AssetsDefinition]:
         ),
     )
     def draft_vocab(context: dg.AssetExecutionContext, storage: StorageResource) -> dg.MaterializeResult:
-        sizes = load_drafter_settings().draft_vocab_sizes
-        figures = write_draft_vocab(specs, storage.store(), sizes, log=context.log.info)
+        drafter = load_drafter_settings()
+        formats = drafter.capture.formats  # the chosen trainers pick the mapping files
+        figures = write_draft_vocab(specs, storage.store(), drafter.draft_vocab_sizes, context.log.info, formats)
         return dg.MaterializeResult(metadata={**figures, **uri_locations(storage.store(), figures)})
 
     @dg.asset(
@@ -134,8 +135,8 @@ def build_capture_asset(owners: list[str], specs: list[DatasetSpec]) -> dg.Asset
         **catalog_labels(
             "drafter",
             owners,
-            f"The target's hidden states over the mix, {configured.shard_rows:,} rows per shard, in the formats "
-            "SpecForge, speculators or a compact native one load (catalog [drafter.capture]); verified against "
+            f"The target's hidden states over the mix, {configured.shard_rows:,} rows per shard, for the trainers "
+            f"chosen in catalog [drafter.capture] formats ({', '.join(configured.formats)}); verified against "
             "the mix, a re-capture and the plan.",
         ),
     )
@@ -145,7 +146,7 @@ def build_capture_asset(owners: list[str], specs: list[DatasetSpec]) -> dg.Asset
             figures, shards = write_hidden_states(
                 specs, storage.store(), keys, load_drafter_settings().capture, *capture.resolved(), log=context.log.info
             )
-        except (CaptureError, LayerError) as exc:
+        except (CaptureError, LayerError, CatalogError) as exc:  # CatalogError: a setting a chosen trainer refuses
             raise dg.Failure(description=str(exc), allow_retries=False) from None
         for key, shard in shards.items():  # each partition's materialization: its own shard's figures
             own = {name: _metadata_value(value) for name, value in shard.figures.items()}

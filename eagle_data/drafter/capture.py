@@ -31,7 +31,7 @@ import polars as pl
 
 from eagle_data import layout
 from eagle_data.demo import ensure_demo_model
-from eagle_data.drafter import formats
+from eagle_data.drafter import formats, trainers
 from eagle_data.drafter.layers import LayerPlan
 from eagle_data.drafter.mixfile import CHUNK
 from eagle_data.drafter.settings import CaptureSettings
@@ -40,8 +40,11 @@ from eagle_data.storage import ShardStore
 
 Log = Callable[[str], None]
 SHARDS, PROGRESS = "shards", "progress"
-DFLASH_SHORT = "dflash_short_supervision"  # fewer than 2 x block_size supervised tokens
 EMPTY = "empty"
+FLOOR_REASONS = {  # a chosen trainer's supervised-token floor (trainers.Trainer.floor) -> the set-aside reason
+    "consecutive": "no_adjacent_supervised_tokens",  # SpecForge's DFlash family (since 2026-07-30)
+    "supervised": "unsupervised",  # speculators' prepare step drops rows without a supervised token
+}
 
 
 class CaptureError(ValueError):
@@ -188,16 +191,15 @@ def shard_hash(frame: pl.DataFrame) -> str:
     return digest.hexdigest()
 
 
-def set_aside(frame: pl.DataFrame, plan: LayerPlan, settings: CaptureSettings) -> dict[int, str]:
-    """Rows not captured, each with its reason: empty rows; for DFlash, rows with fewer than
-    2 x block_size supervised tokens (SpecForge drops them too)."""
-    counts = frame.select("row", pl.col("input_ids").list.len(), pl.col("loss_mask").list.sum())
+def set_aside(frame: pl.DataFrame, settings: CaptureSettings) -> dict[int, str]:
+    """Rows not captured, each with its reason: empty rows, and rows under a chosen trainer's supervised-token
+    floor (the trainer would refuse them; every captured row is stored for every chosen trainer)."""
+    floors = sorted({t.floor for t in trainers.chosen(settings.formats) if t.floor})
     out = {}
-    for row, length, supervised in counts.iter_rows():
-        if not length:
-            out[row] = EMPTY
-        elif plan.preset == "dflash" and supervised < 2 * settings.block_size:
-            out[row] = DFLASH_SHORT
+    for row, mask in frame.select("row", "loss_mask").iter_rows():
+        refused = next((FLOOR_REASONS[f] for f in floors if trainers.refuses(f, mask)), None)
+        if not mask or refused:
+            out[row] = refused if mask else EMPTY
     return out
 
 
@@ -214,7 +216,7 @@ def _arrays(column: pl.Series, dtype: type) -> list[np.ndarray]:
 
 def capture_id(provenance: dict[str, Any]) -> str:
     """The capture folder's name: what makes states comparable across shards (not the shard, not formats)."""
-    keep = ("checkpoint_sha256", "layers", "dtype", "fp8", "tokenizer_hash", "block_size")
+    keep = ("checkpoint_sha256", "layers", "dtype", "fp8", "tokenizer_hash")
     text = json.dumps({k: provenance[k] for k in keep}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -238,12 +240,49 @@ def _read_json(store: ShardStore, key: str) -> dict[str, Any] | None:
 
 def _remove_stale(store: ShardStore, folder: str, partition: str, old: dict[str, Any]) -> None:
     """Delete the files an older capture of this shard wrote (its rows may now be set aside)."""
-    for fmt in old.get("formats", []):
-        for b, batch in enumerate(old.get("batches", [])):
-            if fmt == formats.NATIVE:
+    rows = sorted(row for batch in old.get("batches", []) for row, _, _ in batch)
+    for name in old.get("formats", []):
+        trainer = trainers.REGISTRY.get(name)
+        if trainer is None:  # a target this version no longer has
+            continue
+        if trainer.container == trainers.NATIVE_FILES:
+            for b in range(len(old.get("batches", []))):
                 store.delete(formats.native_key(folder, partition, b))
-            for row, _, _ in batch if fmt != formats.NATIVE else ():
-                store.delete(formats.row_key(folder, fmt, row))
+            continue
+        for index, row in enumerate(rows):
+            store.delete(formats.row_key(folder, name, partition, row, index))
+
+
+def _write_shard_files(
+    store: ShardStore,
+    folder: str,
+    partition: str,
+    batches_rows: list[list[list[Any]]],
+    kept: pl.DataFrame,
+    plan: LayerPlan,
+    settings: CaptureSettings,
+) -> None:
+    """A finished shard's own files: the native index, and the prepared dataset of each target that has one
+    (its rows in mix order, as `hs_{i}` were numbered)."""
+    if formats.NATIVE in settings.formats:
+        entries = [[tuple(m) for m in batch] for batch in batches_rows]
+        index = formats.native_index(partition, entries, plan, settings.fp8)
+        formats.write_native_index(store, folder, partition, index)
+    for trainer in trainers.chosen(settings.formats):
+        if trainer.dataset:
+            formats.write_dataset(store, folder, trainer.name, partition, kept.select("row", "input_ids", "loss_mask"))
+
+
+def _figures(rows: int, aside: dict[int, str], batches_rows: list[list[list[Any]]]) -> dict[str, Any]:
+    """A shard record's counts: rows, captured rows and tokens, rows set aside (by reason, and each)."""
+    return {
+        "rows": rows,
+        "captured_rows": sum(len(batch) for batch in batches_rows),
+        "tokens": sum(n for batch in batches_rows for _, _, n in batch),
+        "set_aside": {reason: sum(1 for r in aside.values() if r == reason) for reason in sorted(set(aside.values()))},
+        "set_aside_rows": {str(row): reason for row, reason in sorted(aside.items())},
+        "batches": batches_rows,
+    }
 
 
 def capture_shard(
@@ -268,8 +307,8 @@ def capture_shard(
     old = _read_json(store, record_key)
     if old is not None and old["key"] == key:
         return ShardResult(partition, old, captured=False)
-    aside = set_aside(frame, plan, settings)
-    kept = frame.filter(~pl.col("row").is_in(list(aside)))
+    aside = set_aside(frame, settings)
+    kept = frame.filter(~pl.col("row").is_in(list(aside)))  # in mix order: row i of a shard's dataset is hs_{i}
     rows = list(zip(kept["row"].to_list(), kept["prompt_id"].to_list(), strict=True))
     ids, masks = _arrays(kept["input_ids"], np.int64), _arrays(kept["loss_mask"], np.uint8)
     groups = batches([len(i) for i in ids], settings.batch_tokens)
@@ -283,35 +322,21 @@ def capture_shard(
     result = ShardResult(partition, {}, captured=True, batches_resumed=done)
     if done:
         log(f"hidden states {partition}: resuming at batch {done + 1} of {len(groups)}")
-    fp8 = settings.fp8
     started = time.perf_counter()
     for b in range(done, len(groups)):
         states = backend.capture([ids[i] for i in groups[b]], plan)
         samples = [
-            formats.Sample(*rows[i], ids[i], masks[i], s) for i, s in zip(groups[b], states, strict=True)
+            formats.Sample(*rows[i], ids[i], masks[i], s, index=i) for i, s in zip(groups[b], states, strict=True)
         ]  # fmt: skip
-        formats.write_batch(store, folder, partition, b, samples, plan, fp8, settings.formats)
+        formats.write_batch(store, folder, partition, b, samples, plan, settings.fp8, settings.formats)
         progress["batches"].append([[s.row, s.prompt_id, len(s.input_ids)] for s in samples])
         store.write_bytes(progress_key, json.dumps(progress).encode())
         result.batches_run += 1
         result.tokens_run += sum(len(s.input_ids) for s in samples)
     result.seconds = time.perf_counter() - started
     batches_rows = progress["batches"]
-    if formats.NATIVE in settings.formats:
-        index = formats.native_index(partition, [[tuple(m) for m in batch] for batch in batches_rows], plan, fp8)
-        formats.write_native_index(store, folder, partition, index)
-    tokens = sum(n for batch in batches_rows for _, _, n in batch)
-    record = {
-        "key": key,
-        "partition": partition,
-        **material,
-        "rows": frame.height,
-        "captured_rows": len(rows),
-        "tokens": tokens,
-        "set_aside": {reason: sum(1 for r in aside.values() if r == reason) for reason in sorted(set(aside.values()))},
-        "set_aside_rows": {str(row): reason for row, reason in sorted(aside.items())},
-        "batches": batches_rows,
-    }
+    _write_shard_files(store, folder, partition, batches_rows, kept, plan, settings)
+    record = {"key": key, "partition": partition, **material, **_figures(frame.height, aside, batches_rows)}
     store.write_bytes(record_key, json.dumps(record).encode())
     store.delete(progress_key)
     result.record = record

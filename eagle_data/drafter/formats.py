@@ -1,14 +1,12 @@
-"""The hidden-state layouts drafter trainers load, written one batch at a time and read back for checks.
+"""The hidden-state files trainers load, written one batch at a time and read back for checks.
 
-- `specforge`: SpecForge's offline layout (`scripts/prepare_hidden_states.py`): one `torch.save` dict per
-  sample at `specforge/rows_{k}-{k+2000}/data_{row}.ckpt` (k: the row's group of 2,000, by global mix row).
-  EAGLE-3: `input_ids` (seq) and `loss_mask` (seq) int64, `hidden_state` (1, seq, H) the last state,
-  `aux_hidden_state` (1, seq, A*H) the auxiliary layers concatenated; DFlash: `input_ids`, `loss_mask`,
-  `hidden_states` (1, seq, A*H).
-- `speculators`: vLLM's `extract_hidden_states` files that speculators trains on: `speculators/{row}.safetensors`
-  with `hidden_states` [seq, layers, H] (auxiliary layers, then the last) and `token_ids` [seq] int64; we
-  add `loss_mask` [seq] uint8 (readers that do not know it ignore it).
-- `native`: one safetensors file per batch, `native/{shard}/batch_{b}.safetensors`, rows end to end:
+Which files, keys, dtypes and shapes each target has is data in `trainers.REGISTRY`; this module turns a
+sample into those tensors and back, by the entry's container:
+- torch (SpecForge `.ckpt`, ModelOpt `.pt`) and safetensors (speculators `hs_{i}`): one file per row, its
+  tensors built from the entry's `Tensor` list. A speculators shard also gets the prepared Arrow dataset
+  (`input_ids`, `loss_mask` int64 lists, `seq_len`, and `row`, the mix row) that `ArrowDataset` loads with
+  `datasets.load_from_disk`: row i of it is `hs_{i}`, the shard's captured rows in mix order.
+- native: one safetensors file per batch, `native/{shard}/batch_{b}.safetensors`, rows end to end:
   `hidden_states` [tokens, layers, H], `input_ids` int32, `loss_mask` uint8, and with fp8 `scales`
   [tokens, layers] float32; `native/{shard}/index.json` says which tokens are which row.
 
@@ -20,6 +18,7 @@ or within 2^-10 of the scale for the smallest values (subnormal steps of 2^-9): 
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 from collections.abc import Iterator, Sequence
@@ -29,50 +28,63 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import polars as pl
 
 from eagle_data import layout
 from eagle_data.drafter.layers import LayerPlan
+from eagle_data.drafter.trainers import NATIVE_FILES, REGISTRY, SAFETENSORS, TORCH, Trainer
 from eagle_data.storage import ShardStore, write_failure
 
-SPECFORGE, SPECULATORS, NATIVE = "specforge", "speculators", "native"
-FORMATS = (SPECFORGE, SPECULATORS, NATIVE)
+NATIVE = "native"
 SPECFORGE_GROUP = 2000  # SpecForge's --file-group-size: rows per rows_{k}-{k+2000} folder
 FP8_MAX = 448.0  # the largest float8_e4m3fn value
 FP8_RELATIVE = 2.0**-4
 FP8_OF_SCALE = 2.0**-10
 INDEX_FILE = "index.json"
+DATASET_FILE, DATASET_INFO, DATASET_STATE = "data-00000-of-00001.arrow", "dataset_info.json", "state.json"
+DATASET_FILES = (DATASET_FILE, DATASET_INFO, DATASET_STATE)
+_INT_BYTES = {"int64": 8, "int32": 4, "uint8": 1}
+_DATASET_TOKEN_BYTES = 16  # the Arrow dataset's int64 input_ids and loss_mask
+
+
+def _id_bytes(trainer: Trainer) -> int:
+    own = sum(_INT_BYTES.get(t.dtype, 0) for t in trainer.tensors)
+    return own + (_DATASET_TOKEN_BYTES if trainer.dataset else 0)
+
 
 # Bytes besides the hidden-state values, per token (ids and mask) and per sample (file framing): the
 # plan's formula (hidden_states.py) uses them and the `bytes_match_plan` check holds it to the files.
-# Per sample: torch.save's zip of four tensors, a safetensors header, a native index entry; measured with
-# torch 2.13 / safetensors 0.8 and checked on every capture.
-ID_BYTES = {SPECFORGE: 16, SPECULATORS: 9, NATIVE: 5}
-SAMPLE_BYTES = {SPECFORGE: 2_200, SPECULATORS: 230, NATIVE: 60}
+# Per sample: torch.save's zip of its tensors, a safetensors header (+ the Arrow dataset's row), a native
+# index entry; measured with torch 2.13 / safetensors 0.8 and checked on every capture.
+ID_BYTES = {name: _id_bytes(t) for name, t in REGISTRY.items()}
+SAMPLE_BYTES = {
+    name: {TORCH: 2_200, SAFETENSORS: 230, NATIVE_FILES: 60}[t.container] for name, t in REGISTRY.items()
+}
 
 
 @dataclass(frozen=True)
 class Sample:
-    """One captured mix row: its global row number, ids and mask, and its states [seq, layers, H]."""
+    """One captured mix row: its global row number, its place among its shard's captured rows (mix order),
+    ids and mask, and its states [seq, layers, H]."""
 
     row: int
     prompt_id: str
     input_ids: np.ndarray
     loss_mask: np.ndarray
     states: Any  # torch.Tensor, contiguous, the stored dtype
+    index: int = 0
 
 
-def specforge_key(folder: str, row: int) -> str:
+def row_key(folder: str, name: str, partition: str, row: int, index: int) -> str:
+    """The file of one row in a per-row target (every one but native)."""
     group = row // SPECFORGE_GROUP * SPECFORGE_GROUP
-    return layout.join(folder, SPECFORGE, f"rows_{group}-{group + SPECFORGE_GROUP}", f"data_{row}.ckpt")
+    fields = {"group": group, "group_end": group + SPECFORGE_GROUP, "row": row, "shard": partition, "index": index}
+    return layout.join(folder, name, REGISTRY[name].files.format(**fields))
 
 
-def speculators_key(folder: str, row: int) -> str:
-    return layout.join(folder, SPECULATORS, f"{row}.safetensors")
-
-
-def row_key(folder: str, fmt: str, row: int) -> str:
-    """The file of one row in a per-row format (specforge, speculators)."""
-    return specforge_key(folder, row) if fmt == SPECFORGE else speculators_key(folder, row)
+def dataset_key(folder: str, name: str, partition: str, file: str) -> str:
+    """A file of a shard's prepared Arrow dataset (speculators)."""
+    return layout.join(folder, name, partition, file)
 
 
 def native_key(folder: str, partition: str, batch: int) -> str:
@@ -102,17 +114,27 @@ def fp8_bound(wide: Any, scale: Any) -> Any:
     return wide.abs() * FP8_RELATIVE + scale.unsqueeze(-1) * FP8_OF_SCALE
 
 
-def _specforge_dict(sample: Sample, plan: LayerPlan) -> dict[str, Any]:
+def _tensors(sample: Sample, trainer: Trainer, plan: LayerPlan) -> dict[str, Any]:
+    """The tensors of one row's file, as the trainer's entry lists them; states keep the capture's dtype."""
     import torch
 
     seq, _, hidden = sample.states.shape
-    ids = torch.from_numpy(sample.input_ids.astype(np.int64))
-    mask = torch.from_numpy(sample.loss_mask.astype(np.int64))
-    aux = _owned(sample.states[:, : len(plan.aux)].reshape(1, seq, len(plan.aux) * hidden))
-    if plan.last is None:
-        return {"input_ids": ids, "loss_mask": mask, "hidden_states": aux}
-    last = _owned(sample.states[:, -1].reshape(1, seq, hidden))
-    return {"input_ids": ids, "loss_mask": mask, "hidden_state": last, "aux_hidden_state": aux}
+    aux = len(plan.aux)
+    values = {
+        "input_ids": lambda: sample.input_ids,
+        "loss_mask": lambda: sample.loss_mask,
+        "aux": lambda: sample.states[:, :aux].reshape(seq, aux * hidden),
+        "last": lambda: sample.states[:, -1],
+        "layers": lambda: sample.states,
+    }
+    out = {}
+    for t in trainer.tensors:
+        value = values[t.source]()
+        if isinstance(value, np.ndarray):
+            value = torch.from_numpy(value.astype(t.dtype))
+        value = value.reshape(1, *value.shape) if t.batch_dim else value
+        out[t.key] = _owned(value) if trainer.container == TORCH else value.contiguous()
+    return out
 
 
 def _owned(tensor: Any) -> Any:
@@ -155,42 +177,82 @@ def write_batch(
     store: ShardStore, folder: str, partition: str, batch: int, samples: Sequence[Sample], plan: LayerPlan, fp8: bool,
     formats: Sequence[str],
 ) -> None:  # fmt: skip
-    """Write one batch in every format; each file is written straight to a temporary file that replaces its
-    key when complete (`ShardStore.staged`), so a killed run leaves none half-written. Without an fsync per
-    file (8 ms each here): a power cut can lose recent files, which verification finds (`verify.py`), and
+    """Write one batch for every chosen target; each file is written straight to a temporary file that replaces
+    its key when complete (`ShardStore.staged`), so a killed run leaves none half-written. Without an fsync
+    per file (8 ms each here): a power cut can lose recent files, which verification finds (`verify.py`), and
     the shard is then captured again. A refused write fails the batch, before its progress is recorded, in
     one line naming the file."""
     import torch
     from safetensors.torch import save_file
 
-    for fmt in formats:
-        if fmt == SPECFORGE:
-            for s in samples:
+    for name in formats:
+        trainer = REGISTRY[name]
+        if trainer.container == NATIVE_FILES:
+            _write_native(store, folder, partition, batch, samples, fp8)
+            continue
+        for s in samples:
+            key = row_key(folder, name, partition, s.row, s.index)
+            if trainer.container == TORCH:
                 # Through a Python file object: torch's own file writer costs ~0.2 ms more CPU per file and
                 # names the zip's folder after the temporary file; this way it is always `archive/`.
-                with _staged(store, specforge_key(folder, s.row)) as tmp, tmp.open("wb") as fh:
-                    torch.save(_specforge_dict(s, plan), fh)
-        elif fmt == SPECULATORS:
-            for s in samples:
-                tensors = {
-                    "hidden_states": s.states,
-                    "token_ids": torch.from_numpy(s.input_ids.astype(np.int64)),
-                    "loss_mask": torch.from_numpy(s.loss_mask.astype(np.uint8)),
-                }
-                with _staged(store, speculators_key(folder, s.row)) as tmp:
-                    save_file(tensors, tmp)
-        else:
-            states = _end_to_end([s.states for s in samples]) if samples else torch.empty(0)
-            tensors = {
-                "input_ids": torch.from_numpy(np.concatenate([s.input_ids for s in samples]).astype(np.int32)),
-                "loss_mask": torch.from_numpy(np.concatenate([s.loss_mask for s in samples]).astype(np.uint8)),
-            }
-            if fp8:
-                tensors["hidden_states"], tensors["scales"] = to_fp8(states)
+                with _staged(store, key) as tmp, tmp.open("wb") as fh:
+                    torch.save(_tensors(s, trainer, plan), fh)
             else:
-                tensors["hidden_states"] = states
-            with _staged(store, native_key(folder, partition, batch)) as tmp:
-                save_file(tensors, tmp)
+                with _staged(store, key) as tmp:
+                    save_file(_tensors(s, trainer, plan), tmp)
+
+
+def _write_native(
+    store: ShardStore, folder: str, partition: str, batch: int, samples: Sequence[Sample], fp8: bool
+) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    states = _end_to_end([s.states for s in samples]) if samples else torch.empty(0)
+    tensors = {
+        "input_ids": torch.from_numpy(np.concatenate([s.input_ids for s in samples]).astype(np.int32)),
+        "loss_mask": torch.from_numpy(np.concatenate([s.loss_mask for s in samples]).astype(np.uint8)),
+    }
+    if fp8:
+        tensors["hidden_states"], tensors["scales"] = to_fp8(states)
+    else:
+        tensors["hidden_states"] = states
+    with _staged(store, native_key(folder, partition, batch)) as tmp:
+        save_file(tensors, tmp)
+
+
+def write_dataset(store: ShardStore, folder: str, name: str, partition: str, rows: pl.DataFrame) -> None:
+    """A shard's prepared Arrow dataset as `datasets.save_to_disk` lays it out (torch format), from `rows`
+    (row, input_ids, loss_mask) in `hs_{i}` order; written with polars, read by `datasets.load_from_disk`."""
+    frame = rows.select(
+        pl.col("input_ids").cast(pl.List(pl.Int64)),
+        pl.col("loss_mask").cast(pl.List(pl.Int64)),
+        pl.col("input_ids").list.len().cast(pl.Int64).alias("seq_len"),
+        pl.col("row").cast(pl.Int64),
+    )
+    buf = io.BytesIO()
+    frame.write_ipc_stream(buf, compat_level=pl.CompatLevel.oldest())
+    data = buf.getvalue()
+    ints = {"feature": {"dtype": "int64", "_type": "Value"}, "_type": "LargeList"}
+    one = {"dtype": "int64", "_type": "Value"}
+    info = {"features": {"input_ids": ints, "loss_mask": ints, "seq_len": one, "row": one}}
+    state = {
+        "_data_files": [{"filename": DATASET_FILE}],
+        "_fingerprint": hashlib.sha256(data).hexdigest()[:16],
+        "_format_columns": None,
+        "_format_kwargs": {},
+        "_format_type": "torch",
+        "_output_all_columns": False,
+        "_split": None,
+    }
+    for file, content in ((DATASET_FILE, data), (DATASET_INFO, json.dumps(info).encode()),
+                          (DATASET_STATE, json.dumps(state).encode())):  # fmt: skip
+        store.write_bytes(dataset_key(folder, name, partition, file), content)
+
+
+def read_dataset(data: bytes) -> pl.DataFrame:
+    """The Arrow dataset's rows (input_ids, loss_mask, seq_len, row), in `hs_{i}` order."""
+    return pl.read_ipc_stream(io.BytesIO(data))
 
 
 def native_index(
@@ -223,24 +285,31 @@ class Stored:
     scales: Any = None
 
 
-def read_specforge(data: bytes, row: int, plan: LayerPlan) -> Stored:
+def read_row(data: bytes, trainer: Trainer, row: int, plan: LayerPlan) -> Stored:
+    """One per-row file back as a sample: its ids, mask (None where the file has none) and states
+    [seq, layers, H] as float32, the layers this trainer stores (`stored_layers`)."""
     import torch
-
-    obj = torch.load(io.BytesIO(data), weights_only=True)
-    aux = obj["hidden_states"] if plan.last is None else obj["aux_hidden_state"]
-    seq = aux.shape[1]
-    layers = [aux.reshape(seq, len(plan.aux), -1)]
-    if plan.last is not None:
-        layers.append(obj["hidden_state"].reshape(seq, 1, -1))
-    states = torch.cat(layers, dim=1).float()
-    return Stored(row, obj["input_ids"].numpy(), obj["loss_mask"].numpy(), states)
-
-
-def read_speculators(data: bytes, row: int) -> Stored:
     from safetensors.torch import load
 
-    obj = load(data)
-    return Stored(row, obj["token_ids"].numpy(), obj["loss_mask"].numpy(), obj["hidden_states"].float())
+    obj = load(data) if trainer.container == SAFETENSORS else torch.load(io.BytesIO(data), weights_only=True)
+    by_source = {t.source: obj[t.key].reshape(obj[t.key].shape[1:]) if t.batch_dim else obj[t.key]
+                 for t in trainer.tensors}  # fmt: skip
+    if "layers" in by_source:
+        states = by_source["layers"]
+    else:
+        aux = by_source["aux"]
+        parts = [aux.reshape(aux.shape[0], len(plan.aux), -1)]
+        if "last" in by_source and plan.last is not None:
+            parts.append(by_source["last"].reshape(aux.shape[0], 1, -1))
+        states = torch.cat(parts, dim=1)
+    mask = by_source.get("loss_mask")
+    return Stored(row, by_source["input_ids"].numpy(), None if mask is None else mask.numpy(), states.float())
+
+
+def stored_layers(trainer: Trainer, plan: LayerPlan) -> int:
+    """How many of the plan's layers the trainer's files hold (DFlash's files may leave out the last state)."""
+    sources = {t.source for t in trainer.tensors}
+    return plan.count if "layers" in sources or "last" in sources else len(plan.aux)
 
 
 def read_native(data: bytes, entries: Sequence[Sequence[Any]]) -> Iterator[Stored]:

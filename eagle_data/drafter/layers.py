@@ -71,10 +71,10 @@ class LayerPlan:
 def resolve(settings: CaptureSettings, num_layers: int) -> LayerPlan:
     """The layer plan of the settings for a target with `num_layers` decoder layers."""
     top = num_layers - 1
-    if settings.layers == "eagle3":
-        wanted, preset = eagle3_ids(num_layers), "eagle3"
-    elif settings.layers == "dflash":
-        wanted, preset = dflash_ids(num_layers, settings.dflash_layers), "dflash"
+    needed = settings.capture  # the chosen trainers' preset and last state
+    if isinstance(settings.layers, str):
+        preset = needed.preset
+        wanted = eagle3_ids(num_layers) if preset == "eagle3" else dflash_ids(num_layers, settings.dflash_layers)
     else:
         wanted, preset = list(settings.layers), "list"
         outside = [i for i in wanted if not 0 <= i <= top]
@@ -83,5 +83,4 @@ def resolve(settings: CaptureSettings, num_layers: int) -> LayerPlan:
                 f"[drafter.capture] layers {outside} are outside the target's decoder layers 0..{top}: fix the list"
             )
     ids = tuple(min(max(i, 0), top) for i in wanted)
-    last = None if preset == "dflash" or settings.last_state == "none" else settings.last_state
-    return LayerPlan(preset=preset, aux=ids, last=last, clamped=ids != tuple(wanted))
+    return LayerPlan(preset=preset, aux=ids, last=needed.last, clamped=ids != tuple(wanted))

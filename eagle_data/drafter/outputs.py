@@ -11,7 +11,7 @@ import polars as pl
 
 from eagle_data import layout
 from eagle_data.catalog import DatasetSpec
-from eagle_data.drafter import capture, decontam, hidden_states, layers, verify, vocab
+from eagle_data.drafter import capture, decontam, hidden_states, layers, trainers, verify, vocab
 from eagle_data.drafter.mixfile import content_hash, local_mix, mix_target
 from eagle_data.drafter.settings import CaptureSettings, HiddenStateRecipe
 from eagle_data.quality import KEPT
@@ -22,11 +22,16 @@ Log = Callable[[str], None]
 
 
 def write_draft_vocab(
-    specs: list[DatasetSpec], store: ShardStore, sizes: tuple[int, ...], log: Log = print
+    specs: list[DatasetSpec],
+    store: ShardStore,
+    sizes: tuple[int, ...],
+    log: Log = print,
+    formats: tuple[str, ...] = ("specforge-eagle3",),
 ) -> dict[str, Any]:
     """Count the mix's supervised tokens (once per tokenizer and mix content) and write one EAGLE-3 mapping
-    per draft vocabulary size, skipping those already written; returns the figures, per size the share of
-    supervised tokens the draft vocabulary covers and the file's URI."""
+    per draft vocabulary size, in the files the chosen trainers (`formats`) load, skipping those already
+    written; returns the figures, per size the share of supervised tokens the draft vocabulary covers and
+    the SpecForge file's URI (the others lie beside it)."""
     with local_mix(store, layout.mix()) as path:
         target = load_target(mix_target(path, specs))
         mix_hash = content_hash(path)
@@ -49,12 +54,14 @@ def write_draft_vocab(
     }
     for size in sizes:
         draft = vocab.draft_vocab(counts, size)
-        key = layout.draft_vocab_file(target.tokenizer_hash, mix_hash, layout.vocab_mapping_name(size))
-        if not store.exists(key):
-            store.write_bytes(key, vocab.mapping_bytes(draft))
+        names = trainers.vocab_names(formats, size)
+        keys = {name: layout.draft_vocab_file(target.tokenizer_hash, mix_hash, name) for name in names}
+        missing = [name for name, key in keys.items() if not store.exists(key)]
+        for name, data in vocab.mapping_files(draft, missing).items():
+            store.write_bytes(keys[name], data)
         figures[f"coverage_{size}"] = round(draft.coverage, 6)
-        figures[f"mapping_{size}_path"] = store.uri(key)
-        log(f"draft vocabulary {size}: covers {draft.coverage:.2%} of supervised tokens -> {store.uri(key)}")
+        figures[f"mapping_{size}_path"] = store.uri(keys[layout.vocab_mapping_name(size)])
+        log(f"draft vocabulary {size}: covers {draft.coverage:.2%} of supervised tokens -> {', '.join(keys)}")
     return figures
 
 
@@ -191,7 +198,6 @@ def write_hidden_states(
             "fp8": settings.fp8,
             "target": target.name,
             "tokenizer_hash": target.tokenizer_hash,
-            "block_size": settings.block_size if plan.preset == "dflash" else None,
             "formats": list(settings.formats),
         }
         cid = capture.capture_id(base)

@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from eagle_data.catalog import CATALOG_PATH, CatalogError, read_table
+from eagle_data.drafter import trainers
 
 
 class _Frozen(BaseModel):
@@ -62,7 +63,7 @@ class HiddenStateRecipe(_Frozen):
     hidden_size: the target model's hidden size (Qwen3-8B: 4096).
     dtype: bf16 (2 bytes a value), fp32 (4), or fp8 (1 byte a value plus one float32 scale per token and
         layer; the native format only).
-    format: the layout on disk (`eagle_data/drafter/formats.py`): its ids, mask and per-file bytes.
+    format: the export target (`eagle_data/drafter/trainers.py`): its ids, mask and per-file bytes.
     target_params_b: the target's parameters in billions; a forward pass costs 2 FLOPs per parameter a token.
     gpu_tflops: dense bf16 TFLOP/s of one GPU (H100 SXM: 989).
     mfu: the share of that the capture achieves (prefill only; 0.4 is a planning figure, measure yours).
@@ -71,7 +72,7 @@ class HiddenStateRecipe(_Frozen):
     captured_layers: int = Field(4, gt=0)
     hidden_size: int = Field(4096, gt=0)
     dtype: Literal["bf16", "fp32", "fp8"] = "bf16"
-    format: Literal["specforge", "speculators", "native"] = "specforge"
+    format: Literal[trainers.NAMES] = "specforge-eagle3"  # type: ignore[valid-type]
     target_params_b: float = Field(8.0, gt=0)
     gpu_tflops: float = Field(989.0, gt=0)
     mfu: float = Field(0.4, gt=0, le=1)
@@ -87,13 +88,14 @@ class CaptureSettings(_Frozen):
     """What the `hidden_states` asset captures and how (`eagle_data/drafter/capture.py`).
 
     Attributes:
-    layers: "eagle3" (SpecForge's [1, N//2-1, N-4] plus the last state), "dflash" (`dflash_layers` evenly
-        spaced from 1 to N-3) or an explicit list of decoder-layer ids (0-based outputs, SpecForge numbering).
-    last_state: the last hidden state stored "after_norm" (SpecForge, ModelOpt), "before_norm" (speculators)
-        or "none"; DFlash stores none.
+    formats: the export targets written, one per trainer and drafter kind (`trainers.REGISTRY`): choosing
+        them picks the layers, the last state's norm, the rows set aside and the files.
+    layers: "auto" (the chosen trainers' preset), "eagle3" (SpecForge's [1, N//2-1, N-4] plus the last
+        state), "dflash" (`dflash_layers` evenly spaced from 1 to N-3) or an explicit list of decoder-layer
+        ids (0-based outputs, SpecForge numbering).
+    last_state: "auto" (what the chosen trainers read), "after_norm", "before_norm" or "none"; a value a
+        chosen trainer cannot use is refused.
     dflash_layers: how many target layers a DFlash drafter reads.
-    block_size: DFlash's block; rows with fewer than 2 x block_size supervised tokens are set aside.
-    formats: the layouts written, any of specforge, speculators, native.
     dtype: "auto" (bf16 on GPU, fp32 on CPU), "bf16" or "fp32": the forward pass and what is stored.
     fp8: the native format stores fp8 values and a float32 scale per token and layer (the others keep dtype).
     shard_rows: mix rows per capture shard (partition); row r is always in shard r // shard_rows.
@@ -103,11 +105,10 @@ class CaptureSettings(_Frozen):
     seed: picks those rows.
     """
 
-    layers: Literal["eagle3", "dflash"] | tuple[int, ...] = "eagle3"
-    last_state: Literal["after_norm", "before_norm", "none"] = "after_norm"
+    formats: tuple[Literal[trainers.NAMES], ...] = Field(("specforge-eagle3",), min_length=1)  # type: ignore[valid-type]
+    layers: Literal["auto", "eagle3", "dflash"] | tuple[int, ...] = "auto"
+    last_state: Literal["auto", "after_norm", "before_norm", "none"] = "auto"
     dflash_layers: int = Field(5, gt=0)
-    block_size: int = Field(16, gt=0)
-    formats: tuple[Literal["specforge", "speculators", "native"], ...] = Field(("specforge",), min_length=1)
     dtype: Literal["auto", "bf16", "fp32"] = "auto"
     fp8: bool = False
     shard_rows: int = Field(2000, gt=0)
@@ -122,11 +123,13 @@ class CaptureSettings(_Frozen):
             raise ValueError("formats must be distinct")
         if self.fp8 and "native" not in self.formats:
             raise ValueError('fp8 is stored by the native format only: add "native" to formats')
-        if self.layers == "eagle3" and self.last_state == "none":
-            raise ValueError("eagle3 trains on the last hidden state: set last_state to after_norm or before_norm")
-        if "specforge" in self.formats and self.layers != "dflash" and self.last_state == "none":
-            raise ValueError("SpecForge's EAGLE-3 files need the last hidden state: set last_state")
+        trainers.resolve(self.formats, self.layers, self.last_state)  # refuses what a chosen trainer cannot use
         return self
+
+    @property
+    def capture(self) -> trainers.Capture:
+        """The layer preset and last state the chosen trainers need (`trainers.resolve`)."""
+        return trainers.resolve(self.formats, self.layers, self.last_state)
 
     @property
     def partitions(self) -> int:
@@ -161,4 +164,6 @@ def load_drafter_settings(path: Path = CATALOG_PATH) -> DrafterSettings:
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
-        raise CatalogError(f"[drafter] {where}: {first['msg']} (fix {path})") from exc
+        message = first["msg"].removeprefix("Value error, ")
+        place = "" if message.startswith("[drafter") else f"[drafter] {where}: "  # the message names its setting
+        raise CatalogError(f"{place}{message} (fix {path})") from exc

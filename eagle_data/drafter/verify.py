@@ -12,17 +12,18 @@ and each verdict carries the sha256 of the stored bytes it read.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import polars as pl
 
-from eagle_data.drafter import formats
+from eagle_data.drafter import formats, trainers
 from eagle_data.drafter.capture import CaptureBackend
 from eagle_data.drafter.hidden_states import capture_bytes
 from eagle_data.drafter.layers import LayerPlan
@@ -112,7 +113,7 @@ class Findings:
 def _stored(
     store: ShardStore, folder: str, partition: str, fmt: str, rows: list[int], plan: LayerPlan, found: Findings
 ) -> Iterator[formats.Stored]:
-    """Every stored sample of one format for the shard's captured rows; missing and unreadable files are
+    """Every stored sample of one target for the shard's captured rows; missing and unreadable files are
     recorded, and their bytes counted."""
     size = 0
 
@@ -126,34 +127,65 @@ def _stored(
         found.hasher.update(data)
         return data
 
+    trainer = trainers.REGISTRY[fmt]
     try:
-        if fmt == formats.NATIVE:
-            raw = read(formats.native_index_key(folder, partition))
-            index = json.loads(raw) if raw is not None else {"files": []}
-            indexed = [int(e[0]) for f in index["files"] for e in f["rows"]]
-            if sorted(indexed) != sorted(rows):
-                found.problems[IDS].append(f"native index of {partition} lists other rows than were captured")
-            for batch, entry in enumerate(index["files"]):
-                data = read(formats.native_key(folder, partition, batch))
-                try:
-                    yield from formats.read_native(data, entry["rows"]) if data is not None else ()
-                except Exception as exc:  # any parse failure of a stored file is the same finding
-                    found.problems[IDS].append(f"native {entry['file']} unreadable ({type(exc).__name__})")
+        if trainer.container == trainers.NATIVE_FILES:
+            yield from _stored_native(read, folder, partition, rows, found)
             return
-        for row in rows:
-            data = read(formats.row_key(folder, fmt, row))
+        masks = _dataset_masks(read, folder, fmt, partition, rows, found) if trainer.dataset else {}
+        for index, row in enumerate(rows):
+            data = read(formats.row_key(folder, fmt, partition, row, index))
             if data is None:
                 continue
             try:
-                yield (
-                    formats.read_specforge(data, row, plan)
-                    if fmt == formats.SPECFORGE
-                    else formats.read_speculators(data, row)
-                )
+                sample = formats.read_row(data, trainer, row, plan)
             except Exception as exc:  # a truncated or foreign file: unreadable, whatever the parser raised
                 found.problems[IDS].append(f"{fmt} row {row} unreadable ({type(exc).__name__})")
+                continue
+            if trainer.dataset:
+                ids, mask = masks.get(row, (None, None))
+                if ids is None or not np.array_equal(ids, sample.input_ids):
+                    found.problems[IDS].append(f"{fmt} dataset row {index} unlike hs_{index}")
+                sample = dataclasses.replace(sample, loss_mask=mask)
+            yield sample
     finally:
         found.actual_bytes[fmt] = found.actual_bytes.get(fmt, 0) + size
+
+
+def _stored_native(
+    read: Callable[[str], bytes | None], folder: str, partition: str, rows: list[int], found: Findings
+) -> Iterator[formats.Stored]:
+    raw = read(formats.native_index_key(folder, partition))
+    index = json.loads(raw) if raw is not None else {"files": []}
+    indexed = [int(e[0]) for f in index["files"] for e in f["rows"]]
+    if sorted(indexed) != sorted(rows):
+        found.problems[IDS].append(f"native index of {partition} lists other rows than were captured")
+    for batch, entry in enumerate(index["files"]):
+        data = read(formats.native_key(folder, partition, batch))
+        try:
+            yield from formats.read_native(data, entry["rows"]) if data is not None else ()
+        except Exception as exc:  # any parse failure of a stored file is the same finding
+            found.problems[IDS].append(f"native {entry['file']} unreadable ({type(exc).__name__})")
+
+
+def _dataset_masks(
+    read: Callable[[str], bytes | None], folder: str, fmt: str, partition: str, rows: list[int], found: Findings
+) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Each row's (ids, mask) in the shard's Arrow dataset, which must list the captured rows in mix order."""
+    keys = [formats.dataset_key(folder, fmt, partition, f) for f in formats.DATASET_FILES]
+    data, *_ = (read(key) for key in keys)
+    try:
+        table = formats.read_dataset(data) if data is not None else None
+    except Exception as exc:  # a truncated or foreign file
+        found.problems[IDS].append(f"{fmt} dataset of {partition} unreadable ({type(exc).__name__})")
+        return {}
+    if table is None or table["row"].to_list() != rows:
+        found.problems[IDS].append(f"{fmt} dataset of {partition} lists other rows than were captured")
+        return {}
+    return {
+        row: (np.asarray(ids), np.asarray(mask))
+        for row, ids, mask in table.select("row", "input_ids", "loss_mask").iter_rows()
+    }
 
 
 def verify_shard(
@@ -181,7 +213,8 @@ def verify_shard(
     tokens = sum(len(mix[row][0]) for row in rows)
     for fmt in record["formats"]:
         dtype = "fp8" if fmt == formats.NATIVE and record["fp8"] else record["dtype"]
-        recipe = HiddenStateRecipe(captured_layers=plan.count, hidden_size=backend.hidden_size, dtype=dtype, format=fmt)
+        layers = formats.stored_layers(trainers.REGISTRY[fmt], plan)
+        recipe = HiddenStateRecipe(captured_layers=layers, hidden_size=backend.hidden_size, dtype=dtype, format=fmt)
         found.planned_bytes[fmt] = capture_bytes(recipe, len(rows), tokens)
         for sample in _stored(store, folder, partition, fmt, rows, plan, found):
             found.samples += 1
@@ -195,7 +228,7 @@ def verify_shard(
                 found.problems[IDS].append(name)
             if not bool(torch.isfinite(sample.states).all()):
                 found.problems[FINITE].append(name)
-            if tuple(sample.states.shape) != (len(ids) if ids is not None else -1, plan.count, backend.hidden_size):
+            if tuple(sample.states.shape) != (len(ids) if ids is not None else -1, layers, backend.hidden_size):
                 found.problems[SHAPES].append(f"{name} {tuple(sample.states.shape)}")
             if sample.row in kept:
                 kept[sample.row].append(sample)
@@ -204,12 +237,13 @@ def verify_shard(
         found.recaptured += 1
         scale = fresh.abs().max().item() or 1.0
         for sample in samples:
+            wanted = fresh[:, : sample.states.shape[1]]  # a DFlash file may leave out the last state
             allowed = TOLERANCE[record["dtype"]] * scale
             if sample.scales is not None:
-                allowed = allowed + formats.fp8_bound(fresh, sample.scales)
-            if sample.states.shape != fresh.shape:
+                allowed = allowed + formats.fp8_bound(wanted, sample.scales)
+            if sample.states.shape != wanted.shape:
                 continue  # counted by the shape check
-            share = float(((sample.states - fresh).abs() / allowed).max()) if fresh.numel() else 0.0
+            share = float(((sample.states - wanted).abs() / allowed).max()) if wanted.numel() else 0.0
             found.recapture_worst = max(found.recapture_worst, share)
             if not share <= 1.0:  # NaN fails too
                 found.problems[RECAPTURE].append(f"row {row} ({share:.1f}x the tolerance)")

@@ -11,8 +11,11 @@ occur, sorted ascending as `used`; `d2t[i] = used[i] - i` (an offset: target id 
 `torch.save({"d2t": d2t, "t2d": t2d})`. Ties in count are broken by id, lower first (SpecForge leaves
 them in Counter insertion order, i.e. data order), so the same mix always gives the same mapping.
 
-The counts are also written in speculators' token-frequency format (`torch.save` of a dict
-{token id: count} over ids that occur), which its `build_vocab_mapping` script reads.
+The same mapping is written in the format each chosen trainer loads (`trainers.VOCAB_FILES`,
+`mapping_files`): speculators' `d2t-{N}.npy` / `t2d-{N}.npy` (`np.save`, its `--d2t-path` / `--t2d-path`;
+speculators' own `build_vocab_mappings_from_distribution` picks the same ids), ModelOpt's `d2t-{N}.pt`
+(`torch.save` of the d2t tensor). The counts are also written in speculators' token-frequency format
+(`torch.save` of a dict {token id: count} over ids that occur), which its `build_vocab_mapping` script reads.
 """
 
 from __future__ import annotations
@@ -94,6 +97,26 @@ def mapping_bytes(vocab: DraftVocab) -> bytes:
     import torch
 
     return _torch_bytes({"d2t": torch.from_numpy(vocab.d2t.copy()), "t2d": torch.from_numpy(vocab.t2d.copy())})
+
+
+def _npy_bytes(array: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, array, allow_pickle=False)
+    return buf.getvalue()
+
+
+def mapping_files(vocab: DraftVocab, names: list[str]) -> dict[str, bytes]:
+    """The bytes of each named mapping file (`trainers.vocab_names`), by its name's pattern."""
+    import torch
+
+    def one(name: str) -> bytes:
+        if name.startswith("vocab_mapping_"):
+            return mapping_bytes(vocab)
+        if name.endswith(".npy"):
+            return _npy_bytes(vocab.d2t if name.startswith("d2t") else vocab.t2d)
+        return _torch_bytes(torch.from_numpy(vocab.d2t.copy()))  # ModelOpt's d2t cache
+
+    return {name: one(name) for name in names}
 
 
 def token_freq_bytes(counts: np.ndarray) -> bytes:
