@@ -12,6 +12,9 @@ $(VENV)/.installed: pyproject.toml
 	# torch first, pinned: an unpinned torch pulls a CUDA build of several GB.
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[local,test]'
+	# SpecForge 0.2.0, the trainer the exports' trainer_parity check runs: --no-deps (it pins torch, transformers
+	# and sglang); the data modules the check imports need only torch, transformers and pydantic.
+	$(PY) -m pip install -q --no-deps specforge==0.2.0
 	touch $@
 
 demo: setup

@@ -1,5 +1,6 @@
-"""Exports: the trainer JSONL files and training parquet load back with json/polars; mixes are weighted and reproducible;
-the streaming export writes what the in-memory one wrote; no zero-mask row ever leaves; only admitted shards."""
+"""Exports: the trainer JSONL files and training parquet load back with json/polars; mixes are weighted and
+reproducible; the streaming export writes what the in-memory one wrote; no zero-mask row ever leaves; only
+admitted shards."""
 
 from __future__ import annotations
 
@@ -228,7 +229,8 @@ def test_export_to_s3_equals_the_local_export(tmp_path: Path, s3_endpoint: str, 
     for store in (local, remote):
         pipeline.export(specs, store, admit_all(store, specs), seed=3)
         outputs[store.root] = [
-            store.read_bytes(k) for k in (layout.export_file("b93_gamma", "prompts.jsonl"), layout.mix_file("prompts.jsonl"))
+            store.read_bytes(k)
+            for k in (layout.export_file("b93_gamma", "prompts.jsonl"), layout.mix_file("prompts.jsonl"))
         ] + [store.read_frame(k) for k in (layout.export_file("b93_gamma", layout.TRAIN_FILE), layout.mix())]
     first, second = outputs.values()
     assert first[:2] == second[:2] and first[2].equals(second[2]) and first[3].equals(second[3])

@@ -20,6 +20,7 @@ import tempfile
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -171,8 +172,10 @@ def specforge_template(name: str) -> Any:
     return registry.get(name)
 
 
+@cache
 def load_tokenizer(folder: str) -> Any:
-    """The tokenizer SpecForge loads from the target's folder (AutoTokenizer); it must carry a chat template."""
+    """The tokenizer SpecForge loads from the target's folder (AutoTokenizer); it must carry a chat template.
+    Loaded once per process (a 150k vocabulary takes seconds)."""
     from transformers import AutoTokenizer
 
     try:
