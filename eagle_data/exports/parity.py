@@ -14,6 +14,7 @@ own template (no default system message) and comparing again, then reading the d
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import tempfile
@@ -40,6 +41,8 @@ CAUSES = {
     "default_system_message": "the trainer's template inserts a system message the row does not have",
     "think_markers": "the trainer supervises think-block tokens (<think>, </think>, the newlines after them)",
     "template_tokens": "the trainer supervises template tokens (the newline after the end-of-turn token)",
+    "retokenized": "the same text in other tokens: the trainer encodes the text again, where our ids are the "
+    "tokens the model generated (not always the tokenizer's own split of that text)",
     "reasoning_not_carried": "the format has no reasoning field: the trainer's text lacks the reasoning",
     "not_loaded": "the trainer's loader left the row out or refused the file",
     "other": "ids or mask differ for a reason not named above",
@@ -217,12 +220,19 @@ class TextRun:
     no_system: Any
     system_prompt: str
     markers: Markers
+    decode: Any  # the tokenizer's decode, special tokens kept
 
     @classmethod
     def build(cls, tokenizer: Any, template_name: str, markers: Markers) -> TextRun:
         template = specforge_template(template_name)
         bare = template.model_copy(update={"system_prompt": ""})
-        return cls(_parser(tokenizer, template), _parser(tokenizer, bare), template.system_prompt or "", markers)
+        return cls(
+            _parser(tokenizer, template),
+            _parser(tokenizer, bare),
+            template.system_prompt or "",
+            markers,
+            functools.partial(tokenizer.decode, skip_special_tokens=False),
+        )
 
     def causes(
         self, conversation: list[dict[str, Any]], ids: list[int], mask: list[int], fmt: ExportFormat
@@ -236,7 +246,10 @@ class TextRun:
             theirs, their_mask = (t.tolist() for t in self.no_system.parse(conversation, longest, tool=[]))
             found["default_system_message"] = 0
         if theirs != ids:
-            found["other" if fmt.reasoning else "reasoning_not_carried"] = 0
+            if self.decode(theirs) == self.decode(ids):
+                found["retokenized"] = 0
+            else:
+                found["other" if fmt.reasoning else "reasoning_not_carried"] = 0
             return found
         return found | mask_causes(ids, mask, their_mask, self.markers)
 
