@@ -35,7 +35,7 @@ def turn(role: str, content: str, reasoning: str | None = None) -> dict[str, obj
     return {"role": role, "content": content, "reasoning": reasoning, "output_ids": None}
 
 
-# one-turn, multi-turn, with a system turn, unicode, code
+# one-turn, multi-turn, with a system turn, unicode, code, a reply in the model's own tokens
 CONVERSATIONS = [
     [turn("user", "2+2?"), turn("assistant", "It is 4.", "Add two and two.\nThat is 4.")],
     [turn("system", "Réponds en français."), turn("user", "Bonjour « ça va » ?"),
@@ -43,12 +43,27 @@ CONVERSATIONS = [
     [turn("user", "Write code."), turn("assistant", "def f():\n    return 1\n", "Easy."),
      turn("user", "Now in C?"), turn("assistant", "int f(void) { return 1; }", "Translate it.")],
     [turn("user", "Quote:"), turn("assistant", "« To be, or not to be » — Hamlet.", "A quote.\n\nFamous.")],
+    [turn("user", "Spell it."), turn("assistant", "Hello river", "Letters.")],  # the model's own split
 ]  # fmt: skip
+RETOKENIZED = 4  # its reply ids as a model may generate them: "Hello" in single letters, not the BPE split
+
+
+def model_split(ids: list[int], thinking: bool) -> list[int]:
+    """The final reply's ids as the engine returns them (after the generation prompt, before the end-of-turn)
+    with one word spelled in single-letter tokens: the same text in other tokens."""
+    target = load_target("demo")
+    # after <|im_start|> assistant \n, and with thinking off the prompt's empty <think> \n\n </think> \n\n
+    start = len(ids) - 1 - ids[::-1].index(151644) + 3 + (0 if thinking else 4)
+    body = ids[start : len(ids) - 2]  # before <|im_end|> \n
+    word = next(i for i, t in enumerate(body) if target.tokenizer.decode([t]) == "Hello")
+    letters = [t for ch in "Hello" for t in target.text_encoder.encode(ch).ids]
+    return [*body[:word], *letters, *body[word + 1 :]]
 
 
 def validated(name: str, thinking: bool) -> pl.DataFrame:
     """A validated shard of `name` as the validation stage writes it, every row passing."""
-    convs = [[m if m["role"] != "assistant" or thinking else {**m, "reasoning": ""} for m in c] for c in CONVERSATIONS]
+    convs = [[{**m, "reasoning": m["reasoning"] if m["role"] != "assistant" or thinking else ""} for m in c]
+             for c in CONVERSATIONS]  # fmt: skip
     gens = pl.DataFrame({
         "prompt_id": [f"{name}-{i}" for i in range(len(convs))], "dataset": name, "status": "ok",
         "finish_reason": "stop", "content": [c[-1]["content"] for c in convs],
@@ -56,6 +71,10 @@ def validated(name: str, thinking: bool) -> pl.DataFrame:
         "model": "demo", "messages": pl.Series(convs, dtype=pl.List(MESSAGE_DTYPE)),
     })  # fmt: skip
     rows = build_training_rows(load_target("demo"), gens, thinking=thinking)
+    convs[RETOKENIZED][-1]["output_ids"] = model_split(rows["input_ids"][RETOKENIZED].to_list(), thinking)
+    rows = build_training_rows(load_target("demo"), gens.with_columns(
+        messages=pl.Series(convs, dtype=pl.List(MESSAGE_DTYPE))), thinking=thinking)  # fmt: skip
+    assert rows["ids_match"].to_list()[RETOKENIZED] is False
     return rows.with_columns(verdict=pl.lit("pass"))
 
 
@@ -111,20 +130,22 @@ def test_parity_report_counts_every_difference_of_the_text_exports_by_cause(expo
     report = check_exports(store, specs, config)
     got = {f"{where}/{p.file}": (p.checked, p.identical, dict(p.causes)) for where, _, p in report.files}
     n, no_system = len(CONVERSATIONS), len(CONVERSATIONS) - 1
+    text = {"default_system_message": no_system, "retokenized": 1, "template_tokens": n - 1}
     assert got == {
         "b91_think/prompts.jsonl": (n, n, {}),
-        # qwen3-thinking: a system message inserted where the row has none; the "\n" after <|im_end|> supervised
-        "b91_think/conversations.jsonl": (n, 0, {"default_system_message": no_system, "template_tokens": n}),
+        # qwen3-thinking: a system message inserted where the row has none; the "\n" after <|im_end|> supervised;
+        # the row in the model's own tokens tokenized again (its mask is not compared)
+        "b91_think/conversations.jsonl": (n, 0, text),
         "b91_think/sharegpt.jsonl": (n, 0, {"default_system_message": no_system, "reasoning_not_carried": n}),
         "b92_plain/prompts.jsonl": (n, n, {}),
         # qwen3-instruct (thinking off) leaves the empty think block out of the loss, as we do
-        "b92_plain/conversations.jsonl": (n, 0, {"default_system_message": no_system, "template_tokens": n}),
-        "b92_plain/sharegpt.jsonl": (n, 0, {"default_system_message": no_system, "template_tokens": n}),
+        "b92_plain/conversations.jsonl": (n, 0, text),
+        "b92_plain/sharegpt.jsonl": (n, 0, text),
         "mix/prompts.jsonl": (2 * n, 2 * n, {}),
     }  # fmt: skip
     assert not report.failures  # named causes only: the text exports report, the tokenized ones are identical
     conv = next(p for where, _, p in report.files if where == "b91_think" and p.file == "conversations.jsonl")
-    assert conv.tokens["template_tokens"] == 5  # one "\n" after <|im_end|> per assistant turn: 1 + 1 + 2 + 1
+    assert conv.tokens["template_tokens"] == 5  # a "\n" after <|im_end|> per assistant turn (1 + 1 + 2 + 1)
 
 
 def test_thinking_template_on_thinking_off_rows_names_the_supervised_think_markers(exported, tokenizer_folder):
@@ -132,8 +153,8 @@ def test_thinking_template_on_thinking_off_rows_names_the_supervised_think_marke
     config = ExportSettings(formats=("specforge_text",), parity_rows=0, trainer_tokenizer=str(tokenizer_folder),
                             specforge_template="qwen3-thinking")  # fmt: skip
     (_, _, plain), = [f for f in check_exports(store, specs[1:], config).files]  # fmt: skip
-    assert plain.causes["think_markers"] == len(CONVERSATIONS)
-    assert plain.tokens["think_markers"] == 4 * len(CONVERSATIONS)  # <think> "\n\n" </think> "\n\n"
+    assert plain.causes["think_markers"] == len(CONVERSATIONS) - 1  # the retokenized row's mask is not compared
+    assert plain.tokens["think_markers"] == 4 * (len(CONVERSATIONS) - 1)  # <think> "\n\n" </think> "\n\n"
 
 
 def test_parity_check_fails_on_a_prompts_file_that_differs_from_the_verified_rows(exported, tmp_path: Path) -> None:
