@@ -184,3 +184,15 @@ def test_parity_without_specforge_fails_in_one_line_naming_the_install(exported,
 def test_unknown_format_is_refused_in_one_line() -> None:
     with pytest.raises(ValueError, match="unknown specforge_jsonl; known: specforge_prompts, specforge_text"):
         chosen(["specforge_jsonl"])
+
+
+def test_a_bad_exports_setting_is_a_one_line_catalog_error(tmp_path: Path) -> None:
+    from eagle_data.catalog import CatalogError
+    from eagle_data.exports.settings import export_settings
+
+    catalog = tmp_path / "catalog.toml"
+    catalog.write_text('[exports]\nformats = ["specforge_prompts", "parquet"]\n')
+    said = r"\[exports\] formats = .*unknown parquet; known: specforge_prompts"
+    with pytest.raises(CatalogError, match=said) as caught:
+        export_settings(catalog)
+    assert "\n" not in str(caught.value)

@@ -9,19 +9,19 @@ unexplained ones (`parity.UNEXPLAINED`) block.
 
 from __future__ import annotations
 
-import tempfile
 import tomllib
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import polars as pl
 
 from eagle_data import layout, settings
 from eagle_data.catalog import PROFILE_ENV, DatasetSpec
+from eagle_data.drafter.mixfile import local_mix  # a stored file as a local path (S3: a temporary download)
 from eagle_data.exports import parity
-from eagle_data.exports.formats import ExportFormat, chosen
+from eagle_data.exports.formats import chosen
 from eagle_data.exports.parity import Markers, Parity, ParityError, TextRun
 from eagle_data.exports.settings import ExportSettings
 from eagle_data.storage import ShardStore
@@ -29,6 +29,7 @@ from eagle_data.targets import load_target, resolve_target
 from eagle_data.targets.profile import TARGETS_PATH
 
 CHECKPOINT_ENV = "EAGLE_DATA_CAPTURE_CHECKPOINT"  # the target folder hidden-state capture reads too
+Measure = Callable[[Path, Path, Sequence[int], int], Parity]  # (file, its parquet, sampled rows, rows) -> parity
 
 
 @dataclass(frozen=True)
@@ -60,18 +61,6 @@ class Report:
             lines.append(f"| {where}/{p.file} | {p.format} | {p.rows} | {p.checked} | {p.identical} | {causes} | "
                          f"{'yes' if p.blocking(tokenized) else 'no'} |")  # fmt: skip
         return "\n".join(lines)
-
-
-@contextmanager
-def local(store: ShardStore, key: str) -> Iterator[Path]:
-    """A local path to a stored file: the file itself on a folder root, a temporary download on S3."""
-    if not store.is_s3:
-        yield Path(store.root, key)
-        return
-    with tempfile.TemporaryDirectory(prefix="eagle-parity-") as folder:
-        path = Path(folder, Path(key).name)
-        store.download(key, path)
-        yield path
 
 
 def trainer_tokenizer(config: ExportSettings) -> str:
@@ -107,13 +96,11 @@ def _format_name(profile: str) -> str:
     return str(tomllib.loads(TARGETS_PATH.read_text())["profiles"].get(profile, {}).get("format", ""))
 
 
-def _one(store: ShardStore, fmt: ExportFormat, key: str, train_key: str, config: ExportSettings, run: object) -> Parity:
-    with local(store, train_key) as train, local(store, key) as jsonl:
+def _one(store: ShardStore, key: str, train_key: str, config: ExportSettings, measure: Measure) -> Parity:
+    """One trainer file against the parquet written beside it, on `parity_rows` sampled rows."""
+    with local_mix(store, train_key) as train, local_mix(store, key) as jsonl:
         rows = pl.scan_parquet(train).select(pl.len()).collect().item()
-        picks = parity.sample(rows, config.parity_rows)
-        if fmt.tokenized:
-            return parity.prompts_parity(fmt, jsonl, train, picks, rows)
-        return parity.text_parity(fmt, jsonl, train, picks, rows, run)  # type: ignore[arg-type]
+        return measure(jsonl, train, parity.sample(rows, config.parity_rows), rows)
 
 
 def check_exports(store: ShardStore, specs: Sequence[DatasetSpec], config: ExportSettings) -> Report:
@@ -128,12 +115,14 @@ def check_exports(store: ShardStore, specs: Sequence[DatasetSpec], config: Expor
         run = None
         for fmt in formats:
             if run is None and not fmt.tokenized:
-                with local(store, train_key) as train:
+                with local_mix(store, train_key) as train:
                     run = text_run(spec, train, config, tokenizer)
             key = layout.export_file(spec.name, fmt.file)
-            files.append((spec.name, fmt.tokenized, _one(store, fmt, key, train_key, config, run)))
+            tokenized = partial(parity.prompts_parity, fmt)
+            measure = tokenized if fmt.tokenized else partial(parity.text_parity, fmt, run=run)
+            files.append((spec.name, fmt.tokenized, _one(store, key, train_key, config, measure)))
     if store.exists(layout.mix()):
         for fmt in (f for f in formats if f.mix):
-            parity_of = _one(store, fmt, layout.mix_file(fmt.file), layout.mix(), config, None)
-            files.append(("mix", fmt.tokenized, parity_of))
+            measure = partial(parity.prompts_parity, fmt)
+            files.append(("mix", True, _one(store, layout.mix_file(fmt.file), layout.mix(), config, measure)))
     return Report(tuple(files))
