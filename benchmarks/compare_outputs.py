@@ -95,7 +95,8 @@ def child(checkout: Path, root: Path, dump: Path, source: str, prompts: int, url
                 frame = store.read_shard(spec.name, asset_of(spec), key).select("prompt_id", *columns)
                 tables[table].append(neutral(frame).with_columns(dataset=pl.lit(spec.name), partition=pl.lit(key)))
         old_key = f"{spec.name}/export/train.parquet"
-        train = pipeline.export_keys(spec)[1] if hasattr(pipeline, "export_keys") else old_key
+        keys = pipeline.export_keys(spec) if hasattr(pipeline, "export_keys") else {"train": old_key}
+        train = keys["train"] if isinstance(keys, dict) else keys[1]  # a tuple (file, train) before the registry
         tables["train"].append(neutral(store.read_frame(train)))
     tables["mix"].append(neutral(pl.read_parquet(figures["mix_path"])))
     for name, frames in tables.items():

@@ -13,8 +13,8 @@ Keys are relative paths under the root (a folder or `s3://bucket/prefix`):
 | index | `{ds}/{ds}_prompts/_index/summary.json` (the saved prompt index: counts, source identity) |
 | index_block | `{ds}/{ds}_prompts/_index/{digest}/{block}.parquet` (its rows, one block per shard) |
 | quality | `{ds}/{ds}_quality/{partition}.json` / `{partition}.html` / `index.html` (quality report) |
-| export | `{ds}/export/{name}` (`conversations.jsonl`, `train.parquet`) |
-| mix | `training_mix/training_mix/mix.parquet` |
+| export | `{ds}/export/{name}` (`train.parquet`, and each chosen trainer file: `prompts.jsonl` ...) |
+| mix | `training_mix/training_mix/mix.parquet`, and beside it the mix's trainer files (`prompts.jsonl`) |
 | drafter | `drafter/{asset}/{name}`; draft vocabulary files: `drafter/draft_vocab/{tokenizer}-{mix hash}/{name}` |
 | write check | `{ds}/.write-check-{token}` (written and deleted at once by the pre-flight; hidden from listings) |
 
@@ -189,7 +189,12 @@ def export_file(dataset: str, name: str) -> str:
 
 
 def mix() -> str:
-    return join(MIX_DATASET, MIX_ASSET, MIX_FILE)
+    return mix_file(MIX_FILE)
+
+
+def mix_file(name: str) -> str:
+    """A file of the training mix: `mix.parquet`, or a trainer file of the whole mix."""
+    return join(MIX_DATASET, MIX_ASSET, name)
 
 
 def drafter_file(asset: str, name: str) -> str:

@@ -16,7 +16,7 @@ import os
 import tempfile
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
@@ -30,6 +30,7 @@ from eagle_data.catalog import CatalogError, DatasetSpec, shard_index, shard_key
 from eagle_data.drafter.decontam import contamination
 from eagle_data.drafter.evalsets import BenchmarkError, benchmark_index
 from eagle_data.drafter.settings import load_drafter_settings
+from eagle_data.exports.formats import DEFAULT_FORMATS, chosen
 from eagle_data.quality import canary
 from eagle_data.quality.canary import Canary
 from eagle_data.quality.truncation import ReplyLengths, truncation_report
@@ -441,9 +442,15 @@ def shards_written(store: ShardStore, dataset: str, asset: str) -> list[str]:
 EXCLUDED_SHOWN = 200  # excluded shards listed in the export's metadata table; the log lists every one
 
 
-def export_keys(spec: DatasetSpec) -> tuple[str, str]:
-    """Storage keys of a dataset's export files: conversations JSONL, training parquet."""
-    return layout.export_file(spec.name, layout.CONVERSATIONS_FILE), layout.export_file(spec.name, layout.TRAIN_FILE)
+def export_keys(spec: DatasetSpec, formats: Sequence[str] = DEFAULT_FORMATS) -> dict[str, str]:
+    """Storage keys of a dataset's export files: each chosen trainer format's (by name), and "train"."""
+    files = {f.name: layout.export_file(spec.name, f.file) for f in chosen(formats)}
+    return {**files, "train": layout.export_file(spec.name, layout.TRAIN_FILE)}
+
+
+def mix_keys(formats: Sequence[str] = DEFAULT_FORMATS) -> dict[str, str]:
+    """Storage keys of the mix's trainer files (the chosen formats written for the whole mix), by name."""
+    return {f.name: layout.mix_file(f.file) for f in chosen(formats) if f.mix}
 
 
 def export(
@@ -454,10 +461,12 @@ def export(
     seed: int,
     log: Log = print,
     bucket_rows: int | None = None,
+    formats: Sequence[str] = DEFAULT_FORMATS,
 ) -> dict[str, Any]:
-    """Per dataset, SpecForge conversations JSONL and tokenized parquet of the admitted shards' training
-    rows; then the weighted training mix across datasets. Streams: one shard, or one bucket of mix rows
-    (`bucket_rows`, default sized from the rows' tokens), in memory at a time.
+    """Per dataset, the chosen trainer files (`formats`, exports.formats) and tokenized parquet of the
+    admitted shards' training rows; then the weighted training mix across datasets, and its trainer files.
+    Streams: one shard, or one bucket of mix rows (`bucket_rows`, default sized from the rows' tokens), in
+    memory at a time.
 
     A dataset with no admitted shard is left out and its old export files are removed (they may hold
     rows of shards that have since failed a check). Nothing to take at all is an ExportError, and then
@@ -472,15 +481,16 @@ def export(
         written: dict[str, exports.Written] = {}
         for spec in specs:
             admission = admissions.get(spec.name, exports.Admission())
-            keys = export_keys(spec)
+            keys = export_keys(spec, formats)
             if not admission.admitted:
-                for key in keys:
+                for key in keys.values():
                     store.delete(key)
                 continue
-            jsonl, trains[spec.name] = (staged.enter_context(store.staged(key)) for key in keys)
+            files = {name: staged.enter_context(store.staged(key)) for name, key in keys.items()}
+            trains[spec.name] = files.pop("train")
             changed: list[tuple[str, str, str]] = []
             shards = admitted_shards(spec, store, admission, changed)
-            done = written[spec.name] = exports.write_dataset(shards, spec, jsonl, trains[spec.name])
+            done = written[spec.name] = exports.write_dataset(shards, spec, files, trains[spec.name])
             for name, key, reason in changed:
                 log(f"WARNING {name} shard {key} left out of the export: {reason}")
             excluded += changed
@@ -494,7 +504,8 @@ def export(
         if excluded:
             figures["excluded"] = excluded_table(excluded)
         if not sum(done.rows for done in written.values()):
-            store.delete(layout.mix())
+            for key in (layout.mix(), *mix_keys(formats).values()):
+                store.delete(key)
             raise exports.ExportError(nothing_to_take(written, excluded))
         plan = exports.plan_mix({name: done.rows for name, done in written.items()},
                                 {spec.name: spec.mix_weight for spec in specs}, seed)  # fmt: skip
@@ -502,7 +513,10 @@ def export(
         size = bucket_rows or exports.bucket_rows(rows, sum(done.tokens for done in written.values()))
         mix_file = staged.enter_context(store.staged(layout.mix()))
         figures["mix_rows"] = exports.write_mix(trains, plan, mix_file, Path(spill), size)
+        mixed = {name: staged.enter_context(store.staged(key)) for name, key in mix_keys(formats).items()}
+        exports.write_mix_files(mix_file, mixed, size)
     figures["mix_path"] = store.uri(layout.mix())
+    figures.update({f"mix_{name}_path": store.uri(key) for name, key in mix_keys(formats).items()})
     return figures
 
 

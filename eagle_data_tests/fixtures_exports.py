@@ -23,6 +23,7 @@ from eagle_data.targets.rows import MESSAGE_DTYPE
 # name -> (shards, mix weight); 10 shards of 500 rows = the 5k fixture
 FIXTURE_DATASETS = {"b91_alpha": (6, 0.5), "b92_beta": (3, 2.5), "b93_gamma": (1, 1.0)}
 SHARD_ROWS = 500
+PROMPTS_FILE = "prompts.jsonl"  # the default trainer file (SpecForge data.prompts_path)
 
 
 def fixture_specs() -> list[DatasetSpec]:
@@ -98,10 +99,12 @@ def export_digests(root: Path, datasets: list[str]) -> dict[str, dict[str, objec
     out: dict[str, dict[str, object]] = {}
     for name in datasets:
         train = pl.read_parquet(root / layout.export_file(name, layout.TRAIN_FILE))
-        jsonl = (root / layout.export_file(name, layout.CONVERSATIONS_FILE)).read_bytes()
+        jsonl = (root / layout.export_file(name, PROMPTS_FILE)).read_bytes()
         out[name] = {"rows": train.height, "train_sha256": rows_digest(train),
-                     "jsonl_sha256": hashlib.sha256(jsonl).hexdigest()}  # fmt: skip
+                     "prompts_sha256": hashlib.sha256(jsonl).hexdigest()}  # fmt: skip
     mixed = pl.read_parquet(root / layout.mix())
     out["mix"] = {"rows": mixed.height, "sha256": rows_digest(mixed),
                   "first_ids": mixed["prompt_id"].head(8).to_list()}  # fmt: skip
+    prompts = pl.read_ndjson(root / layout.mix_file(PROMPTS_FILE))
+    assert prompts["id"].to_list() == mixed["prompt_id"].to_list()  # the mix's prompts.jsonl: the mix, in order
     return out

@@ -81,7 +81,7 @@ def test_cli_materializes_one_shard_with_the_design_columns(demo_env: dict[str, 
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
     passing = validated.filter(pl.col("verdict").is_in(list(KEPT)))
     train = pl.read_parquet(root / "export" / "train.parquet")
-    lines = (root / "export" / "conversations.jsonl").read_text().splitlines()
+    lines = (root / "export" / "prompts.jsonl").read_text().splitlines()  # the default trainer file
     assert train.height == len(lines) == passing.height > 0
     assert [json.loads(line)["id"] for line in lines] == passing["prompt_id"].to_list()
     assert pl.read_parquet(tmp_path / "out" / "training_mix" / "training_mix" / "mix.parquet").height == train.height

@@ -1,5 +1,6 @@
-"""Exports: SpecForge JSONL and training parquet load back with json/polars; mixes are weighted and reproducible;
-the streaming export writes what the in-memory one wrote; no zero-mask row ever leaves; only admitted shards."""
+"""Exports: the trainer JSONL files and training parquet load back with json/polars; mixes are weighted and
+reproducible; the streaming export writes what the in-memory one wrote; no zero-mask row ever leaves; only
+admitted shards."""
 
 from __future__ import annotations
 
@@ -19,11 +20,11 @@ from eagle_data.exports import (
     ExportError,
     exportable,
     plan_mix,
-    to_specforge_jsonl,
     to_training_parquet,
     verify,
     write_mix,
 )
+from eagle_data.exports.formats import to_specforge_text
 from eagle_data.storage import ShardStore, digest
 from eagle_data.targets import build_training_rows, load_target
 from eagle_data.targets.rows import MESSAGE_DTYPE
@@ -72,19 +73,19 @@ LENIENT = fixture_specs()[0].model_copy(
 )
 
 
-def test_specforge_jsonl_loads_with_json_and_polars(validated: pl.DataFrame) -> None:
-    data = to_specforge_jsonl(exportable(validated, LENIENT)[0])
+def test_specforge_text_jsonl_loads_with_json_and_polars(validated: pl.DataFrame) -> None:
+    data = to_specforge_text(exportable(validated, LENIENT)[0])
     records = [json.loads(line) for line in data.decode().splitlines()]
     assert len(records) == pl.read_ndjson(io.BytesIO(data)).height == 2  # the passing rows
     assert records[0] == {
         "id": "a",
         "conversations": [
             {"role": "user", "content": "2+2?"},
-            {"role": "assistant", "content": "4", "reasoning": "Add them."},
+            {"role": "assistant", "content": "4", "reasoning_content": "Add them."},
         ],
     }
     assert records[1]["conversations"][1] == {"role": "user", "content": "Bonjour « ça va » ?"}
-    assert records[1]["conversations"][2]["reasoning"] == ""
+    assert records[1]["conversations"][2]["reasoning_content"] == ""
 
 
 def test_training_parquet_round_trips_ids_and_masks(validated: pl.DataFrame, tmp_path: Path) -> None:
@@ -228,10 +229,11 @@ def test_export_to_s3_equals_the_local_export(tmp_path: Path, s3_endpoint: str, 
     for store in (local, remote):
         pipeline.export(specs, store, admit_all(store, specs), seed=3)
         outputs[store.root] = [
-            store.read_bytes(k) for k in (layout.export_file("b93_gamma", layout.CONVERSATIONS_FILE),)
+            store.read_bytes(k)
+            for k in (layout.export_file("b93_gamma", "prompts.jsonl"), layout.mix_file("prompts.jsonl"))
         ] + [store.read_frame(k) for k in (layout.export_file("b93_gamma", layout.TRAIN_FILE), layout.mix())]
     first, second = outputs.values()
-    assert first[0] == second[0] and first[1].equals(second[1]) and first[2].equals(second[2])
+    assert first[:2] == second[:2] and first[2].equals(second[2]) and first[3].equals(second[3])
 
 
 def test_export_judges_rows_again_under_todays_thresholds(tmp_path: Path) -> None:

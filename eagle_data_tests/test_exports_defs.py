@@ -103,6 +103,9 @@ def test_training_mix_alone_leaves_out_shards_whose_blocking_check_failed_in_an_
     assert metadata["excluded_shards"].value == 3
     assert "| b9_gate | 00001 | empty_response failed" in table and "| b9_gate | 00002 | empty_response failed" in table
     assert "| b9_gate | 00003 | empty_response last ran on an earlier materialization of this shard" in table
+    parity = result.get_asset_check_evaluations()[0]  # the blocking trainer_parity check, on what was written
+    assert (parity.check_name, parity.passed) == ("trainer_parity", True)
+    assert f"mix prompts.jsonl {train.height}/{train.height} identical" in parity.description
 
 
 def test_training_mix_with_no_shard_passing_fails_with_one_line(gate: Gate) -> None:

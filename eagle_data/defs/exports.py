@@ -5,6 +5,9 @@ check only stops steps of its own run, so the export also holds the gate across 
 validated shards whose latest evaluation of every blocking check passed on that shard's latest
 materialization (`exports.admit`, over the records `defs.instance` reads), and names every shard it
 leaves out, with the reason.
+
+The asset carries its blocking `trainer_parity` check (`exports.check`): the trainer files it wrote, run
+through the trainer's own released code, must give our ids and masks (docs/exports.md).
 """
 
 # No `from __future__ import annotations` here: Dagster reads the context annotation at definition time.
@@ -19,6 +22,9 @@ from eagle_data.defs.checks import validated_key
 from eagle_data.defs.instance import gate_records
 from eagle_data.defs.messages import file_locations, leveled, uri_locations
 from eagle_data.defs.resources import StorageResource
+from eagle_data.exports.check import check_exports
+from eagle_data.exports.parity import ParityError
+from eagle_data.exports.settings import ExportSettings, export_settings
 from eagle_data.storage import ShardStore
 
 
@@ -34,6 +40,23 @@ def admission(
     return exports.admit(gate_records(instance, validated_key(spec), on_storage, blocking))
 
 
+PARITY_CHECK = "trainer_parity"
+
+
+def parity_result(store: ShardStore, specs: Sequence[DatasetSpec], config: ExportSettings) -> dg.AssetCheckResult:
+    """The `trainer_parity` verdict: failed when a trainer would train on data other than ours, or when the
+    trainer's code is not there to ask."""
+    try:
+        report = check_exports(store, specs, config)
+    except ParityError as exc:
+        return dg.AssetCheckResult(check_name=PARITY_CHECK, passed=False, description=str(exc))
+    figures = {f"{where}/{p.file}": dg.MetadataValue.json(p.figures()) for where, _, p in report.files}
+    return dg.AssetCheckResult(
+        check_name=PARITY_CHECK, passed=not report.failures, description=report.summary(),
+        metadata={"parity": dg.MetadataValue.md(report.table()), **figures},
+    )  # fmt: skip
+
+
 def build_exports(specs: Sequence[DatasetSpec], checks: Sequence[dg.AssetChecksDefinition]) -> dg.AssetsDefinition:
     """The `training_mix` asset over `specs`, gated by every blocking check among `checks`."""
     blocking = [check.key for c in checks for check in c.check_specs if check.blocking]
@@ -44,27 +67,32 @@ def build_exports(specs: Sequence[DatasetSpec], checks: Sequence[dg.AssetChecksD
         group_name="exports",
         deps=[pipeline.validated_asset(spec) for spec in specs],
         kinds={"parquet", "json"},
+        check_specs=[dg.AssetCheckSpec(PARITY_CHECK, asset="training_mix", blocking=True,
+                                       description="The trainer files load as our ids and masks in the trainer's "
+                                       "own code (SpecForge 0.2.0); text exports' differences named by cause.")],
         **catalog_labels(
             "export",
             (o for spec in specs for o in spec.owners),
-            "SpecForge conversations JSONL and tokenized parquet per dataset, and the weighted mix (catalog "
-            "mix_weight) of every training row of the shards that passed their blocking checks.",
+            "Trainer files per dataset (catalog [exports] formats: SpecForge's pre-tokenized prompts.jsonl by "
+            "default) and tokenized parquet, and the weighted mix (catalog mix_weight) of every training row of "
+            "the shards that passed their blocking checks.",
         ),
     )
     def training_mix(
         context: dg.AssetExecutionContext, config: ExportConfig, storage: StorageResource
     ) -> dg.MaterializeResult:
-        store = storage.store()
+        store, settings = storage.store(), export_settings()
         gate = {spec.name: admission(context.instance, store, spec, gated_by[spec.name]) for spec in specs}
         try:
-            figures = pipeline.export(list(specs), store, gate, seed=config.seed, log=leveled(context.log))
+            figures = pipeline.export(list(specs), store, gate, seed=config.seed, log=leveled(context.log),
+                                      formats=settings.formats)  # fmt: skip
         except exports.ExportError as exc:
             raise dg.Failure(description=str(exc), allow_retries=False) from None
         if "excluded" in figures:
             figures["excluded"] = dg.MetadataValue.md(figures["excluded"])
         files = {f"{spec.name}_{kind}": key for spec in specs if f"{spec.name}_rows" in figures
-                 for kind, key in zip(("conversations", "train"), pipeline.export_keys(spec), strict=True)}  # fmt: skip
+                 for kind, key in pipeline.export_keys(spec, settings.formats).items()}  # fmt: skip
         figures.update({**uri_locations(store, figures), **file_locations(store, files)})
-        return dg.MaterializeResult(metadata=figures)
+        return dg.MaterializeResult(metadata=figures, check_results=[parity_result(store, specs, settings)])
 
     return training_mix

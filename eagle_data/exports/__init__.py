@@ -1,8 +1,10 @@
 """What leaves the pipeline for draft-model trainers, built from `{ds}_validated` shards (pure).
 
-- SpecForge-style conversations JSONL: {"id", "conversations": [{role, content, reasoning?}]}.
-- Tokenized parquet for DFlash / EAGLE-3 offline training: prompt_id, dataset, input_ids, loss_mask.
-- A training mix across datasets with per-dataset weights, reproducible from a seed.
+- Per dataset, the trainer files chosen in the catalog (`exports.formats.FORMATS`: SpecForge's pre-tokenized
+  `prompts.jsonl` by default, its text `conversations.jsonl`, EAGLE's ShareGPT `sharegpt.jsonl`) and
+  `train.parquet` (ours: prompt_id, dataset, input_ids, loss_mask, provenance).
+- A training mix across datasets with per-dataset weights, reproducible from a seed (`mix.parquet`, ours,
+  and the tokenized formats' files for the whole mix, in mix order).
 
 Only shards the gate admitted are read (`admit`: every blocking check's latest evaluation passed on the
 shard's latest materialization, matched by run and shard digest), only if their bytes are the ones those
@@ -22,10 +24,10 @@ from __future__ import annotations
 
 import array
 import io
-import json
 import random
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,19 +35,12 @@ import numpy as np
 import polars as pl
 from polars.io.plugins import register_io_source
 
-from eagle_data import provenance
 from eagle_data.catalog import DatasetSpec
+from eagle_data.exports.formats import FORMATS, TRAINING_SCHEMA, to_training_parquet
 from eagle_data.quality import KEPT, row_verdicts, split_rows
 from eagle_data.quality.verdicts import REQUIRED_COLUMNS as JUDGED_COLUMNS
 
 TRAINING_COLUMNS = ("prompt_id", "dataset", "input_ids", "loss_mask")
-TRAINING_SCHEMA: dict[str, pl.DataType] = {  # what train.parquet and the mix hold, in this order
-    "prompt_id": pl.String(),
-    "dataset": pl.String(),
-    "input_ids": pl.List(pl.Int32),
-    "loss_mask": pl.List(pl.UInt8),
-    **{column: pl.String() for column in provenance.COLUMNS},
-}
 STRUCTURE_FLAGS = ("structure_ok", "roundtrip_ok", "prefix_ok")  # False: the ids are not the target's
 REQUIRED_COLUMNS = tuple(dict.fromkeys((*TRAINING_COLUMNS, "messages", "verdict", *JUDGED_COLUMNS)))
 ROW_GROUP_ROWS = 1024  # parquet row groups of the exports: small enough that writing them stays flat
@@ -199,28 +194,6 @@ def exportable(validated: pl.DataFrame, spec: DatasetSpec) -> tuple[pl.DataFrame
     return rows, refused + bad_tokens
 
 
-def to_specforge_jsonl(rows: pl.DataFrame) -> bytes:
-    """One JSON line per row; reasoning stays in its own field, never folded into content."""
-    lines = []
-    for prompt_id, messages in rows.select("prompt_id", "messages").iter_rows():
-        turns = [
-            {"role": m["role"], "content": m["content"]}
-            | ({"reasoning": m["reasoning"] or ""} if m["role"] == "assistant" else {})
-            for m in messages
-        ]
-        lines.append(json.dumps({"id": prompt_id, "conversations": turns}, ensure_ascii=False) + "\n")
-    return "".join(lines).encode()
-
-
-def to_training_parquet(rows: pl.DataFrame) -> pl.DataFrame:
-    """Token ids and loss masks, with how each row was made (eagle_data.provenance; null where a shard
-    predates a column), in the exports' schema, ready to write as parquet."""
-    return rows.select(
-        (pl.col(name) if name in rows.columns else pl.lit(None)).cast(dtype).alias(name)
-        for name, dtype in TRAINING_SCHEMA.items()
-    )
-
-
 def sink(frames: Iterable[pl.DataFrame], schema: Mapping[str, pl.DataType], path: Path) -> None:
     """Write frames, in order, as one parquet file while holding only the frame at hand."""
 
@@ -231,15 +204,20 @@ def sink(frames: Iterable[pl.DataFrame], schema: Mapping[str, pl.DataType], path
     register_io_source(source, schema=pl.Schema(schema)).sink_parquet(path, row_group_size=ROW_GROUP_ROWS)
 
 
-def write_dataset(shards: Iterable[pl.DataFrame], spec: DatasetSpec, jsonl: Path, parquet: Path) -> Written:
-    """One dataset's conversations JSONL and training parquet, shard by shard, in shard order."""
+def write_dataset(
+    shards: Iterable[pl.DataFrame], spec: DatasetSpec, files: Mapping[str, Path], parquet: Path
+) -> Written:
+    """One dataset's trainer files (format name -> path, `formats.FORMATS`) and training parquet, shard by
+    shard, in shard order."""
     written = Written()
 
     def training() -> Iterator[pl.DataFrame]:
-        with jsonl.open("wb") as out:
+        with ExitStack() as stack:
+            outs = {name: stack.enter_context(path.open("wb")) for name, path in files.items()}
             for validated in shards:
                 rows, dropped = exportable(validated, spec)
-                out.write(to_specforge_jsonl(rows))
+                for name, out in outs.items():
+                    out.write(FORMATS[name].render(rows))
                 written.rows += rows.height
                 written.tokens += int(rows["input_ids"].list.len().sum() or 0)
                 written.dropped.update(dropped)
@@ -247,6 +225,16 @@ def write_dataset(shards: Iterable[pl.DataFrame], spec: DatasetSpec, jsonl: Path
 
     sink(training(), TRAINING_SCHEMA, parquet)
     return written
+
+
+def write_mix_files(mix: Path, files: Mapping[str, Path], chunk_rows: int) -> None:
+    """The tokenized formats' files of the whole mix (format name -> path), in mix order, rendered from
+    `mix` a chunk at a time."""
+    with ExitStack() as stack:
+        outs = {name: stack.enter_context(path.open("wb")) for name, path in files.items()}
+        for chunk in pl.scan_parquet(mix).collect_batches(chunk_size=chunk_rows):
+            for name, out in outs.items():
+                out.write(FORMATS[name].render(chunk))
 
 
 @dataclass(frozen=True)

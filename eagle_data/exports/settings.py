@@ -1,0 +1,47 @@
+"""The catalog's `[exports]` table: which trainer files the export writes, and how its parity check samples."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from eagle_data.catalog import CATALOG_PATH, CatalogError, read_table
+from eagle_data.exports.formats import DEFAULT_FORMATS, chosen
+
+
+class ExportSettings(BaseModel):
+    """Attributes:
+    formats: the trainer files written per dataset (and for the mix, where the format allows):
+        names in `exports.formats.FORMATS`.
+    parity_rows: rows per exported file the `trainer_parity` check runs the trainer's own loader or
+        template on, drawn evenly with a fixed seed; 0: every row.
+    specforge_template: SpecForge's `data.chat_template` for the text formats' parity; "" picks it from
+        the target's chat format and thinking setting (`exports.parity.SPECFORGE_TEMPLATES`).
+    trainer_tokenizer: the local transformers folder SpecForge loads the tokenizer from (its
+        `model.target_model_path`), for the text formats' parity; "" means $EAGLE_DATA_CAPTURE_CHECKPOINT,
+        or on the demo profile the demo model.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    formats: tuple[str, ...] = DEFAULT_FORMATS
+    parity_rows: int = Field(1000, ge=0)
+    specforge_template: str = ""
+    trainer_tokenizer: str = ""
+
+    @field_validator("formats")
+    @classmethod
+    def _known(cls, formats: tuple[str, ...]) -> tuple[str, ...]:
+        chosen(formats)
+        return formats
+
+
+def export_settings(path: Path = CATALOG_PATH) -> ExportSettings:
+    """`[exports]` of the catalog (the user's file merged over the packaged one); a bad key is one line."""
+    try:
+        return ExportSettings(**read_table(path, "exports"))
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise CatalogError(f"[exports] {where} = {first.get('input')!r}: {first['msg']} (fix {path})") from None
