@@ -54,7 +54,9 @@ def test_row_count_and_column_schema_are_read_back_from_the_instance(tmp_path: P
         prompts = {key: latest(instance, "b9_meta_prompts", key) for key in ("00000", "00001")}
         validated = {key: latest(instance, "b9_meta_validated", key) for key in ("00000", "00001")}
     assert [prompts[k][ROW_COUNT].value for k in ("00000", "00001")] == [200, 130]  # 330 prompts, shards of 200
-    assert [validated[k][ROW_COUNT].value for k in ("00000", "00001")] == [200, 150]
+    # The asset page's "Row count" is the dataset's (every judged shard); each shard's own is its `rows` figure.
+    assert [validated[k][ROW_COUNT].value for k in ("00000", "00001")] == [350, 350]
+    assert [validated[k]["rows"].value for k in ("00000", "00001")] == [200, 150]
     prompt_columns = {c.name: c.type for c in prompts["00001"][COLUMN_SCHEMA].value.columns}
     assert list(prompt_columns)[:3] == ["prompt_id", "dataset", "shard"] and "messages" in prompt_columns
     validated_columns = {c.name: c.type for c in validated["00001"][COLUMN_SCHEMA].value.columns}
