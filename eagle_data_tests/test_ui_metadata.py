@@ -69,6 +69,12 @@ def test_row_count_and_column_schema_are_read_back_from_the_instance(tmp_path: P
     )
     assert validated["00001"]["dataset_shards"].value == 2 and validated["00001"]["dataset_rows"].value == 350
     assert "| empty_response | pass |" in validated["00001"]["dataset_checks"].value
+    share = validated["00001"]["dataset_pass_share"].value  # rounded as a person reads it, like each shard's
+    assert share == round(share, 4) and all(v["pass_share"].value == round(v["pass_share"].value, 4)
+                                            for v in validated.values())  # fmt: skip
+    shards = validated["00001"]["dataset_shard_table"].value  # the page's per-shard table, on the asset page
+    assert shards.startswith("| shard | rows | train_rows |")
+    assert "| 00000 | 200 |" in shards and "| 00001 | 150 |" in shards
 
 
 def test_code_versions_follow_the_settings_each_stage_reads() -> None:
