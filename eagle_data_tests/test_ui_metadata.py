@@ -89,6 +89,24 @@ def test_code_versions_follow_the_settings_each_stage_reads() -> None:
     }
     assert versions["b9_meta_validated"] == code_version("validated", SPEC)
     assert versions["b9_meta"] == code_version("generation", SPEC)
+    assert versions["b9_meta_estimate"] == code_version("estimate", SPEC)
+    budget = SPEC.model_copy(update={"token_budget": 1_000})
+    assert code_version("estimate", budget) != code_version("estimate", SPEC)
+
+
+def test_the_mix_and_the_drafter_inputs_carry_code_versions_that_follow_their_settings() -> None:
+    from eagle_data.defs.drafter import build_drafter_assets
+    from eagle_data.defs.exports import build_exports
+
+    def versions(spec: DatasetSpec) -> dict[str, str | None]:
+        assets = [build_exports([spec], []), *build_drafter_assets([spec])]
+        return {k.path[-1]: v for a in assets for k, v in a.code_versions_by_key.items()}
+
+    base, heavier = versions(SPEC), versions(SPEC.model_copy(update={"mix_weight": 2.0}))
+    assert set(base) == {"training_mix", "draft_vocab", "hidden_state_plan", "hidden_states"}
+    assert all(base.values()) and heavier["training_mix"] != base["training_mix"]
+    drafter = [k for k in base if k != "training_mix"]
+    assert [heavier[k] for k in drafter] == [base[k] for k in drafter]  # they read the drafter settings only
 
 
 def test_a_user_error_fails_the_step_with_its_one_line_not_a_class_path(tmp_path: Path) -> None:
