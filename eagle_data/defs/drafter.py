@@ -125,18 +125,17 @@ def follow_the_mix(instance: dg.DagsterInstance, mix_rows: int) -> list[str]:
     [drafter.capture] max_rows): adds the missing keys, drops those past the mix's end; returns the keys."""
     configured = load_drafter_settings().capture
     keys = [shard_key(i) for i in range(min(-(-mix_rows // configured.shard_rows), configured.partitions))]
-    existing = instance.get_dynamic_partitions(CAPTURE_SHARDS.name)
-    if added := [key for key in keys if key not in set(existing)]:
+    existing = set(instance.get_dynamic_partitions(CAPTURE_SHARDS.name))
+    if added := [key for key in keys if key not in existing]:
         instance.add_dynamic_partitions(CAPTURE_SHARDS.name, added)
-    for stale in set(existing) - set(keys):
+    for stale in existing - set(keys):
         instance.delete_dynamic_partition(CAPTURE_SHARDS.name, stale)
     return keys
 
 
 def build_capture_asset(owners: list[str], specs: list[DatasetSpec]) -> dg.AssetsDefinition:
     """`hidden_states`, one partition per capture shard of the mix (CAPTURE_SHARDS)."""
-    configured = load_drafter_settings().capture
-    shards = CAPTURE_SHARDS
+    configured, shards = load_drafter_settings().capture, CAPTURE_SHARDS
     checks = [
         dg.AssetCheckSpec(
             name, asset=layout.HIDDEN_STATES_ASSET, blocking=True, description=text, partitions_def=shards
