@@ -206,6 +206,8 @@ def rounded(value: object) -> object:
     return round(value, 4) if isinstance(value, float) else value
 
 
+SHARD_TABLE_ROWS = 20  # shards in the asset page's per-shard table
+
 HEADLINE_FIGURES = ("rows", "train_rows", "pass_share", "avg_completion_tokens")  # of the dataset page
 
 
@@ -225,12 +227,17 @@ class DatasetReport:
         found = {name: self.figures.numbers[name] for name in HEADLINE_FIGURES if name in self.figures.numbers}
         return {"dataset_shards": self.shards, **{f"dataset_{name}": rounded(value) for name, value in found.items()}}
 
-    def shards_table(self) -> str:
-        """The page's per-shard table (rows, kept rows and shares of each judged shard), in markdown."""
-        if not self.figures.shards:
+    def shards_table(self, limit: int = SHARD_TABLE_ROWS) -> str:
+        """The page's per-shard table in markdown: the `limit` shards keeping the smallest share of their rows
+        (all of them on a small dataset), in shard order. Bounded, since it repeats on every partition's event."""
+        shards = self.figures.shards
+        if not shards:
             return ""
-        names = list(self.figures.shards[0])
-        return markdown_table(names, [[rounded(row[n]) for n in names] for row in self.figures.shards])
+        worst = sorted(shards, key=lambda r: (int(r["train_rows"]) / max(int(r["rows"]), 1), str(r["shard"])))[:limit]
+        names = list(shards[0])
+        rows = [[rounded(row[n]) for n in names] for row in sorted(worst, key=lambda r: str(r["shard"]))]
+        more = f"\n\n{len(shards) - limit} more shards on the report page" if len(shards) > limit else ""
+        return markdown_table(names, rows) + more
 
     def checks_table(self) -> str:
         """Every check over the judged shards, as the page's first table, in markdown."""
