@@ -10,6 +10,7 @@ import dagster as dg
 
 from eagle_data.catalog import CatalogError, DatasetSpec, catalog
 from eagle_data.defs.assets import build_dataset_assets
+from eagle_data.defs.automation import load_automation_settings, with_automation
 from eagle_data.defs.catalog_order import catalog_order_sensor
 from eagle_data.defs.checks import build_checks
 from eagle_data.defs.drafter import CaptureResource, build_decontamination_checks, build_drafter_assets
@@ -23,14 +24,19 @@ from eagle_data.defs.sensors import build_sensors
 def build_definitions(specs: Sequence[DatasetSpec]) -> dg.Definitions:
     """Everything Dagster loads, built from catalog entries (the benchmarks build it from their own)."""
     checks = [*build_checks(specs), *build_decontamination_checks(specs)]
-    return dg.Definitions(
-        assets=[
+    assets, automation = with_automation(
+        [
             *(asset for spec in specs for asset in build_dataset_assets(spec)),
             build_exports(specs, checks),
             *build_drafter_assets(specs),
         ],
+        specs,
+        load_automation_settings(),
+    )
+    return dg.Definitions(
+        assets=assets,
         asset_checks=checks,
-        sensors=[*build_sensors(specs), catalog_order_sensor(specs), dead_run_reaper()],
+        sensors=[*build_sensors(specs), catalog_order_sensor(specs), dead_run_reaper(), *automation],
         schedules=build_schedules(specs),
         resources={"storage": StorageResource(), "engine": EngineResource(), "capture": CaptureResource()},
         executor=pool_watch_executor,

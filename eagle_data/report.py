@@ -107,13 +107,32 @@ def _check_rows(results: Sequence[CheckResult]) -> list[str]:
     return rows
 
 
-def render_report(title: str, figures: Figures, results: Sequence[CheckResult]) -> bytes:
-    """The report page as UTF-8 bytes: checks, key figures, histograms, per-shard trends, verdicts."""
+# The check that is not a quality gate: judged after validation by `{ds}_decontamination`, so a page written at
+# validation time names it and where its result is (the asset's Checks tab), instead of leaving it out.
+DECONTAMINATION_ROW = (
+    '<tr><td>decontamination</td><td>see Dagster</td><td>ERROR (blocking)</td><td>judged after validation by '
+    "the {dataset}_decontamination check: each shard's result is on {dataset}_validated's Checks tab</td></tr>"
+)
+
+
+def _shard_links(figures: Figures) -> str:
+    """The dataset page's links to each shard's own page (a file next to it: relative links open anywhere)."""
+    items = "".join(f'<li><a href="{escape(str(r["shard"]))}.html">shard {escape(str(r["shard"]))}</a></li>'
+                    for r in figures.shards)  # fmt: skip
+    return f"<h2>Shard pages</h2><ul>{items}</ul>" if items else ""
+
+
+def render_report(title: str, figures: Figures, results: Sequence[CheckResult], dataset: str = "") -> bytes:
+    """The report page as UTF-8 bytes: checks, key figures, histograms, per-shard trends, verdicts; with
+    `dataset`, the decontamination check's row and, on a roll-up, links to each shard's page."""
     sections = [
         f"<h1>{escape(title)}</h1>",
         "<h2>Checks</h2><table><tr><th>check</th><th>result</th><th>severity</th><th>figures</th></tr>",
         *_check_rows(results),
-        "</table><h2>Figures</h2>",
+        DECONTAMINATION_ROW.format(dataset=escape(dataset)) if dataset else "",
+        "</table>",
+        _shard_links(figures),
+        "<h2>Figures</h2>",
         _table(["figure", "value"], sorted(figures.numbers.items())),
         "<h2>Completion tokens</h2>",
         bar_chart(figures.completion_hist, "Replies by completion tokens"),
@@ -154,7 +173,8 @@ def inputs_for(spec: DatasetSpec, previous_avg_completion_tokens: float | None =
 def write_shard_report(spec: DatasetSpec, store: ShardStore, record: ShardRecord) -> str:
     """Store a shard's quality record and its report page; returns the page's URI."""
     store.write_bytes(layout.quality_record(spec.name, record.partition), record.to_json())
-    page = render_report(f"{spec.title or spec.name}: shard {record.partition}", record.figures(), record.results)
+    title = f"{spec.title or spec.name}: shard {record.partition}"
+    page = render_report(title, record.figures(), record.results, spec.name)
     return store.write_bytes(layout.quality_page(spec.name, record.partition), page)
 
 
@@ -181,6 +201,13 @@ def read_record(spec: DatasetSpec, store: ShardStore, key: str, log: Log = print
     return rebuilt
 
 
+def rounded(value: object) -> object:
+    """A figure as a person reads it: floats to 4 decimal places (0.9722, not 0.9722222222222222)."""
+    return round(value, 4) if isinstance(value, float) else value
+
+
+SHARD_TABLE_ROWS = 20  # shards in the asset page's per-shard table
+
 HEADLINE_FIGURES = ("rows", "train_rows", "pass_share", "avg_completion_tokens")  # of the dataset page
 
 
@@ -195,9 +222,22 @@ class DatasetReport:
     results: tuple[CheckResult, ...]
 
     def numbers(self) -> dict[str, float | int]:
-        """`dataset_<figure>` over every judged shard (a partition's own figures keep the bare names)."""
+        """`dataset_<figure>` over every judged shard (a partition's own figures keep the bare names), shares
+        rounded to 4 places as the page shows them."""
         found = {name: self.figures.numbers[name] for name in HEADLINE_FIGURES if name in self.figures.numbers}
-        return {"dataset_shards": self.shards, **{f"dataset_{name}": value for name, value in found.items()}}
+        return {"dataset_shards": self.shards, **{f"dataset_{name}": rounded(value) for name, value in found.items()}}
+
+    def shards_table(self, limit: int = SHARD_TABLE_ROWS) -> str:
+        """The page's per-shard table in markdown: the `limit` shards keeping the smallest share of their rows
+        (all of them on a small dataset), in shard order. Bounded, since it repeats on every partition's event."""
+        shards = self.figures.shards
+        if not shards:
+            return ""
+        worst = sorted(shards, key=lambda r: (int(r["train_rows"]) / max(int(r["rows"]), 1), str(r["shard"])))[:limit]
+        names = list(shards[0])
+        rows = [[rounded(row[n]) for n in names] for row in sorted(worst, key=lambda r: str(r["shard"]))]
+        more = f"\n\n{len(shards) - limit} more shards on the report page" if len(shards) > limit else ""
+        return markdown_table(names, rows) + more
 
     def checks_table(self) -> str:
         """Every check over the judged shards, as the page's first table, in markdown."""
@@ -216,5 +256,5 @@ def write_dataset_report(spec: DatasetSpec, store: ShardStore, log: Log = print)
     records = [read_record(spec, store, p.partition, log) for p in parsed if p and p.kind == "quality_record"]
     fig, results = rollup(records)
     title = f"{spec.title or spec.name} ({spec.name}): {len(records)} of {spec.num_shards} shards"
-    uri = store.write_bytes(layout.quality_index(spec.name), render_report(title, fig, results))
+    uri = store.write_bytes(layout.quality_index(spec.name), render_report(title, fig, results, spec.name))
     return DatasetReport(uri, len(records), fig, tuple(results))

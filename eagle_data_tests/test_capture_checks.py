@@ -19,6 +19,7 @@ import pytest
 from eagle_data import layout
 from eagle_data.catalog import load_catalog
 from eagle_data.defs.assets import SHARD_DIGEST
+from eagle_data.defs.drafter import follow_the_mix
 from eagle_data.defs.instance import latest_evaluations, latest_materializations
 from eagle_data.drafter import verify
 from eagle_data_tests.test_demo_catalog import undocumented
@@ -72,6 +73,7 @@ def test_a_range_run_with_one_corrupt_shard_fails_that_shards_evaluation_only(
 ) -> None:
     asset, resources = capture_asset["asset"], capture_asset["resources"]
     with dg.instance_for_test() as instance:
+        assert follow_the_mix(instance, 12) == SHARDS  # what training_mix does on a 12-row mix
         clean = dg.materialize([asset], resources=resources, instance=instance, tags=RANGE)
         assert clean.success and sorted(captured(instance)) == SHARDS
         assert undocumented(metadata_names(clean)) == [], "describe these figures in docs/figures.md"
@@ -115,6 +117,8 @@ def test_the_cli_materializes_a_capture_shard_on_the_demo_profile_with_its_check
                EAGLE_DATA_DEMO_MODEL=str(demo_model))  # fmt: skip
     specs = list(load_catalog(profile="demo").values())
     write_mix(out, mix_frame(specs[0].name, rows=6))
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        follow_the_mix(instance, 6)  # what training_mix does
     cmd = [sys.executable, "-m", "dagster", "asset", "materialize", "-m", "eagle_data.definitions",
            "--select", layout.HIDDEN_STATES_ASSET, "--partition", "00000"]  # fmt: skip
     started, cpu = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)

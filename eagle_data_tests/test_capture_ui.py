@@ -24,6 +24,7 @@ from dagster_graphql.test.utils import execute_dagster_graphql
 from eagle_data import layout
 from eagle_data.catalog import load_catalog
 from eagle_data.defs.assets import SHARD_DIGEST
+from eagle_data.defs.drafter import follow_the_mix
 from eagle_data.defs.instance import latest_evaluations, latest_materializations
 from eagle_data.drafter import verify
 from eagle_data_tests.test_drafter_capture import mix_frame, write_mix
@@ -128,6 +129,7 @@ def test_the_ui_materializes_a_capture_shard_on_the_demo_profile_with_its_checks
     target = ModuleTarget(module_name="eagle_data.definitions", attribute=None, working_directory=None,
                           location_name="eagle_data")  # fmt: skip
     with dg.instance_for_test(overrides=settings) as instance:
+        follow_the_mix(instance, ROWS)  # what training_mix does
         with create_test_daemon_workspace_context(target, instance) as workspace:
             run_id = launch_one_partition(workspace, SHARD)
             assert instance.get_run_by_id(run_id).status == dg.DagsterRunStatus.QUEUED

@@ -21,6 +21,7 @@ import pytest
 from pydantic import BaseModel
 
 from eagle_data import catalog, engines
+from eagle_data.defs.automation import AutomationSettings
 from eagle_data.drafter import settings as drafter
 from eagle_data.runner.rows import GENERATION_SCHEMA
 from eagle_data.sources import PROMPTS_SCHEMA
@@ -270,6 +271,7 @@ def default(value: str) -> Any:
         (DESIGN, "[drafter.decontamination]", drafter.Decontamination, ()),
         (DESIGN, "[drafter.hidden_states]", drafter.HiddenStateRecipe, ()),
         (DESIGN, "[drafter.capture]", drafter.CaptureSettings, ()),
+        (DESIGN, "[automation]", AutomationSettings, ()),
     ],
     ids=lambda value: value.strip("[]") if isinstance(value, str) else None,
 )

@@ -368,7 +368,7 @@ def test_asset_materializes_on_the_demo_profile_and_its_checks_block_on_corrupti
 ) -> None:
     import dagster as dg
 
-    from eagle_data.defs.drafter import CaptureResource, build_drafter_assets
+    from eagle_data.defs.drafter import CAPTURE_SHARDS, CaptureResource, build_drafter_assets, follow_the_mix
     from eagle_data.defs.resources import StorageResource
 
     monkeypatch.setenv("EAGLE_DATA_PROFILE", "demo")
@@ -377,6 +377,7 @@ def test_asset_materializes_on_the_demo_profile_and_its_checks_block_on_corrupti
     asset = next(a for a in build_drafter_assets(specs) if a.key.to_user_string() == "hidden_states")
     resources = {"storage": StorageResource(root=str(tmp_path)), "capture": CaptureResource(device="cpu")}
     instance = dg.DagsterInstance.ephemeral()
+    assert follow_the_mix(instance, 6) == ["00000"]  # what training_mix does
     result = dg.materialize([asset], resources=resources, instance=instance, partition_key="00000")
     assert result.success
     meta = result.asset_materializations_for_node("hidden_states")[0].metadata
@@ -394,6 +395,7 @@ def test_asset_materializes_on_the_demo_profile_and_its_checks_block_on_corrupti
     third = dg.materialize([asset], resources=resources, instance=instance, partition_key="00000")
     assert third.success  # the failed shard lost its record, so this run captured it again
     assert third.asset_materializations_for_node("hidden_states")[0].metadata["captured"].value is True
+    instance.add_dynamic_partitions(CAPTURE_SHARDS.name, ["00003"])  # a key added by hand, past the mix's end
     past = dg.materialize([asset], resources=resources, instance=instance, partition_key="00003", raise_on_error=False)
     error = past.get_step_failure_events()[0].step_failure_data.error
     assert not past.success and "past the mix's 6 rows" in str(error)

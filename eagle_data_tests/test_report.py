@@ -128,3 +128,31 @@ def test_a_record_of_an_older_schema_is_rebuilt_from_its_shard_with_one_notice(t
     stricter = spec.model_copy(update={"checks": spec.checks.model_copy(update={"max_short_share": 0.5})})
     assert read_record(stricter, store, "00001", notices.append).inputs.checks.max_short_share == 0.5
     assert notices[-1].endswith("quality record judged with other thresholds; rebuilt from the validated shard")
+
+
+def test_the_dataset_page_links_each_shard_page_and_names_all_eight_checks(tmp_path: Path) -> None:
+    from eagle_data.quality import CHECKS
+
+    spec = DatasetSpec(name="b9_fixture", title="Fixture", adapter=Adapter(prompt_field="q", response_field="r"))
+    uri = write_reports(spec, ShardStore(str(tmp_path)), {"00000": clean_frame(60), "00001": clean_frame(40, seed=3)})
+    page = Path(uri).read_text()
+    links = re.findall(r'<a href="([^"]+)">', page)
+    assert links == ["00000.html", "00001.html"]
+    assert all((Path(uri).parent / link).is_file() for link in links)  # relative: opens from a folder or a download
+    named = set(re.findall(r"<tr><td>([a-z_]+)</td>", page))
+    assert {d.name for d in CHECKS} | {"decontamination"} <= named and len({d.name for d in CHECKS}) + 1 == 8
+    assert "b9_fixture_decontamination" in page and "b9_fixture_validated's Checks tab" in page
+
+
+def test_the_asset_pages_shard_table_shows_the_worst_shards_and_stays_bounded(tmp_path: Path) -> None:
+    spec = DatasetSpec(name="b9_fixture", title="Fixture", adapter=Adapter(prompt_field="q", response_field="r"))
+    store = ShardStore(str(tmp_path))
+    frames = {f"0000{i}": clean_frame(20, seed=i, dataset=f"d{i}") for i in range(4)}
+    frames["00002"] = regression_frame(20, dataset="r")  # most of its rows rejected
+    write_reports(spec, store, frames)
+    report = write_dataset_report(spec, store)
+    table = report.shards_table(limit=2)
+    shown = re.findall(r"^\| (0000\d) \|", table, re.M)
+    assert "00002" in shown and len(shown) == 2 and shown == sorted(shown)
+    assert table.endswith("2 more shards on the report page")
+    assert re.findall(r"^\| (0000\d) \|", report.shards_table(), re.M) == sorted(frames)

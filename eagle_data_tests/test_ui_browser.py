@@ -1,10 +1,12 @@
 """The UI as a person uses it: `dagster dev` (webserver + daemon) on 127.0.0.1 and headless Debian
-Chromium through ChromeDriver. Open the global asset lineage and find the six dataset groups; open the
-b7_sharegpt group through its launch link, click "Materialize all" and see every shard selected for one
-backfill. Then on the plain group page click "Materialize all", pick partition 00000, launch, follow the
-toast to the run page and wait for it to report success. Then on b7_sharegpt_validated's Checks tab click
-"Execute all", follow the toast to that checks-only run and wait for success, and open the
-`quality_report` link of the materialization. Screenshots land in the test's tmp_path.
+Chromium through ChromeDriver, one session for the module. First `hidden_states` shows no capture
+partition before a mix and only the mix's shards after it. Then open the global asset lineage and find
+the six dataset groups; open the b7_sharegpt group through its launch link, click "Materialize all" and
+see every shard selected for one backfill. Then on the plain group page click "Materialize all", pick
+partition 00000, launch, follow the toast to the run page and wait for it to report success. Then on
+b7_sharegpt_validated's Checks tab click "Execute all", follow the toast to that checks-only run and wait
+for success, and open the `quality_report` of the materialization and, from it, a shard's own page.
+Screenshots land in the session's folder (`ui_dir`).
 
 Needs Debian's chromium and chromium-driver (`bash .ci/services.sh` as root installs them)."""
 
@@ -20,6 +22,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import dagster as dg
 import pytest
 from selenium import webdriver
 from selenium.common.exceptions import StaleElementReferenceException
@@ -63,17 +66,24 @@ def wait_for_server(url: str, proc: subprocess.Popen, log: Path, timeout_s: floa
     pytest.fail(f"dagster dev did not answer within {timeout_s:.0f} s:\n{log.read_text()[-3000:]}")
 
 
-@pytest.fixture
-def dagster_dev(tmp_path: Path, demo_model: Path) -> Iterator[str]:
+@pytest.fixture(scope="module")
+def ui_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The module's one `dagster dev` session: its DAGSTER_HOME (`home`), output root (`out`), terminal log
+    (`dagster-dev.log`) and the screenshots. One session for every test here: each start costs ~30 CPU-s."""
+    return tmp_path_factory.mktemp("ui")
+
+
+@pytest.fixture(scope="module")
+def dagster_dev(ui_dir: Path, demo_model: Path) -> Iterator[str]:
     """`dagster dev` on a free port with the repository's dagster.yaml in a fresh DAGSTER_HOME."""
-    home = tmp_path / "home"
+    home = ui_dir / "home"
     home.mkdir()
     shutil.copy(REPO / "instance" / "dagster.yaml", home / "dagster.yaml")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("EAGLE_DATA_", "DAGSTER_"))}
-    env.update(EAGLE_DATA_PROFILE="demo", EAGLE_DATA_ROOT=str(tmp_path / "out"), DAGSTER_HOME=str(home),
+    env.update(EAGLE_DATA_PROFILE="demo", EAGLE_DATA_ROOT=str(ui_dir / "out"), DAGSTER_HOME=str(home),
                EAGLE_DATA_DEMO_MODEL=str(demo_model))
     port = free_port()
-    log = tmp_path / "dagster-dev.log"
+    log = ui_dir / "dagster-dev.log"
     with log.open("w") as sink:
         proc = subprocess.Popen(
             [sys.executable, "-m", "dagster", "dev", "-h", "127.0.0.1", "-p", str(port), "-m", LOCATION],
@@ -87,8 +97,8 @@ def dagster_dev(tmp_path: Path, demo_model: Path) -> Iterator[str]:
         stop_process_group(proc)
 
 
-@pytest.fixture
-def browser(tmp_path: Path) -> Iterator[WebDriver]:
+@pytest.fixture(scope="module")
+def browser(ui_dir: Path) -> Iterator[WebDriver]:
     missing = [path for path in (CHROMIUM, CHROMEDRIVER) if not Path(path).is_file()]
     if missing:
         reason = f"{', '.join(missing)} not installed: run `bash .ci/services.sh` as root"
@@ -97,7 +107,7 @@ def browser(tmp_path: Path) -> Iterator[WebDriver]:
         pytest.skip(reason)
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for flag in [*CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'chromium-profile'}"]:
+    for flag in [*CHROMIUM_FLAGS, f"--user-data-dir={ui_dir / 'chromium-profile'}"]:
         options.add_argument(flag)
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
     try:
@@ -152,16 +162,39 @@ def wait_for_run(browser: WebDriver, base_url: str, timeout_s: float = 600) -> s
     return wait.until(ec.visibility_of_element_located((By.XPATH, shown))).text
 
 
+def test_ui_capture_partitions_follow_the_mix(dagster_dev: str, browser: WebDriver, ui_dir: Path):
+    """`hidden_states` shows no partition before a mix and one per capture shard after `training_mix` sets them
+    (here as its body does, for the demo's 210-row mix: one shard of 2,000 rows), and "Materialize" → "All"
+    selects only that shard. Before, it showed 500 static partitions, 499 of which could never fill. Runs
+    first in this module's session, on an instance without a mix."""
+    from eagle_data.defs.drafter import follow_the_mix
+
+    wait = WebDriverWait(browser, 60)
+    page = f"{dagster_dev}/assets/hidden_states?view=partitions"
+    browser.get(page)
+    wait.until(ec.text_to_be_present_in_element((By.TAG_NAME, "body"), "Missing (0)"))
+    with dg.DagsterInstance.from_config(str(ui_dir / "home")) as instance:
+        assert follow_the_mix(instance, 210) == ["00000"]
+    browser.get(page)
+    wait.until(ec.text_to_be_present_in_element((By.TAG_NAME, "body"), "Missing (1)"))
+    click(wait, "//button[contains(., 'Materialize')]")
+    click(wait, "//button[normalize-space(.)='Confirm']")  # Dagster's notice: training_mix is not materialized
+    click(wait, "//*[@role='dialog']//*[normalize-space(text())='All']")
+    wait.until(ec.text_to_be_present_in_element((By.CSS_SELECTOR, "[role=dialog]"), "1 partition"))
+    browser.save_screenshot(str(ui_dir / "0-capture-dialog.png"))
+    ActionChains(browser).send_keys(Keys.ESCAPE).perform()
+
+
 @pytest.mark.timeout(1500)  # bounds a loaded machine: one run took over 5 min at load 20 on 2 cores
 def test_ui_materializes_a_b7_partition_reruns_its_checks_and_opens_the_report(
-    dagster_dev: str, browser: WebDriver, tmp_path: Path
+    dagster_dev: str, browser: WebDriver, ui_dir: Path
 ):
     wait = waiting(browser)
     browser.get(f"{dagster_dev}/asset-groups")
     for group in DATASETS:  # each group shows twice: in the sidebar tree and as a node of the graph
         wait.until(lambda d, g=group: len(d.find_elements(By.XPATH, f"//*[normalize-space(text())='{g}']")) >= 2)
     wait.until(lambda d: "fetching statuses" not in d.find_element(By.TAG_NAME, "body").text)
-    browser.save_screenshot(str(tmp_path / "1-asset-graph.png"))
+    browser.save_screenshot(str(ui_dir / "1-asset-graph.png"))
 
     # A dataset's launch link (docs/running.md) opens "Materialize all" with every shard selected: one
     # single-run backfill of the whole group (test_ui_backfill.py follows it through the daemon). Dagster's
@@ -175,7 +208,7 @@ def test_ui_materializes_a_b7_partition_reruns_its_checks_and_opens_the_report(
     dialog = browser.find_element(By.CSS_SELECTOR, "[role=dialog]")
     assert set(keys) <= set(dialog.text.splitlines()), dialog.text  # each key shows as a chosen tag
     assert dialog.find_elements(By.XPATH, ".//button[normalize-space(.)='Launch backfill' and not(@disabled)]")
-    browser.save_screenshot(str(tmp_path / "2-group-launch-dialog.png"))
+    browser.save_screenshot(str(ui_dir / "2-group-launch-dialog.png"))
 
     browser.get(group_page)  # one shard, picked by hand
     click(wait, "//button[contains(., 'Materialize all')]")
@@ -183,33 +216,37 @@ def test_ui_materializes_a_b7_partition_reruns_its_checks_and_opens_the_report(
     click(wait, "//span[normalize-space(text())='00000']")
     ActionChains(browser).send_keys(Keys.ESCAPE).perform()  # close the partition picker, keep the dialog
     wait.until(ec.text_to_be_present_in_element((By.CSS_SELECTOR, "[role=dialog]"), "1 partition"))
-    browser.save_screenshot(str(tmp_path / "3-launch-dialog.png"))
+    browser.save_screenshot(str(ui_dir / "3-launch-dialog.png"))
     click(wait, "//button[contains(., 'Launch 1 run')]")
     outcome = wait_for_run(browser, dagster_dev)
-    browser.save_screenshot(str(tmp_path / "4-run.png"))
-    assert outcome == "Success", (tmp_path / "dagster-dev.log").read_text()[-3000:]
+    browser.save_screenshot(str(ui_dir / "4-run.png"))
+    assert outcome == "Success", (ui_dir / "dagster-dev.log").read_text()[-3000:]
     assert "partition: 00000" in browser.find_element(By.TAG_NAME, "body").text
-    assert (tmp_path / "out" / "b7_sharegpt" / "b7_sharegpt_validated" / "00000.parquet").is_file()
+    assert (ui_dir / "out" / "b7_sharegpt" / "b7_sharegpt_validated" / "00000.parquet").is_file()
 
     # Re-run the checks from the asset's Checks tab, without materializing anything.
     browser.get(f"{dagster_dev}/assets/b7_sharegpt_validated?view=checks")
     click(wait, "//button[normalize-space(.)='Execute all' and not(@disabled)]")
     outcome = wait_for_run(browser, dagster_dev, timeout_s=300)
-    browser.save_screenshot(str(tmp_path / "5-checks-run.png"))
-    assert outcome == "Success", (tmp_path / "dagster-dev.log").read_text()[-3000:]
+    browser.save_screenshot(str(ui_dir / "5-checks-run.png"))
+    assert outcome == "Success", (ui_dir / "dagster-dev.log").read_text()[-3000:]
     body = browser.find_element(By.TAG_NAME, "body").text
     assert "b7_sharegpt_quality_checks" in body and "partition: 00000" not in body  # a checks-only run
 
     # The materialization shows the report's headline figures, and the report's location as a path to copy
     # (no file:// link: Chromium does not follow one from an http:// page).
     browser.get(f"{dagster_dev}/assets/b7_sharegpt_validated?view=events")
-    report = tmp_path / "out" / "b7_sharegpt" / "b7_sharegpt_quality" / "index.html"
+    report = ui_dir / "out" / "b7_sharegpt" / "b7_sharegpt_quality" / "index.html"
     wait.until(ec.text_to_be_present_in_element((By.TAG_NAME, "body"), str(report)))
     body = browser.find_element(By.TAG_NAME, "body").text
-    assert "dataset_rows" in body and "dataset_checks" in body
+    assert "dataset_rows" in body and "dataset_checks" in body and "dataset_shard_table" in body
     assert not browser.find_elements(By.XPATH, "//a[starts-with(@href, 'file:')]")
     browser.get(report.as_uri())  # as a user pastes the copied path
     assert "b7_sharegpt" in browser.title and browser.find_element(By.TAG_NAME, "h1").text
-    browser.save_screenshot(str(tmp_path / "6-report.png"))
-    log = (tmp_path / "dagster-dev.log").read_text()
+    assert "decontamination" in browser.find_element(By.TAG_NAME, "body").text  # all eight checks listed
+    browser.save_screenshot(str(ui_dir / "6-report.png"))
+    click(wait, "//a[normalize-space(text())='shard 00000']")  # the dataset page links each shard's own page
+    wait.until(ec.title_contains("shard 00000"))
+    browser.save_screenshot(str(ui_dir / "7-shard-report.png"))
+    log = (ui_dir / "dagster-dev.log").read_text()
     assert "BetaWarning" not in log and "PreviewWarning" not in log

@@ -54,7 +54,9 @@ def test_row_count_and_column_schema_are_read_back_from_the_instance(tmp_path: P
         prompts = {key: latest(instance, "b9_meta_prompts", key) for key in ("00000", "00001")}
         validated = {key: latest(instance, "b9_meta_validated", key) for key in ("00000", "00001")}
     assert [prompts[k][ROW_COUNT].value for k in ("00000", "00001")] == [200, 130]  # 330 prompts, shards of 200
-    assert [validated[k][ROW_COUNT].value for k in ("00000", "00001")] == [200, 150]
+    # The asset page's "Row count" is the dataset's (every judged shard); each shard's own is its `rows` figure.
+    assert [validated[k][ROW_COUNT].value for k in ("00000", "00001")] == [350, 350]
+    assert [validated[k]["rows"].value for k in ("00000", "00001")] == [200, 150]
     prompt_columns = {c.name: c.type for c in prompts["00001"][COLUMN_SCHEMA].value.columns}
     assert list(prompt_columns)[:3] == ["prompt_id", "dataset", "shard"] and "messages" in prompt_columns
     validated_columns = {c.name: c.type for c in validated["00001"][COLUMN_SCHEMA].value.columns}
@@ -67,6 +69,12 @@ def test_row_count_and_column_schema_are_read_back_from_the_instance(tmp_path: P
     )
     assert validated["00001"]["dataset_shards"].value == 2 and validated["00001"]["dataset_rows"].value == 350
     assert "| empty_response | pass |" in validated["00001"]["dataset_checks"].value
+    share = validated["00001"]["dataset_pass_share"].value  # rounded as a person reads it, like each shard's
+    assert share == round(share, 4) and all(v["pass_share"].value == round(v["pass_share"].value, 4)
+                                            for v in validated.values())  # fmt: skip
+    shards = validated["00001"]["dataset_shard_table"].value  # the page's per-shard table, on the asset page
+    assert shards.startswith("| shard | rows | train_rows |")
+    assert "| 00000 | 200 |" in shards and "| 00001 | 150 |" in shards
 
 
 def test_code_versions_follow_the_settings_each_stage_reads() -> None:
@@ -81,6 +89,24 @@ def test_code_versions_follow_the_settings_each_stage_reads() -> None:
     }
     assert versions["b9_meta_validated"] == code_version("validated", SPEC)
     assert versions["b9_meta"] == code_version("generation", SPEC)
+    assert versions["b9_meta_estimate"] == code_version("estimate", SPEC)
+    budget = SPEC.model_copy(update={"token_budget": 1_000})
+    assert code_version("estimate", budget) != code_version("estimate", SPEC)
+
+
+def test_the_mix_and_the_drafter_inputs_carry_code_versions_that_follow_their_settings() -> None:
+    from eagle_data.defs.drafter import build_drafter_assets
+    from eagle_data.defs.exports import build_exports
+
+    def versions(spec: DatasetSpec) -> dict[str, str | None]:
+        assets = [build_exports([spec], []), *build_drafter_assets([spec])]
+        return {k.path[-1]: v for a in assets for k, v in a.code_versions_by_key.items()}
+
+    base, heavier = versions(SPEC), versions(SPEC.model_copy(update={"mix_weight": 2.0}))
+    assert set(base) == {"training_mix", "draft_vocab", "hidden_state_plan", "hidden_states"}
+    assert all(base.values()) and heavier["training_mix"] != base["training_mix"]
+    drafter = [k for k in base if k != "training_mix"]
+    assert [heavier[k] for k in drafter] == [base[k] for k in drafter]  # they read the drafter settings only
 
 
 def test_a_user_error_fails_the_step_with_its_one_line_not_a_class_path(tmp_path: Path) -> None:

@@ -71,3 +71,36 @@ def test_the_quality_report_link_opens_in_a_browser(store: ShardStore):
     assert link.startswith("file:///" if not store.is_s3 else "http://127.0.0.1:")
     with urllib.request.urlopen(link, timeout=10) as page:
         assert page.read() == b"<html>report</html>"
+
+
+def test_the_alert_sensors_run_by_default_only_where_a_webhook_is_set(monkeypatch: pytest.MonkeyPatch):
+    from eagle_data.defs.sensors import build_sensors
+
+    specs = list(catalog().values())
+    monkeypatch.delenv("EAGLE_DATA_ALERT_WEBHOOK", raising=False)
+    assert {s.name: s.default_status for s in build_sensors(specs)} == {
+        "quality_alerts": dg.DefaultSensorStatus.STOPPED, "run_failure_alerts": dg.DefaultSensorStatus.STOPPED,
+    }  # fmt: skip
+    monkeypatch.setenv("EAGLE_DATA_ALERT_WEBHOOK", "http://127.0.0.1:9/hook")
+    assert {s.default_status for s in build_sensors(specs)} == {dg.DefaultSensorStatus.RUNNING}
+
+
+IDLE_S = 600
+SENSOR_LINES_PER_TICK = 2  # dagster/_daemon/sensor.py: "Checking for new runs for sensor: X", then "... skipped ..."
+STARTUP_LINES = 10  # measured: Dagster's launch banner, the daemons' list, two cursor warnings, the webserver's address
+
+
+def test_an_idle_dagster_dev_logs_under_100_lines_in_10_minutes(monkeypatch: pytest.MonkeyPatch):
+    """The daemon logs two INFO lines per sensor tick; schedules stopped by default log nothing. Measured by
+    hand (docs/running.md): 50 lines in 10 idle minutes; with 5-s alert ticks, 121 in the first 200 s."""
+    monkeypatch.delenv("EAGLE_DATA_ALERT_WEBHOOK", raising=False)
+    monkeypatch.setenv("EAGLE_DATA_PROFILE", "demo")
+    out = python("from eagle_data.definitions import defs\n"
+                 "for s in defs.sensors:\n"
+                 "    print(s.name, s.default_status.value, s.minimum_interval_seconds or 30)\n"
+                 "print('schedules', sum(s.default_status.value == 'RUNNING' for s in defs.schedules))")  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    *sensors, schedules = (line.split() for line in out.stdout.splitlines())
+    ticking = {name: int(interval) for name, status, interval in sensors if status == "RUNNING"}
+    lines = STARTUP_LINES + sum(SENSOR_LINES_PER_TICK * (IDLE_S // max(5, s)) for s in ticking.values())
+    assert schedules == ["schedules", "0"] and lines < 100, ticking

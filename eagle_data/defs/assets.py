@@ -4,8 +4,6 @@ Each asset writes its own per-partition Parquet shards through the storage resou
 so a single run can cover a partition range. The bodies only call `eagle_data.pipeline`.
 """
 
-import hashlib
-import json
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -16,6 +14,7 @@ from pydantic import Field
 from eagle_data import layout, pipeline, quality, sources
 from eagle_data.catalog import DatasetSpec
 from eagle_data.defs.messages import file_locations, leveled, user_failure
+from eagle_data.defs.metadata import ROW_COUNT, dataset_report_metadata, rounded_figures, settings_version
 from eagle_data.defs.pools import tie_to_run_worker
 from eagle_data.defs.resources import (
     EngineResource,
@@ -130,10 +129,11 @@ def shard_metadata(record: quality.ShardRecord) -> dict[str, Any]:
     """One partition's event metadata: its own shard's figures only, so an event's size never grows with
     the run's range (dataset-wide tables live in the HTML report)."""
     figures = record.figures()
-    return {**figures.numbers, **{name: dg.MetadataValue.md(table) for name, table in figures.tables.items()}}
+    tables = {name: dg.MetadataValue.md(table) for name, table in figures.tables.items()}
+    return {**rounded_figures(figures.numbers), **tables}
 
 
-ROW_COUNT, COLUMN_SCHEMA = "dagster/row_count", "dagster/column_schema"  # Dagster's own: shown in the catalog
+COLUMN_SCHEMA = "dagster/column_schema"  # Dagster's own: shown in the catalog
 
 
 def column_schema(columns: Mapping[str, Any]) -> dg.TableSchema:
@@ -149,18 +149,17 @@ def add_row_counts(context: dg.AssetExecutionContext, rows: Mapping[str, int]) -
 
 # Code versions: a stage's number, bumped when its code changes what it writes, plus a hash of the catalog
 # settings it reads, so Dagster marks the shards made under other settings ("code version changed").
-STAGE_CODE = {"prompts": 1, "generation": 1, "validated": 1}
+STAGE_CODE = {"prompts": 1, "estimate": 1, "generation": 1, "validated": 1}
 STAGE_SETTINGS = {
     "prompts": ("hub_id", "config", "split", "source", "adapter", "shard_size", "max_prompt_chars"),
+    "estimate": ("canary_prompts", "token_budget", "cost_budget_usd", "generation", "checks"),
     "generation": ("regenerate", "max_turns", "generation"),
     "validated": ("target", "mask_empty_think", "checks"),
 }
 
 
 def code_version(stage: str, spec: DatasetSpec) -> str:
-    settings = spec.model_dump(mode="json", include=set(STAGE_SETTINGS[stage]))
-    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:10]
-    return f"{STAGE_CODE[stage]}-{digest}"
+    return settings_version(STAGE_CODE[stage], spec.model_dump(mode="json", include=set(STAGE_SETTINGS[stage])))
 
 
 def build_dataset_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
@@ -207,6 +206,7 @@ def build_dataset_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
         # "Materialize all" on the group is one single-run backfill instead of one run per partitioning.
         partitions_def=common["partitions_def"],
         backfill_policy=common["backfill_policy"],
+        code_version=code_version("estimate", spec),
         kinds={"python"},
         **catalog_labels(
             "estimate",
@@ -332,16 +332,14 @@ def build_dataset_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
         verdicts: Counter[str] = Counter()
         for key, record in done.records.items():
             page = file_locations(store, {"shard_report": layout.quality_page(ds, key)})
-            shard = {**shard_metadata(record), **page, SHARD_DIGEST: record.shard_sha256,
-                     ROW_COUNT: done.rows[key]}  # fmt: skip
+            shard = {**shard_metadata(record), **page, SHARD_DIGEST: record.shard_sha256}
             context.add_asset_metadata(shard, partition_key=key)
             verdicts.update(record.summary.verdicts)
         assert done.report is not None
         context.log.info(f"{ds}: verdicts {dict(sorted(verdicts.items()))}; quality report {done.report.uri}")
         metadata = {
             **file_locations(store, {"quality_report": layout.quality_index(ds)}),
-            **done.report.numbers(),  # the report's headline, readable without opening a file
-            "dataset_checks": dg.MetadataValue.md(done.report.checks_table()),
+            **dataset_report_metadata(done.report),  # the report's headline, readable without opening a file
             COLUMN_SCHEMA: column_schema(done.columns),
         }
         return dg.MaterializeResult(metadata=metadata)

@@ -16,6 +16,7 @@ from eagle_data.catalog import PROFILE_ENV, CatalogError, DatasetSpec, shard_key
 from eagle_data.defs.assets import SHARD_DIGEST, catalog_labels, partitions
 from eagle_data.defs.checks import judged_partitions, report_shards
 from eagle_data.defs.messages import file_locations, uri_locations
+from eagle_data.defs.metadata import settings_version
 from eagle_data.defs.resources import StorageResource
 from eagle_data.drafter import verify
 from eagle_data.drafter.capture import CaptureError, resolve_target
@@ -37,12 +38,14 @@ DECONTAMINATION = "decontamination"
 
 def build_drafter_assets(specs: list[DatasetSpec]) -> list[dg.AssetsDefinition]:
     owners = [o for spec in specs for o in spec.owners]
+    drafter = load_drafter_settings()
 
     @dg.asset(
         name="draft_vocab",
         group_name="drafter",
         deps=["training_mix"],
         kinds={"pytorch"},
+        code_version=settings_version(1, drafter.draft_vocab_sizes),
         **catalog_labels(
             "drafter",
             owners,
@@ -62,6 +65,7 @@ def build_drafter_assets(specs: list[DatasetSpec]) -> list[dg.AssetsDefinition]:
         group_name="drafter",
         deps=["training_mix"],
         kinds={"json"},
+        code_version=settings_version(1, drafter.hidden_states.model_dump(mode="json")),
         **catalog_labels(
             "drafter",
             owners,
@@ -112,11 +116,27 @@ def _capture_outcome(found: verify.Findings, name: str) -> dict[str, Any]:
     }
 
 
-def build_capture_asset(owners: list[str], specs: list[DatasetSpec]) -> dg.AssetsDefinition:
-    """`hidden_states`, one partition per capture shard of the mix; the partition count is read from the
-    catalog's [drafter.capture] when the definitions load."""
+# `hidden_states`' partitions: one per capture shard of the latest mix, set when `training_mix` materializes
+# (follow_the_mix), so every partition the UI shows can be filled.
+CAPTURE_SHARDS = dg.DynamicPartitionsDefinition(name="hidden_states_shards")
+
+
+def follow_the_mix(instance: dg.DagsterInstance, mix_rows: int) -> list[str]:
+    """Make `hidden_states`' partitions the capture shards of a mix of `mix_rows` rows (at most the catalog's
+    [drafter.capture] max_rows): adds the missing keys, drops those past the mix's end; returns the keys."""
     configured = load_drafter_settings().capture
-    shards = dg.StaticPartitionsDefinition([shard_key(i) for i in range(configured.partitions)])
+    keys = [shard_key(i) for i in range(min(-(-mix_rows // configured.shard_rows), configured.partitions))]
+    existing = set(instance.get_dynamic_partitions(CAPTURE_SHARDS.name))
+    if added := [key for key in keys if key not in existing]:
+        instance.add_dynamic_partitions(CAPTURE_SHARDS.name, added)
+    for stale in existing - set(keys):
+        instance.delete_dynamic_partition(CAPTURE_SHARDS.name, stale)
+    return keys
+
+
+def build_capture_asset(owners: list[str], specs: list[DatasetSpec]) -> dg.AssetsDefinition:
+    """`hidden_states`, one partition per capture shard of the mix (CAPTURE_SHARDS)."""
+    configured, shards = load_drafter_settings().capture, CAPTURE_SHARDS
     checks = [
         dg.AssetCheckSpec(
             name, asset=layout.HIDDEN_STATES_ASSET, blocking=True, description=text, partitions_def=shards
@@ -129,6 +149,7 @@ def build_capture_asset(owners: list[str], specs: list[DatasetSpec]) -> dg.Asset
         group_name="drafter",
         deps=["training_mix"],
         kinds={"pytorch", "safetensors"},
+        code_version=settings_version(1, configured.model_dump(mode="json")),
         partitions_def=shards,
         backfill_policy=dg.BackfillPolicy.single_run(),
         check_specs=checks,

@@ -19,8 +19,10 @@ from eagle_data import exports, pipeline
 from eagle_data.catalog import DatasetSpec
 from eagle_data.defs.assets import catalog_labels
 from eagle_data.defs.checks import validated_key
+from eagle_data.defs.drafter import follow_the_mix
 from eagle_data.defs.instance import gate_records
 from eagle_data.defs.messages import file_locations, leveled, uri_locations
+from eagle_data.defs.metadata import settings_version
 from eagle_data.defs.resources import StorageResource
 from eagle_data.exports.check import check_exports
 from eagle_data.exports.parity import ParityError
@@ -70,6 +72,7 @@ def build_exports(specs: Sequence[DatasetSpec], checks: Sequence[dg.AssetChecksD
         check_specs=[dg.AssetCheckSpec(PARITY_CHECK, asset="training_mix", blocking=True,
                                        description="The trainer files load as our ids and masks in the trainer's "
                                        "own code (SpecForge 0.2.0); text exports' differences named by cause.")],
+        code_version=settings_version(1, {spec.name: [spec.mix_weight, spec.target] for spec in specs}),
         **catalog_labels(
             "export",
             (o for spec in specs for o in spec.owners),
@@ -93,6 +96,7 @@ def build_exports(specs: Sequence[DatasetSpec], checks: Sequence[dg.AssetChecksD
         files = {f"{spec.name}_{kind}": key for spec in specs if f"{spec.name}_rows" in figures
                  for kind, key in pipeline.export_keys(spec, settings.formats).items()}  # fmt: skip
         figures.update({**uri_locations(store, figures), **file_locations(store, files)})
+        figures["capture_shards"] = len(follow_the_mix(context.instance, figures["mix_rows"]))
         return dg.MaterializeResult(metadata=figures, check_results=[parity_result(store, specs, settings)])
 
     return training_mix

@@ -6,8 +6,9 @@ check's step has ended (cursor: the last check execution it handled, and the rec
 already announced). The grouping is `alerts.group_failures`, over plain records. `run_failure_alerts`
 posts once per failed run (Dagster keeps its cursor), except runs a failed blocking check stopped: every
 blocking check is an ERROR one `quality_alerts` announces, so a regression gives exactly one message.
-The webhook URL comes only from $EAGLE_DATA_ALERT_WEBHOOK; with it unset both sensors skip (and still
-move their cursors, so setting it later does not replay history).
+The webhook URL comes only from $EAGLE_DATA_ALERT_WEBHOOK; with it unset when the code location loads, both
+sensors are stopped by default (an idle `dagster dev` stays quiet); unset later, they skip (and still move their
+cursors, so setting it again does not replay history).
 """
 
 from __future__ import annotations
@@ -91,6 +92,12 @@ def ui_url() -> str:
     return settings.get(UI_URL_ENV) or DEFAULT_UI_URL
 
 
+def alert_status() -> dg.DefaultSensorStatus:
+    """The alert sensors run by default only where $EAGLE_DATA_ALERT_WEBHOOK is set when the code location
+    loads: with nowhere to post, a tick every 5 s would fill the `dagster dev` terminal with two lines each."""
+    return dg.DefaultSensorStatus.RUNNING if alerts.webhook_url() else dg.DefaultSensorStatus.STOPPED
+
+
 def _error_checks(specs: Sequence[DatasetSpec]) -> dict[dg.AssetCheckKey, str]:
     """ERROR-severity check keys -> dataset name: the ERROR quality gates, and the blocking checks that
     live elsewhere (the estimate's `within_budget` and `canary`, `decontamination`), which are always ERROR."""
@@ -170,11 +177,12 @@ def _partition_of(run: dg.DagsterRun) -> str | None:
 def build_sensors(specs: Sequence[DatasetSpec]) -> list[dg.SensorDefinition]:
     checks = _error_checks(specs)
     datasets = {s.name for s in specs}
+    status = alert_status()
 
     @dg.sensor(
         name="quality_alerts",
         minimum_interval_seconds=ALERT_INTERVAL_S,
-        default_status=dg.DefaultSensorStatus.RUNNING,
+        default_status=status,
         description=f"Posts one message per failed ERROR check (quality gates, within_budget, canary, decontamination) "
         f"and run, listing the failing shards, to ${alerts.WEBHOOK_ENV} (Slack format).",
     )
@@ -210,7 +218,7 @@ def build_sensors(specs: Sequence[DatasetSpec]) -> list[dg.SensorDefinition]:
     @dg.run_failure_sensor(
         name="run_failure_alerts",
         minimum_interval_seconds=ALERT_INTERVAL_S,
-        default_status=dg.DefaultSensorStatus.RUNNING,
+        default_status=status,
         description=f"Posts each failed run to ${alerts.WEBHOOK_ENV}, unless a failed blocking check (already "
         "announced) stopped it.",
     )
