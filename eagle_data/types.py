@@ -49,8 +49,17 @@ class Completion:
         return not self.content.strip() and not self.reasoning.strip()
 
 
-class EngineError(Exception):
-    """An engine call failed. `kind` is a short label used in error counts (e.g. "http_429")."""
+class UserError(Exception):
+    """An error the person running the job can fix: its message is one line naming what to do (Dagster shows
+    the message alone). Line breaks in the message (a server's own text often has them) become spaces."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(" ".join(message.splitlines()))
+
+
+class EngineError(UserError):
+    """An engine call failed. `kind` is a short label used in error counts (e.g. "http_429"); the class, not
+    the label, says what the runner does with it."""
 
     def __init__(self, message: str, *, kind: str = "error") -> None:
         super().__init__(message)
@@ -69,7 +78,19 @@ class RetryableError(EngineError):
 
 
 class FatalError(EngineError):
-    """Retrying cannot help (bad request, auth, budget the server will never grant)."""
+    """Retrying cannot help this request (a bad request, a reply that cannot be stored)."""
+
+
+class AbortError(FatalError):
+    """Every later request would fail the same way (a missing or refused key, no budget left, a model or
+    setting the server does not take): the runner stops sending, keeps what landed, and fails with this line."""
+
+
+class ConfigError(AbortError):
+    """A setting is wrong or missing (`kind` "config")."""
+
+    def __init__(self, message: str, *, kind: str = "config") -> None:
+        super().__init__(message, kind=kind)
 
 
 class Sampling(Protocol):

@@ -94,9 +94,15 @@ def test_a_parsed_reasoning_field_wins_and_nulls_read_as_empty() -> None:
     assert reply_text({"content": "a", "reasoning_details": parts}) == ("", "a")
 
 
-@pytest.mark.parametrize("shape", ["null_content", "special_only"])
+@pytest.mark.parametrize(
+    ("shape", "error"),
+    [
+        ("null_content", "empty_reply: no content or reasoning"),  # the model said nothing
+        ("special_only", "lost_text: 0 bytes of text (finish_reason length"),  # cut mid-reply: the server dropped it
+    ],
+)
 def test_an_empty_reply_is_asked_again_once_then_recorded_failed_never_ok(
-    server: FakeOpenAI, tmp_path: Path, shape: str
+    server: FakeOpenAI, tmp_path: Path, shape: str, error: str
 ) -> None:
     """A billed empty reply is not an outage: asked again `breaker.empty_retries` (1) times, not max_attempts."""
     server.faults = Faults(shape=shape)
@@ -105,10 +111,10 @@ def test_an_empty_reply_is_asked_again_once_then_recorded_failed_never_ok(
         generate(server, tmp_path, prompt_shards(1, 5), lines)
     rows = shard(tmp_path)
     assert rows["status"].to_list() == ["failed"] * 5
-    assert all(error.startswith("empty_reply: no content or reasoning") for error in rows["error"])
+    assert all(text.startswith(error) for text in rows["error"]), rows["error"].to_list()
     assert rows["attempts"].to_list() == [2] * 5
     assert server.received == 5 * 2
-    assert any("first empty_reply error" in line for line in lines)
+    assert any(f"first {error.split(':')[0]} error" in line for line in lines)
     assert any("wasted: 10 replies, $" in line for line in lines)
 
 

@@ -2,21 +2,26 @@
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import json
 import socket
 import time
+import tomllib
 from pathlib import Path
 
 import pytest
 
 from eagle_data.engines import make_engine
-from eagle_data.engines.openai_compat import OpenAICompatEngine, check_credit, http_error, parse_response
+from eagle_data.engines.openai_compat import OpenAICompatEngine
+from eagle_data.engines.openai_protocol import http_error, parse_response
+from eagle_data.engines.openrouter_key import check_credit
 from eagle_data.engines.served import ModelMismatchError
 from eagle_data.runner import RunnerSettings, run_generation
+from eagle_data.runner.run import NothingAnswered
 from eagle_data.secrets import mask_url, redact
 from eagle_data.storage import ShardStore
-from eagle_data.types import Completion, FatalError, RetryableError
+from eagle_data.types import AbortError, Completion, FatalError, RetryableError, UserError
 from eagle_data_tests.conftest import free_port
 from eagle_data_tests.servers.openai_fake import FakeOpenAI, Faults, prompt_shards, spec_for_tests
 
@@ -54,6 +59,49 @@ def test_503_with_retry_after_is_a_throttle_and_carries_the_wait() -> None:
 def test_client_errors_fail_fast_with_the_servers_message(status: int) -> None:
     err = http_error(status, _err(status, "model xyz is not a valid model ID"), None, 0.0)
     assert isinstance(err, FatalError) and err.kind == f"http_{status}" and "not a valid model ID" in str(err)
+
+
+@pytest.mark.parametrize(("status", "stops"), [(401, True), (403, True), (404, True), (400, False), (422, False)])
+def test_errors_that_every_later_request_would_hit_are_their_own_class(status: int, stops: bool) -> None:
+    err = http_error(status, _err(status), None, 0.0)
+    assert isinstance(err, FatalError) and isinstance(err, AbortError) is stops
+    budget = http_error(402, _err(402, "too heavy", "weight_exceeds_budget"), None, 0.0)
+    assert isinstance(budget, AbortError)
+
+
+@pytest.mark.parametrize(("status", "stops"), [(401, True), (404, True), (400, False)])
+def test_a_run_stops_on_a_refused_key_or_model_by_its_class_and_a_bad_request_fails_only_its_prompt(
+    server: FakeOpenAI, tmp_path: Path, status: int, stops: bool
+) -> None:
+    server.faults = Faults(force_status=status)
+    engine = make_engine("openai", model="m", base_url=f"http://127.0.0.1:{server.port}/v1")
+    settings = RunnerSettings(progress_bar=False, max_in_flight=1, initial_in_flight=1, min_in_flight=1)
+    with pytest.raises(FatalError if stops else NothingAnswered) as err:
+        run_generation(engine, spec_for_tests(), prompt_shards(1, 10), ShardStore(str(tmp_path)), settings=settings,
+                       log=lambda line: None)  # fmt: skip
+    assert "\n" not in str(err.value) and f"http_{status}" in str(err.value)
+    assert server.received == (1 if stops else 10)  # stopped after the first answer, or every prompt asked once
+
+
+def test_a_servers_multi_line_error_text_becomes_one_line() -> None:
+    text = "1 validation error for ChatCompletionRequest\nmessages\n  Field required [type=missing]"  # vLLM's shape
+    err = http_error(400, _err(400, text), None, 0.0)
+    assert isinstance(err, UserError) and "\n" not in str(err) and "messages   Field required" in str(err)
+
+
+def test_the_openai_sdk_is_declared_only_if_the_engine_imports_it() -> None:
+    """Measured below the throughput floor (docs/facts.md), the SDK is not the client; a dependency nothing
+    imports is not declared."""
+    root = Path(__file__).resolve().parents[1]
+    declared = tomllib.loads((root / "pyproject.toml").read_text())["project"]["dependencies"]
+    imported = set()
+    for path in (root / "eagle_data").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                imported.add(node.module.split(".")[0])
+    assert any(d.split(">")[0].split("=")[0].strip() == "openai" for d in declared) is ("openai" in imported)
 
 
 def test_402_in_flight_budget_waits_but_weight_exceeds_budget_fails() -> None:

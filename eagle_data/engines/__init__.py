@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from eagle_data.types import Engine, FatalError
+from eagle_data.types import ConfigError, Engine, FatalError
 
 if TYPE_CHECKING:
     from eagle_data.catalog import DatasetSpec
@@ -182,11 +182,10 @@ def build_engine(settings: EngineSettings, spec: DatasetSpec) -> Engine:
     return engine
 
 
-def sampling_refused(kind: str, dataset: str = "") -> FatalError:
+def sampling_refused(kind: str, dataset: str = "") -> ConfigError:
     """The one-line error for a per-request sampling setting (a catalog sampling mixture) given to an engine
     that cannot honour it."""
-    return FatalError(
+    return ConfigError(
         f"{dataset + ': ' if dataset else ''}engine {kind} takes no per-request sampling settings; remove the "
-        "catalog entry's generation.mixture or use an OpenAI-compatible engine (openai, openrouter, vllm)",
-        kind="config",
+        "catalog entry's generation.mixture or use an OpenAI-compatible engine (openai, openrouter, vllm)"
     )

@@ -1,9 +1,11 @@
 """OpenAI-compatible chat engine (OpenRouter, vLLM, SGLang's /v1, `transformers serve`) on bare aiohttp.
 
-The hot path is one shared aiohttp session with a pool sized for thousands of requests in flight:
-the openai SDK costs 3-6x more CPU per request (measured on 2 cores), which at 2,000 in flight makes the client
-the bottleneck. Response parsing and error sorting are pure functions (`parse_response`), tested on
-their own. The API key is read from an environment variable when the session opens; it is never in
+The hot path is one shared aiohttp session with a pool sized for thousands of requests in flight. The
+openai SDK is not used: on its own aiohttp transport it reached 0.29x this client's throughput in the same
+pipeline at 2,000 in flight (docs/facts.md), so the client would be the bottleneck. What the SDK would
+bring is here in small parts: typed errors (`openai_protocol`: retryable, run-stopping, fatal, sorted by
+status and body), Retry-After (eagle_data/retry_after.py), provider routing and reasoning as request
+fields. The API key is read from an environment variable when the session opens; it is never in
 `config()`, logs, or files, and server error text is redacted of it before it becomes an error.
 Registers two kinds: `openai` (any OpenAI-compatible server) and `openrouter`.
 """
@@ -12,24 +14,22 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
-import urllib.error
-import urllib.request
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
 from eagle_data import settings
 from eagle_data.engines import EngineKind, EngineSettings, lookup, register
-from eagle_data.engines.replies import reply_text
+from eagle_data.engines.openai_protocol import parse_response, served_ids
+from eagle_data.engines.openrouter_key import OPENROUTER_KEY_ENV, OPENROUTER_URL, check_credit
 from eagle_data.engines.served import ModelMismatchError, model_matches
-from eagle_data.retry_after import parse_retry_after
 from eagle_data.secrets import mask_url, redact, strip_credentials, url_parts
 from eagle_data.targets.reasoning import THINK_TAGS, ReasoningMarkers, reasoning_markers
 from eagle_data.types import (
     PROMPT_ID_HEADER,
+    AbortError,
     Completion,
+    ConfigError,
     Engine,
     EngineError,
     FatalError,
@@ -42,113 +42,16 @@ if TYPE_CHECKING:
     from eagle_data.catalog import DatasetSpec
 
 OPENAI, OPENROUTER = "openai", "openrouter"
-OPENROUTER_URL = "https://openrouter.ai/api/v1"
-OPENROUTER_KEY_ENV = "OPENROUTER_API_KEY"
 PROVIDER_KEYS = frozenset({
     "order", "only", "ignore", "quantizations", "allow_fallbacks", "sort", "require_parameters",
     "data_collection", "max_price", "enforce_distillable_text",
 })  # fmt: skip
 REASONING_KEYS = frozenset({"effort", "max_tokens", "exclude", "enabled"})
-RETRY_STATUSES = frozenset({408, 409, 425, 429})
-THROTTLE_STATUSES = frozenset({429, 503})
-IN_FLIGHT_REASON = "in_flight_budget_exhausted"
-ERROR_TEXT_CHARS = 300
 TIMEOUT_S = 600.0  # whole-request timeout: a long reasoning reply can take minutes
 CONNECT_TIMEOUT_S = 10.0  # a dead host fails fast
 CHECK_TIMEOUT_S = 30.0
 SHOWN_IDS = 3  # served ids a mismatch error names
 TEMPLATE_PROBE_ID = "template-check"  # the prompt id the pre-flight's request carries
-
-
-def _server_error(body: bytes) -> tuple[str, dict[str, Any]]:
-    """(message, metadata) from an error body `{error: {code, message, metadata}}`, or its raw text."""
-    try:
-        err = json.loads(body).get("error") or {}
-    except (ValueError, AttributeError):
-        return body[:ERROR_TEXT_CHARS].decode(errors="replace"), {}
-    if not isinstance(err, dict):
-        return str(err)[:ERROR_TEXT_CHARS], {}
-    message = str(err.get("message") or err.get("code") or "no message")[:ERROR_TEXT_CHARS]
-    return message, err.get("metadata") or {}
-
-
-def http_error(status: int, body: bytes, retry_after: str | None, now: float) -> RetryableError | FatalError:
-    """Sort a non-200 answer into retryable (with kind, Retry-After, throttle) or fatal."""
-    message, metadata = _server_error(body)
-    wait = parse_retry_after(retry_after, now)
-    text = f"HTTP {status}: {message}"
-    if status == 402:
-        reason = str(metadata.get("reason", "")) if isinstance(metadata, dict) else ""
-        if reason == IN_FLIGHT_REASON or IN_FLIGHT_REASON in message:
-            return RetryableError(text, kind="http_402_in_flight", retry_after=wait, throttle=True)
-        return FatalError(f"{text} (add credits or raise the key's limit)", kind="http_402_budget")
-    if status in RETRY_STATUSES or status >= 500:
-        # A 503 without Retry-After is an ordinary failure: random 5xx must not collapse the in-flight limit.
-        throttle = status == 429 or (status in THROTTLE_STATUSES and wait is not None)
-        return RetryableError(text, kind=f"http_{status}", retry_after=wait, throttle=throttle)
-    if 400 <= status < 500:
-        return FatalError(text, kind=f"http_{status}")
-    return RetryableError(text, kind=f"http_{status}", retry_after=wait)
-
-
-def parse_response(
-    status: int,
-    body: bytes,
-    retry_after: str | None = None,
-    now: float = 0.0,
-    markers: ReasoningMarkers | None = THINK_TAGS,
-    token_ids: bool = False,
-) -> Completion:
-    """A Completion from one HTTP answer, or the error it stands for (200 bodies are checked too); `markers`:
-    the target's think-block markers, for a think block left inside `content`. Token ids are kept whenever
-    the answer has them (vLLM's `token_ids` per choice, `prompt_token_ids`); `token_ids`: they were asked
-    for, so an answer without them is a one-line fatal error (the server ignores the request field)."""
-    if status != 200:
-        raise http_error(status, body, retry_after, now or time.time())
-    try:
-        data = json.loads(body)
-    except ValueError:
-        raise RetryableError(f"unreadable JSON body: {body[:ERROR_TEXT_CHARS]!r}", kind="bad_json") from None
-    if data.get("error"):
-        message, _ = _server_error(body)
-        raise RetryableError(f"error inside a 200 body: {message}", kind="body_error")
-    choices = data.get("choices") or []
-    if not choices:
-        raise RetryableError("200 body without choices", kind="empty_choices")
-    choice = choices[0]
-    finish = choice.get("finish_reason") or ""
-    if finish == "error":
-        raise RetryableError("generation failed mid-way (finish_reason=error)", kind="finish_error")
-    reasoning, content = reply_text(choice.get("message") or {}, markers)
-    output_ids, prompt_ids = _ids(choice.get("token_ids")), _ids(data.get("prompt_token_ids"))
-    if token_ids and output_ids is None:
-        raise FatalError(
-            "the server answered without token_ids: it ignores return_token_ids (vLLM's OpenAI server takes it); "
-            "upgrade vLLM, or use EAGLE_DATA_ENGINE=openai to run without token ids",
-            kind="config",  # the server is not what the kind needs: stop sending, like any configuration error
-        )
-    usage = data.get("usage") or {}
-    details = usage.get("completion_tokens_details") or {}
-    return Completion(
-        content=content,
-        reasoning=reasoning,
-        finish_reason=finish,
-        prompt_tokens=usage.get("prompt_tokens") or 0,
-        completion_tokens=usage.get("completion_tokens") or 0,
-        reasoning_tokens=details.get("reasoning_tokens") or 0,
-        cost_usd=float(usage.get("cost") or 0.0),
-        provider=data.get("provider") or "",
-        served_model=data.get("model") or "",
-        output_ids=output_ids,
-        prompt_ids=prompt_ids,
-    )
-
-
-def _ids(value: Any) -> list[int] | None:
-    """A list of token ids from an answer field, or None when the field is missing or not such a list."""
-    if not isinstance(value, list) or not all(isinstance(i, int) for i in value):
-        return None
-    return value
 
 
 def _checked(name: str, value: dict[str, Any] | None, allowed: frozenset[str]) -> dict[str, Any] | None:
@@ -158,26 +61,12 @@ def _checked(name: str, value: dict[str, Any] | None, allowed: frozenset[str]) -
     return dict(value) if value else None
 
 
-def served_ids(status: int, body: bytes) -> list[str]:
-    """The model ids an OpenAI-style `GET /models` answer lists (`{data: [{id}]}`); [] for any other answer."""
-    if status != 200:
-        return []
-    try:
-        data = json.loads(body).get("data")
-    except (ValueError, AttributeError):
-        return []
-    if not isinstance(data, list):
-        return []
-    return [str(entry["id"]) for entry in data if isinstance(entry, dict) and entry.get("id")]
-
-
 def checked_base_url(base_url: str) -> str:
     """`base_url` if it is an absolute http(s) URL with a host, else a one-line config error."""
     if url_parts(base_url) is None:
-        raise FatalError(
+        raise ConfigError(
             f"base URL {mask_url(base_url)!r} is not an http(s) URL with a host: set EAGLE_DATA_BASE_URL "
-            "(e.g. http://host:30000/v1)",
-            kind="config",
+            "(e.g. http://host:30000/v1)"
         )
     return base_url.strip()
 
@@ -263,14 +152,13 @@ class OpenAICompatEngine(Engine):
         key = settings.get(self.api_key_env) if self.api_key_env else ""
         if self._basic is not None:
             if key:
-                raise FatalError(
+                raise ConfigError(
                     f"the base URL {self.shown} carries credentials and {self.api_key_env} holds an API key: "
-                    "keep one (drop the user:password from EAGLE_DATA_BASE_URL, or unset the key)",
-                    kind="config",
+                    "keep one (drop the user:password from EAGLE_DATA_BASE_URL, or unset the key)"
                 )
             return {"Authorization": self._basic}
         if self.api_key_env and not key:
-            raise FatalError(f"environment variable {self.api_key_env} is empty: export the API key",
+            raise AbortError(f"environment variable {self.api_key_env} is empty: export the API key",
                              kind="auth_missing")  # fmt: skip
         return {"Authorization": f"Bearer {key}"} if key else {}
 
@@ -371,10 +259,9 @@ class OpenAICompatEngine(Engine):
         except EngineError as exc:
             raise self._scrubbed(exc) from None
         if done.prompt_ids is None:
-            raise FatalError(
+            raise ConfigError(
                 "the server answered without prompt_token_ids: it ignores return_token_ids for the prompt; upgrade "
-                "vLLM, or use EAGLE_DATA_ENGINE=openai to run without token ids",
-                kind="config",
+                "vLLM, or use EAGLE_DATA_ENGINE=openai to run without token ids"
             )
         return done.prompt_ids
 
@@ -407,49 +294,6 @@ class OpenAICompatEngine(Engine):
             await asyncio.sleep(0)  # let the connector close its transports
 
 
-@dataclass(frozen=True)
-class KeyInfo:
-    """Credit state of an OpenRouter key (GET /api/v1/key); never holds the key or its label."""
-
-    usage_usd: float
-    limit_usd: float | None
-    remaining_usd: float | None
-
-    def line(self) -> str:
-        if self.limit_usd is None:
-            return f"OpenRouter key: no credit limit set, ${self.usage_usd:.2f} used"
-        left = f"${self.remaining_usd:.2f}" if self.remaining_usd is not None else "?"
-        return f"OpenRouter key: {left} credit left of ${self.limit_usd:.2f} (${self.usage_usd:.2f} used)"
-
-
-def check_credit(
-    base_url: str = OPENROUTER_URL, api_key_env: str = OPENROUTER_KEY_ENV, timeout_s: float = 30.0
-) -> KeyInfo:
-    """Pre-flight: how much credit the key has left, before anything is spent."""
-    key = settings.get(api_key_env)
-    if not key:
-        raise FatalError(f"environment variable {api_key_env} is empty: export the API key", kind="auth_missing")
-    request = urllib.request.Request(base_url.rstrip("/") + "/key", headers={"Authorization": f"Bearer {key}"})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as resp:
-            data = json.loads(resp.read()).get("data") or {}
-    except urllib.error.HTTPError as exc:
-        raise http_error(exc.code, exc.read(), exc.headers.get("Retry-After"), time.time()) from None
-    except (urllib.error.URLError, TimeoutError, ValueError) as exc:  # no answer, or not the key's JSON
-        raise FatalError(
-            f"cannot read the key's credit at {mask_url(base_url.rstrip('/'))}/key ({type(exc).__name__}): "
-            "check the base URL",
-            kind="unreachable",
-        ) from None
-    limit = data.get("limit")
-    remaining = data.get("limit_remaining")
-    return KeyInfo(
-        usage_usd=float(data.get("usage") or 0.0),
-        limit_usd=None if limit is None else float(limit),
-        remaining_usd=None if remaining is None else float(remaining),
-    )
-
-
 def build_compatible(settings: EngineSettings, spec: DatasetSpec) -> Engine:
     """An OpenAI-compatible kind from resolved settings: the record's own `make` with the dataset's sampling
     and its target's think-block markers."""
@@ -465,8 +309,7 @@ def build_compatible(settings: EngineSettings, spec: DatasetSpec) -> Engine:
 def make_openai(*, base_url: str = "", name: str = OPENAI, **arguments: Any) -> OpenAICompatEngine:
     """Any OpenAI-compatible server: never falls back to another provider's URL (the key would go there)."""
     if not base_url:
-        raise FatalError(f"engine {name} needs a base URL: set EAGLE_DATA_BASE_URL (e.g. http://host:30000/v1)",
-                         kind="config")  # fmt: skip
+        raise ConfigError(f"engine {name} needs a base URL: set EAGLE_DATA_BASE_URL (e.g. http://host:30000/v1)")
     return OpenAICompatEngine(name=name, base_url=base_url, **arguments)
 
 

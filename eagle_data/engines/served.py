@@ -4,10 +4,10 @@ OpenAI-compatible engine's check, so no engine answers real prompts with another
 
 from __future__ import annotations
 
-from eagle_data.types import FatalError
+from eagle_data.types import AbortError
 
 
-class ModelMismatchError(FatalError):
+class ModelMismatchError(AbortError):
     """The server serves another model than the one configured."""
 
     def __init__(self, message: str) -> None:

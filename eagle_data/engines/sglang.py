@@ -23,6 +23,7 @@ import aiohttp
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 from eagle_data.engines import EngineKind, EngineSettings, register, sampling_refused
+from eagle_data.engines.openai_protocol import ABORT_STATUSES
 from eagle_data.engines.replies import reply_text, split_ids
 from eagle_data.engines.sglang_fleet import (
     SERVER_GONE_ERRORS,
@@ -36,7 +37,16 @@ from eagle_data.engines.sglang_fleet import (
 from eagle_data.secrets import mask_url
 from eagle_data.targets import Target, load_target, prompt_ids
 from eagle_data.targets.reasoning import THINK_TAGS, ReasoningMarkers, reasoning_markers
-from eagle_data.types import PROMPT_ID_HEADER, Completion, Engine, FatalError, Message, RetryableError, Sampling
+from eagle_data.types import (
+    PROMPT_ID_HEADER,
+    AbortError,
+    Completion,
+    Engine,
+    FatalError,
+    Message,
+    RetryableError,
+    Sampling,
+)
 
 if TYPE_CHECKING:
     from eagle_data.catalog import DatasetSpec
@@ -257,8 +267,8 @@ class SGLangEngine(Engine):
                     kind=f"http_{resp.status}",
                     throttle=resp.status == 429,
                 )
-            if resp.status != 200:
-                raise FatalError(
+            if resp.status != 200:  # a refused key or an unknown route stops the run: every prompt would hit it
+                raise (AbortError if resp.status in ABORT_STATUSES else FatalError)(
                     f"{shown} refused the request ({resp.status}): {text[:300]}", kind=f"http_{resp.status}"
                 )
         try:

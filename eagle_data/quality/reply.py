@@ -2,7 +2,10 @@
 before any tokenizer runs, so the runner's breaker can stop a run that turned bad within minutes.
 
 Same names and thresholds as the row verdicts, tried in a fixed order:
-- `empty_completion`: no answer text (content blank; reasoning blank too, unless the reply was cut).
+- `empty_completion`: no answer text (content blank; reasoning blank too, unless the reply was cut). A
+  reply cut at max_tokens with no text at all is `lost_text` instead: the model was still writing when it
+  was cut, so the server dropped every token it billed (`transformers serve` does so when a model writes
+  `<|endoftext|>` in a Qwen reply: its response parser ends the content there, usage counts the rest).
 - `lost_text`: the engine reported more tokens than the text can hold. Every token of a byte-level BPE
   or byte-fallback vocabulary decodes to at least one byte, so a reply's text holds at least as many
   UTF-8 bytes as it has tokens, save the few special tokens a server strips (`TURN_SLACK_TOKENS`). A
@@ -36,9 +39,9 @@ def reported_tokens(done: Completion) -> int:
 def reply_verdict(done: Completion, checks: Checks) -> str:
     """`pass`, or the first reason (see the module docstring) this reply is unfit for training."""
     content, reasoning = done.content.strip(), done.reasoning.strip()
-    if not content and (not reasoning or not done.truncated):
-        return EMPTY
     reported = reported_tokens(done)
+    if not content and (not reasoning or not done.truncated):
+        return LOST_TEXT if done.truncated and reported > TURN_SLACK_TOKENS else EMPTY
     held = len(done.content.encode()) + len(done.reasoning.encode()) + TURN_SLACK_TOKENS
     if held < (1 - checks.lost_text_tolerance) * reported:
         return LOST_TEXT

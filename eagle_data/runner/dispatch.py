@@ -21,11 +21,8 @@ from eagle_data.runner.progress import Tally
 from eagle_data.runner.retry import retry_delay, should_retry
 from eagle_data.runner.rows import Row, build_row
 from eagle_data.runner.settings import RunnerSettings
-from eagle_data.types import Completion, Engine, EngineError, Message, RetryableError, Status
+from eagle_data.types import AbortError, Completion, Engine, EngineError, Message, RetryableError, Status
 
-# Fatal kinds that every later request would hit too (bad or missing key, no access, no budget, a model
-# the server does not have): stop sending, keep what landed, then fail the call with the server's line.
-ABORT_KINDS = ("http_401", "http_403", "http_402_budget", "http_404", "auth_missing", "model_mismatch", "config")
 TEMPLATE_BYTES = 8  # per message: the chat template's own tokens, in the prompt's worst case
 
 
@@ -208,7 +205,7 @@ class Dispatcher:
                 self.limiter.on_throttle(epoch, exc.retry_after)
             if should_retry(exc, attempts, throttles, self.settings):
                 return retry_delay(exc, attempts + throttles, self.settings, self.rng)
-        elif exc.kind.startswith(ABORT_KINDS) and self.fatal is None:
+        elif isinstance(exc, AbortError) and self.fatal is None:  # every later request would fail too
             self.fatal = exc
             self.stop(f"{self.spec.name}: {exc.kind}: {exc}", "failed")
         return None
