@@ -1,7 +1,7 @@
 """Alert sensors: open-source Dagster announces neither failed checks nor failed runs, so these do.
 
-`quality_alerts` posts once per failed ERROR check and run of any catalog dataset (the ERROR quality
-gates, the pre-flight `within_budget` and `canary`, and `decontamination`), listing every shard it failed on, once the
+`quality_alerts` posts once per failed ERROR check and run, for every check the loaded definitions hold (the
+quality gates, the estimate's, the exports' `trainer_parity`, the capture's), listing every shard it failed on, once the
 check's step has ended (cursor: the last check execution it handled, and the recent (run, check) pairs
 already announced). The grouping is `alerts.group_failures`, over plain records. `run_failure_alerts`
 posts once per failed run (Dagster keeps its cursor), except runs a failed blocking check stopped: every
@@ -20,11 +20,9 @@ from typing import TYPE_CHECKING
 
 import dagster as dg
 
-from eagle_data import alerts, quality, settings
+from eagle_data import alerts, settings
 from eagle_data.catalog import DatasetSpec
-from eagle_data.defs.assets import CANARY, WITHIN_BUDGET, estimate_asset
-from eagle_data.defs.checks import failed_blocking_checks, validated_key
-from eagle_data.defs.drafter import DECONTAMINATION
+from eagle_data.defs.checks import failed_blocking_checks
 from eagle_data.defs.instance import failed_executions
 
 if TYPE_CHECKING:
@@ -98,15 +96,19 @@ def alert_status() -> dg.DefaultSensorStatus:
     return dg.DefaultSensorStatus.RUNNING if alerts.webhook_url() else dg.DefaultSensorStatus.STOPPED
 
 
-def _error_checks(specs: Sequence[DatasetSpec]) -> dict[dg.AssetCheckKey, str]:
-    """ERROR-severity check keys -> dataset name: the ERROR quality gates, and the blocking checks that
-    live elsewhere (the estimate's `within_budget` and `canary`, `decontamination`), which are always ERROR."""
-    keys = {}
-    for s in specs:
-        names = [d.name for d in quality.CHECKS if d.severity == "ERROR"] + [DECONTAMINATION]
-        keys |= {dg.AssetCheckKey(validated_key(s), name): s.name for name in names}
-        keys |= {dg.AssetCheckKey(dg.AssetKey(estimate_asset(s)), name): s.name for name in (WITHIN_BUDGET, CANARY)}
-    return keys
+def alerted_checks(repository: dg.RepositoryDefinition) -> dict[dg.AssetCheckKey, str]:
+    """Every check the loaded definitions hold -> the group of its asset (a dataset's own checks: the dataset).
+    Read from the definitions, not listed here, so a check added anywhere (quality gates, the estimate's,
+    the exports', the capture's) is announced when it fails at ERROR severity."""
+    graph = repository.asset_graph
+    return {key: graph.get(key.asset_key).group_name for key in graph.asset_check_keys}
+
+
+def _is_error(record: AssetCheckExecutionRecord) -> bool:
+    """A failed evaluation of ERROR severity (a WARN check's failure is shown in the UI, not posted)."""
+    return isinstance(evaluation := record.evaluation, dg.AssetCheckEvaluation) and (
+        evaluation.severity == dg.AssetCheckSeverity.ERROR
+    )
 
 
 def _number(metadata: Mapping[str, dg.MetadataValue], name: str) -> float | None:
@@ -175,7 +177,6 @@ def _partition_of(run: dg.DagsterRun) -> str | None:
 
 
 def build_sensors(specs: Sequence[DatasetSpec]) -> list[dg.SensorDefinition]:
-    checks = _error_checks(specs)
     datasets = {s.name for s in specs}
     status = alert_status()
 
@@ -183,14 +184,15 @@ def build_sensors(specs: Sequence[DatasetSpec]) -> list[dg.SensorDefinition]:
         name="quality_alerts",
         minimum_interval_seconds=ALERT_INTERVAL_S,
         default_status=status,
-        description=f"Posts one message per failed ERROR check (quality gates, within_budget, canary, decontamination) "
-        f"and run, listing the failing shards, to ${alerts.WEBHOOK_ENV} (Slack format).",
+        description=f"Posts one message per failed ERROR check (every check the definitions hold) and run, listing "
+        f"the failing shards, to ${alerts.WEBHOOK_ENV} (Slack format).",
     )
     def quality_alerts(context: dg.SensorEvaluationContext) -> dg.SkipReason:
         failed = [
             (record, dataset)
-            for key, dataset in checks.items()
+            for key, dataset in alerted_checks(context.repository_def).items()
             for record in failed_executions(context.instance, key, _HISTORY)
+            if _is_error(record)
         ]
         # Ordered by when the check was evaluated, not by record id: a record's id is given when the check
         # is planned, so a run that planned early but failed late would fall behind the cursor.
