@@ -49,6 +49,12 @@ class Completion:
         return not self.content.strip() and not self.reasoning.strip()
 
 
+class UserError(Exception):
+    """An error the person running the job caused or can fix (a setting, a file, a server, a lease): its
+    message is one line naming what and what to do, and Dagster shows only that line (defs/messages.py).
+    Every such exception of the pure rooms derives from this class where it is defined."""
+
+
 class EngineError(Exception):
     """An engine call failed. `kind` is a short label used in error counts (e.g. "http_429")."""
 
@@ -68,7 +74,7 @@ class RetryableError(EngineError):
         self.throttle = throttle  # the server asked us to slow down (429/503/402-in-flight)
 
 
-class FatalError(EngineError):
+class FatalError(EngineError, UserError):
     """Retrying cannot help (bad request, auth, budget the server will never grant)."""
 
 
