@@ -35,7 +35,8 @@ def proxy(s3_endpoint: str) -> Iterator[CutProxy]:
 def _store(proxy: CutProxy, bucket: str) -> ShardStore:
     config = Config(retries={"max_attempts": 1}, connect_timeout=1, read_timeout=2)  # the store's window rules
     url = f"http://127.0.0.1:{proxy.port}"
-    return ShardStore(f"s3://{bucket}/out", s3_client_factory=lambda: boto3.client("s3", endpoint_url=url, config=config))
+    factory = lambda: boto3.client("s3", endpoint_url=url, config=config)  # noqa: E731
+    return ShardStore(f"s3://{bucket}/out", s3_client_factory=factory)
 
 
 class Runner(threading.Thread):
