@@ -6,9 +6,9 @@ token price. A reply costing `c` for `p` prompt and `k` completion tokens shows 
 at most c/k and the prompt price at most c/p (prices are not negative), so the smallest such ratios
 seen bound both. Before any priced reply the price is unknown: with a cost budget, one request at a
 time is sent until one lands (a reply reporting no cost, from an engine that reports none, prices tokens
-at 0 until a priced one lands). A new prompt is sent only when its worst case fits beside everything in
-flight, so the spend stays under the budget; only the later turns of a conversation already under way
-may cross it (their paid first turns would be lost otherwise).
+at 0 until a priced one lands). Every request, each turn of a multi-turn conversation included, is sent
+only when its worst case fits beside everything in flight, so the spend stays under the budget. A later
+turn that cannot fit ends its conversation `skipped_budget`; its paid turns are kept for the next run.
 """
 
 from __future__ import annotations
