@@ -185,6 +185,18 @@ def test_a_later_run_under_the_same_config_refuses_in_one_line_unless_told_to_ig
     assert server.received > paid
 
 
+def test_an_estimate_that_failed_before_judging_its_canary_does_not_break_later_runs(setup: dict[str, Any]):
+    """#34.4: a 401 in the estimate left the canary PLANNED, and every later generation run died on
+    `'AssetCheckEvaluationPlanned' object has no attribute 'metadata'`."""
+    server, spec = setup["server"], _spec()
+    server.faults = Faults(force_status=401)
+    assert not _run(setup, spec, ("prompts", "estimate"), estimate={"canary_prompts": SAMPLE}).success
+    server.faults = Faults(reply_tokens=(20, 90))  # the key fixed
+    later = _run(setup, spec, ("generation",))
+    failures = [e.step_failure_data.error.message for e in later.all_events if e.is_step_failure]
+    assert later.success, failures
+
+
 def test_a_truncating_sample_names_the_max_tokens_to_set_and_a_raised_cap_reruns_only_the_cut_replies(
     setup: dict[str, Any],
 ):

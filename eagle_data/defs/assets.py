@@ -15,6 +15,7 @@ from pydantic import Field
 
 from eagle_data import layout, pipeline, quality, sources
 from eagle_data.catalog import DatasetSpec
+from eagle_data.defs import instance as records
 from eagle_data.defs.messages import file_locations, leveled, user_failure
 from eagle_data.defs.pools import tie_to_run_worker
 from eagle_data.defs.resources import (
@@ -58,19 +59,8 @@ class GenerationConfig(dg.Config):
     )
 
 
-CANARY_HISTORY = 20  # canary executions read back for the latest evaluation (a run that died leaves none)
-
-
-def latest_canary(instance: dg.DagsterInstance, spec: DatasetSpec) -> quality.LatestCanary | None:
-    """The latest evaluation of the dataset's `canary` check, with the config hash it was judged under; an
-    execution that never got to evaluate (its run died) is passed over, so it cannot lift a failed canary."""
-    key = dg.AssetCheckKey(dg.AssetKey(estimate_asset(spec)), CANARY)
-    for record in instance.event_log_storage.get_asset_check_execution_history(key, limit=CANARY_HISTORY):
-        if (evaluation := record.evaluation) is not None:
-            config_hash = evaluation.metadata.get("config_hash")
-            found = str(config_hash.value) if config_hash else ""
-            return quality.LatestCanary(evaluation.passed, found, evaluation.description or "")
-    return None
+def canary_key(spec: DatasetSpec) -> dg.AssetCheckKey:
+    return dg.AssetCheckKey(dg.AssetKey(estimate_asset(spec)), CANARY)
 
 
 def partitions(spec: DatasetSpec) -> dg.StaticPartitionsDefinition:
@@ -291,7 +281,7 @@ def build_dataset_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
     ) -> dg.MaterializeResult:
         tie_to_run_worker(context)  # a killed run stops paying for requests
         backend = engine.make(spec)  # refuses a run-config kind other than the one the pool was fixed from
-        latest = latest_canary(context.instance, spec)
+        latest = records.latest_canary(context.instance, canary_key(spec))  # any state: a verdict or None
         config_hash = pipeline.config_hash(spec, backend)
         if refused := quality.canary_blocks(latest, config_hash, ignore=config.ignore_canary, dataset=ds):
             raise dg.Failure(refused)
