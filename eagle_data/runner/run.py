@@ -293,22 +293,18 @@ class _Run:
         if not conversation.segments:
             return conversation.row("failed", "bad_prompt: no user turn to answer")
         while not conversation.ended:
-            # A budget stop lets a conversation already under way go on while each turn's worst case fits (a
-            # turn that does not fit ends it skipped_budget, its paid turns carried for the next run to
-            # replay). Other stops end it here.
+            # After a budget stop a conversation under way goes on while each turn's worst case fits (a later
+            # turn is held too; one that cannot fit ends it skipped_budget, its paid turns carried). Others end it.
             if conversation.replies and self.dispatch.stopped_hard:
                 return conversation.row(self.dispatch.stop_status, self.dispatch.stop_reason)
-            index = len(conversation.replies)
-            started = time.monotonic()
+            index, started = len(conversation.replies), time.monotonic()
             asked = conversation.messages + conversation.segments[index]
             held, conversation.held = conversation.held, None
-            # A later turn is held at its worst case too; when it cannot fit, its paid turns carry over.
             if held is None and self.dispatch.budget.limited and (held := await self.dispatch.reserve(asked)) is None:
                 return conversation.row("skipped_budget", self.dispatch.stop_reason)
             done, tries, error = await self.dispatch.complete(shard.tally, asked, conversation.prompt_id, held)
             if done is None:
-                conversation.messages = asked
-                conversation.attempts += tries
+                conversation.messages, conversation.attempts = asked, conversation.attempts + tries
                 return conversation.row("failed", error)
             turn = turn_record(conversation.prompt_id, index, self.key, done, tries, time.monotonic() - started)
             conversation.add(done, turn)
