@@ -254,7 +254,7 @@ def build_dataset_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
             passed=not over,
             severity=dg.AssetCheckSeverity.ERROR,
             description=over or result.line(),
-            metadata={"est_tokens": result.tokens, "est_cost_usd": round(result.usd, 4),
+            metadata={"est_tokens": result.tokens, **result.cost_figures(),
                       "token_budget": result.token_budget, "cost_budget_usd": result.cost_budget_usd},
         )  # fmt: skip
         figures = {**result.figures(), **sample.figures()}

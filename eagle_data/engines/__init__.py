@@ -95,6 +95,8 @@ class EngineKind:
         pool: the Dagster pool of its generation steps ("" : the name).
         takes: the `EngineSettings` fields it uses beyond kind, model and max_in_flight; any other one set
             (from the environment or run config) is refused in one line.
+        billing: how its dollars are known: "reported" (each reply's usage carries its cost), "free"
+            (servers you run, paid by the hour, not the token) or "unknown" (a dollar budget needs a price).
     """
 
     name: str
@@ -108,6 +110,7 @@ class EngineKind:
     demo: bool = False
     pool: str = ""
     takes: frozenset[str] = frozenset()
+    billing: str = "unknown"
 
     @property
     def pool_name(self) -> str:

@@ -50,8 +50,6 @@ REJECTS = frozenset({EMPTY, LOST_TEXT, SHORT})  # the pulse's "rejected" share
 EXAMPLES = 3
 
 
-
-
 class Breaker:
     """One dataset's window; `judge` each answered reply, then read `tripped` (a line, or "")."""
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from eagle_data.catalog import DatasetSpec
 from eagle_data.quality.reply import BILLED_REJECTS, EMPTY
-from eagle_data.runner import mixture
+from eagle_data.runner import mixture, prices
 from eagle_data.runner.breaker import Breaker
 from eagle_data.runner.budget import Budget, Hold
 from eagle_data.runner.concurrency import AdaptiveLimiter
@@ -44,7 +44,7 @@ class Dispatcher:
             engine, spec, settings, max_tokens, total, say,
         )  # fmt: skip
         self.limiter = AdaptiveLimiter(settings.initial_in_flight, settings.min_in_flight, settings.max_in_flight)
-        self.budget = Budget(spec.name, spec.token_budget, spec.cost_budget_usd)
+        self.budget = Budget(spec.name, spec.token_budget, spec.cost_budget_usd, price=prices.configured())
         self.breaker = Breaker(spec)
         self.rng = random.Random()
         self.landed = asyncio.Event()  # set (and replaced) when a request in flight landed: its hold is free
@@ -187,7 +187,7 @@ class Dispatcher:
     def _judge(self, tally: Tally, prompt_id: str, done: Completion) -> str:
         """Account for an answered reply and give the breaker its verdict; the error when the reply is a
         billed reject (counted as wasted), else ""."""
-        self.budget.spend(done.prompt_tokens + done.completion_tokens, done.cost_usd)
+        self.budget.spend(done.prompt_tokens + done.completion_tokens, self.budget.cost_of(done))
         self.budget.learn(done)
         verdict, warning = self.breaker.judge(prompt_id, done)
         if warning:
