@@ -16,6 +16,7 @@ from eagle_data.catalog import PROFILE_ENV, DatasetSpec, shard_key
 from eagle_data.defs.assets import SHARD_DIGEST, catalog_labels, partitions
 from eagle_data.defs.checks import judged_partitions, report_shards
 from eagle_data.defs.messages import file_locations, uri_locations
+from eagle_data.defs.pools import tie_to_run_worker
 from eagle_data.defs.resources import StorageResource
 from eagle_data.drafter import verify
 from eagle_data.drafter.capture import CaptureError, resolve_target
@@ -140,6 +141,7 @@ def build_capture_asset(owners: list[str], specs: list[DatasetSpec]) -> dg.Asset
         ),
     )
     def hidden_states(context: dg.AssetExecutionContext, storage: StorageResource, capture: CaptureResource):
+        tie_to_run_worker(context)  # a killed run stops capturing (GPU time nobody records), as generation does
         keys = list(context.partition_keys)
         try:
             figures, shards = write_hidden_states(
