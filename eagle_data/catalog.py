@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from eagle_data import settings
+from eagle_data.types import UserError
 
 CATALOG_PATH = Path(__file__).with_name("catalog.toml")
 SAMPLES_DIR = Path(__file__).parent / "data" / "samples"
@@ -23,7 +24,7 @@ PROFILE_ENV = "EAGLE_DATA_PROFILE"
 USER_CATALOG_ENV = "EAGLE_DATA_CATALOG"  # a user's TOML file merged over the packaged catalog
 
 
-class CatalogError(ValueError):
+class CatalogError(UserError, ValueError):
     """A catalog or dataset-name problem the user must fix; the message says what and how."""
 
 

@@ -41,7 +41,7 @@ from eagle_data.runner.rows import plan_turns
 from eagle_data.runner.run import NothingAnswered
 from eagle_data.storage import ShardStore, StorageError, digest, parquet_bytes
 from eagle_data.targets import TargetError, build_training_rows, load_target, prompt_difference, resolve_target
-from eagle_data.types import Engine, EngineError, RetryableError
+from eagle_data.types import Engine, EngineError, RetryableError, UserError
 
 Log = Callable[[str], None]
 
@@ -127,7 +127,7 @@ class PromptShards(Mapping[str, pl.DataFrame]):
         return len(self.partitions)
 
 
-class PreflightError(RuntimeError):
+class PreflightError(UserError, RuntimeError):
     """Something a later stage needs is missing, found before the first paid request; the message says what."""
 
 

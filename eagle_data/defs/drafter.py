@@ -15,7 +15,7 @@ from eagle_data import layout, settings
 from eagle_data.catalog import PROFILE_ENV, DatasetSpec, shard_key
 from eagle_data.defs.assets import SHARD_DIGEST, catalog_labels, partitions
 from eagle_data.defs.checks import judged_partitions, report_shards
-from eagle_data.defs.messages import file_locations, uri_locations
+from eagle_data.defs.messages import file_locations, uri_locations, user_failure
 from eagle_data.defs.pools import tie_to_run_worker
 from eagle_data.defs.resources import StorageResource
 from eagle_data.drafter import verify
@@ -52,6 +52,7 @@ def build_drafter_assets(specs: list[DatasetSpec]) -> list[dg.AssetsDefinition]:
             "tokenizer, mix content and size.",
         ),
     )
+    @user_failure  # e.g. "materialize training_mix first": one line, no trace
     def draft_vocab(context: dg.AssetExecutionContext, storage: StorageResource) -> dg.MaterializeResult:
         sizes = load_drafter_settings().draft_vocab_sizes
         figures = write_draft_vocab(specs, storage.store(), sizes, log=context.log.info)
@@ -70,6 +71,7 @@ def build_drafter_assets(specs: list[DatasetSpec]) -> list[dg.AssetsDefinition]:
             "capture before running it.",
         ),
     )
+    @user_failure
     def hidden_state_plan(context: dg.AssetExecutionContext, storage: StorageResource) -> dg.MaterializeResult:
         recipe = load_drafter_settings().hidden_states
         sized, table = write_hidden_state_plan(storage.store(), recipe)

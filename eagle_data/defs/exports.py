@@ -17,7 +17,7 @@ from eagle_data.catalog import DatasetSpec
 from eagle_data.defs.assets import catalog_labels
 from eagle_data.defs.checks import validated_key
 from eagle_data.defs.instance import gate_records
-from eagle_data.defs.messages import file_locations, leveled, uri_locations
+from eagle_data.defs.messages import file_locations, leveled, uri_locations, user_failure
 from eagle_data.defs.resources import StorageResource
 from eagle_data.storage import ShardStore
 
@@ -51,6 +51,7 @@ def build_exports(specs: Sequence[DatasetSpec], checks: Sequence[dg.AssetChecksD
             "mix_weight) of every training row of the shards that passed their blocking checks.",
         ),
     )
+    @user_failure
     def training_mix(
         context: dg.AssetExecutionContext, config: ExportConfig, storage: StorageResource
     ) -> dg.MaterializeResult:

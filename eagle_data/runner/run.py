@@ -36,17 +36,17 @@ from eagle_data.runner.rows import Row, assistant_message, build_row, plan_turns
 from eagle_data.runner.settings import RunnerSettings
 from eagle_data.runner.writer import OpenShard, ShardWriter
 from eagle_data.storage import ShardStore
-from eagle_data.types import Completion, Engine, FatalError, Message, Status
+from eagle_data.types import Completion, Engine, FatalError, Message, Status, UserError
 
 GC_GEN0_THRESHOLD = 50_000  # see _fewer_gc_passes
 LEASE_POLL_S = 1.0  # how often a deferred shard's lease is tried again
 
 
-class LeaseHeld(RuntimeError):
+class LeaseHeld(UserError, RuntimeError):
     """Shards another live run kept generating for longer than this run would wait."""
 
 
-class NothingAnswered(RuntimeError):
+class NothingAnswered(UserError, RuntimeError):
     """Requests were sent, every one failed, and no row of the call holds an answer (reused ones included):
     a step with no answer is never green. A re-run whose only request fails again, beside rows answered
     before, writes its shards and goes on: the failed rows are validation's `failed_rate` to judge."""
