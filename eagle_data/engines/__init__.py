@@ -173,12 +173,17 @@ def make_engine(kind: str, **arguments: Any) -> Engine:
 
 
 def build_engine(settings: EngineSettings, spec: DatasetSpec) -> Engine:
-    """The engine the resolved `settings` ask for, set up for one dataset; a one-line error when a
-    required setting is missing, a setting is given the kind does not take, or the entry has a sampling
-    mixture the engine cannot honour."""
+    """The engine the resolved `settings` ask for, set up for one dataset (with `target = "auto"`, for the
+    profile its model maps to); a one-line error when a required setting is missing, a setting is given the
+    kind does not take, the model maps to no profile, or the entry has a sampling mixture the engine cannot
+    honour."""
     kind = lookup(settings.kind)
     if problem := kind.missing(settings) or kind.refused(settings):
         raise FatalError(problem, kind="config")
+    if spec.target == "auto":  # the profile the model maps to, before any kind reads the target's markers
+        from eagle_data.targets.profile import resolve_target  # here: importing this package loads no tokenizer
+
+        spec = spec.model_copy(update={"target": resolve_target(spec.target, [settings.model])})
     engine = kind.build(settings, spec)
     if spec.generation.mixture and not engine.takes_sampling:
         raise sampling_refused(kind.name, spec.name)
