@@ -285,6 +285,13 @@ def build_dataset_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
         config_hash = pipeline.config_hash(spec, backend)
         if refused := quality.canary_blocks(latest, config_hash, ignore=config.ignore_canary, dataset=ds):
             raise dg.Failure(refused)
+        if quality.canary_stale(latest, config_hash, ignore=config.ignore_canary):  # judged under another config
+            context.log.info(f"{ds}: the latest canary judged config {latest.config_hash}, not {config_hash}: again")
+            sample = pipeline.estimate(spec, storage.store(), backend, usd_per_prompt_token=0.0,
+                                       usd_per_completion_token=0.0, log=leveled(context.log),
+                                       settings=engine.runner_settings(), run_id=context.run_id).canary  # fmt: skip
+            if not sample.passed:
+                raise dg.Failure(f"{ds}: refused before the run: {sample.line.removeprefix(f'{ds}: ')}")
         context.log.info(f"{ds}: engine {backend.describe()}")
         figures, per_partition = pipeline.generate(
             spec,
