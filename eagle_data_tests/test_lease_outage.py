@@ -60,11 +60,15 @@ class Runner(threading.Thread):
 
 
 def _outage(server: FakeOpenAI, proxy: CutProxy, bucket: str, *, ttl_s: float, cut_at: float, cut_s: float):
-    """Run A (slow: 4 in flight) is cut off from S3 at `cut_at` for `cut_s`; run B (fast) starts one second after
-    the link is back and waits for the shard as long as it takes. Returns both runs once they ended."""
+    """Run A (slow: 4 in flight) is cut off from S3 `cut_at` after it started sending, for `cut_s`; run B (fast)
+    starts one second after the link is back and waits for the shard as long as it takes. Returns both runs
+    once they ended."""
     url = f"http://127.0.0.1:{server.port}/v1"
     a = Runner(url, _store(proxy, bucket), "run-a", 4, lease_ttl_s=ttl_s)
     a.start()
+    deadline = time.monotonic() + 30
+    while server.received < 8 and a.is_alive() and time.monotonic() < deadline:  # A holds the lease and sends
+        time.sleep(0.01)
     time.sleep(cut_at)
     proxy.cut(cut_s).join()
     time.sleep(1.0)
@@ -98,7 +102,7 @@ def test_an_outage_longer_than_the_retry_window_but_shorter_than_the_ttl_keeps_t
 ) -> None:
     # renewals every 1.33 s fail during the 1.5 s cut (window 0.3 s) and go through once it is back, well before
     # the lease (4 s) could expire; run B finds the shard held and waits for run A to finish it
-    a, b = _outage(slow_server, proxy, s3_bucket, ttl_s=4.0, cut_at=0.3, cut_s=1.5)
+    a, b = _outage(slow_server, proxy, s3_bucket, ttl_s=4.0, cut_at=0.1, cut_s=1.5)
     _paid_once(slow_server, _store(proxy, s3_bucket))
     assert a.error is None and b.error is None, (a.error, b.error)
     assert any("lease renewal failed, retrying" in line for line in a.lines), a.lines
@@ -111,7 +115,7 @@ def test_an_outage_longer_than_the_ttl_stops_the_first_run_before_its_lease_expi
     # the lease (3 s) cannot be renewed during the 4 s cut: run A stops sending with a quarter of it left, keeps
     # its answered turns for the result log once S3 is back, and fails in one line; run B takes the expired
     # lease over and asks only what A did not get answered
-    a, b = _outage(slow_server, proxy, s3_bucket, ttl_s=3.0, cut_at=0.3, cut_s=4.0)
+    a, b = _outage(slow_server, proxy, s3_bucket, ttl_s=3.0, cut_at=0.1, cut_s=4.0)
     _paid_once(slow_server, _store(proxy, s3_bucket))
     assert isinstance(a.error, LeaseLost), a.error
     assert "could not be renewed" in str(a.error) and "stopped sending before it could expire" in str(a.error)
