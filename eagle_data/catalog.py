@@ -16,14 +16,23 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from eagle_data import settings
+from eagle_data.types import UserError
 
 CATALOG_PATH = Path(__file__).with_name("catalog.toml")
 SAMPLES_DIR = Path(__file__).parent / "data" / "samples"
 PROFILE_ENV = "EAGLE_DATA_PROFILE"
 USER_CATALOG_ENV = "EAGLE_DATA_CATALOG"  # a user's TOML file merged over the packaged catalog
+# Ceilings no real dataset reaches: a value past one is a typo (1e308 for a weight, 100000 for 10 turns) that
+# would otherwise overflow the mix or plan an endless conversation.
+MAX_WEIGHT = 1e6  # mix_weight, a mixture setting's weight (relative: only their ratios count)
+MAX_TURNS = 1000  # replies regenerated per conversation
+MAX_REPLY_TOKENS = 1_000_000  # max_tokens / min_tokens of one reply
+MAX_SHARD_SIZE = 1_000_000
+MAX_PROMPTS = 1_000_000_000
+NAME_PATTERN = r"[A-Za-z][A-Za-z0-9_]{0,63}"  # a dataset name: a Dagster asset and group name, a storage folder
 
 
-class CatalogError(ValueError):
+class CatalogError(UserError, ValueError):
     """A catalog or dataset-name problem the user must fix; the message says what and how."""
 
 
@@ -58,7 +67,7 @@ class SamplingSetting(_Frozen):
     """One setting of a sampling mixture; a field left unset keeps the entry's own generation setting."""
 
     name: str = Field(min_length=1)
-    weight: float = Field(gt=0)
+    weight: float = Field(gt=0, le=MAX_WEIGHT)
     temperature: float | None = Field(None, ge=0)
     top_p: float | None = Field(None, gt=0, le=1)
     min_p: float | None = Field(None, ge=0, le=1)
@@ -74,8 +83,8 @@ class Generation(_Frozen):
     (prompt id + this config's hash) fixes the setting a stored reply was made with.
     """
 
-    max_tokens: int = Field(4096, gt=0)
-    min_tokens: int = Field(0, ge=0)  # honoured by engines that support it (local, SGLang)
+    max_tokens: int = Field(4096, gt=0, le=MAX_REPLY_TOKENS)
+    min_tokens: int = Field(0, ge=0, le=MAX_REPLY_TOKENS)  # honoured by engines that support it (local, SGLang)
     temperature: float = Field(0.7, ge=0)
     top_p: float = Field(0.95, gt=0, le=1)
     thinking: bool = True
@@ -139,27 +148,35 @@ class DatasetSpec(_Frozen):
     split: str = "train"
     source: str | None = None  # None: the hub; "sample": the bundled sample; else a local file path
     adapter: Adapter
-    shard_size: int = Field(500, gt=0)
-    max_prompts: int = Field(100_000, gt=0)
+    shard_size: int = Field(500, gt=0, le=MAX_SHARD_SIZE)
+    max_prompts: int = Field(100_000, gt=0, le=MAX_PROMPTS)
     max_prompt_chars: int = Field(32_000, gt=0)
     max_skipped_share: float = Field(0.5, ge=0, le=1)  # more source rows skipped fails the prompts step
     regenerate: Literal["all", "first"] = "all"
-    max_turns: int = Field(8, gt=0)
+    max_turns: int = Field(8, gt=0, le=MAX_TURNS)
     token_budget: int = Field(0, ge=0)
     cost_budget_usd: float = Field(0.0, ge=0)
     target: str = "qwen3"
-    mix_weight: float = Field(1.0, ge=0)  # share of this dataset in the training mix (exports)
+    mix_weight: float = Field(1.0, ge=0, le=MAX_WEIGHT)  # share of this dataset in the training mix (exports)
     mask_empty_think: bool = False  # loss mask 0 on an empty think block the model wrote (nothing to learn)
     # Before generation, an engine that reports the prompt ids its server rendered sends one prompt, and a server
     # that renders it otherwise than `target` stops the run; false forces past (its rows are prompt_mismatch).
     check_server_template: bool = True
     # Prompts the estimate draws across the dataset and judges by the quality gates before generation.
-    canary_prompts: int = Field(64, gt=0)
+    canary_prompts: int = Field(64, gt=0, le=MAX_PROMPTS)
     generation: Generation = Generation()
     checks: Checks = Checks()
     breaker: Breaker = Breaker()
     # Shown as the assets' owners in the Dagster catalog: an email or "team:<name>" (Dagster's two forms).
     owners: tuple[str, ...] = ()
+
+    @field_validator("name")
+    @classmethod
+    def _name_form(cls, name: str) -> str:
+        if not re.fullmatch(NAME_PATTERN, name):
+            raise ValueError("a dataset name must start with a letter and hold only letters, digits and "
+                             "underscores (up to 64): it names the Dagster assets and the storage folder")  # fmt: skip
+        return name
 
     @field_validator("owners")
     @classmethod
@@ -222,16 +239,20 @@ def read_catalog(path: Path = CATALOG_PATH) -> dict[str, Any]:
 
 
 def load_catalog(path: Path = CATALOG_PATH, profile: str | None = None) -> dict[str, DatasetSpec]:
-    """Read and validate the catalog; `profile` defaults to $EAGLE_DATA_PROFILE."""
+    """Read and validate the catalog; `profile` defaults to $EAGLE_DATA_PROFILE. A profile overlays every entry,
+    but never a key the user's catalog ($EAGLE_DATA_CATALOG) sets, in its entry or its [defaults]."""
     raw = read_catalog(path)
     profile = settings.get(PROFILE_ENV) if profile is None else profile
     profiles = raw.get("profiles", {})
     if profile and profile not in profiles:
         raise CatalogError(f"unknown profile {profile!r} in {PROFILE_ENV}; known: {', '.join(sorted(profiles))}")
     overlay = profiles.get(profile, {}) if profile else {}
+    user = _user_tables(path)
     specs = {}
     for name, entry in raw.get("datasets", {}).items():
         merged = _merge(_merge(raw.get("defaults", {}), entry), overlay)
+        if overlay:  # the user's own keys win over the profile's
+            merged = _merge(merged, _merge(user.get("defaults", {}), user.get("datasets", {}).get(name, {})))
         try:
             specs[name] = DatasetSpec(name=name, **merged)
         except ValidationError as exc:
@@ -244,19 +265,30 @@ def load_catalog(path: Path = CATALOG_PATH, profile: str | None = None) -> dict[
     return specs
 
 
+def _user_tables(path: Path) -> dict[str, Any]:
+    """The user's catalog file ($EAGLE_DATA_CATALOG) on its own, {} when none is merged over `path`."""
+    user = settings.get(USER_CATALOG_ENV)
+    return _parse(Path(user).expanduser()) if path == CATALOG_PATH and user else {}
+
+
 def _holder(path: Path, tables: list[tuple[str, ...]], loc: tuple[Any, ...]) -> Path:
     """The file holding the value at `loc` in one of `tables`: the user's ($EAGLE_DATA_CATALOG) when it
-    sets that key, else `path` (the packaged catalog), so an error names the file to fix."""
-    user = settings.get(USER_CATALOG_ENV)
-    if path != CATALOG_PATH or not user:
+    sets that key (for the name: that entry), else `path` (the packaged catalog), so an error names the file
+    to fix. `loc` walks tables and lists (a mixture setting's index)."""
+    raw = _user_tables(path)
+    if not raw:
         return path
-    raw = _parse(Path(user).expanduser())
     for table in tables:
         node: Any = raw
         for part in (*table, *loc[:-1]):
-            node = node.get(part) if isinstance(node, dict) else None
-        if isinstance(node, dict) and loc and loc[-1] in node:
-            return Path(user).expanduser()
+            if isinstance(node, dict):
+                node = node.get(part)
+            elif isinstance(node, list) and isinstance(part, int) and part < len(node):
+                node = node[part]
+            else:
+                node = None
+        if (isinstance(node, dict) and loc and loc[-1] in node) or (loc == ("name",) and node is not None):
+            return Path(settings.get(USER_CATALOG_ENV)).expanduser()
     return path
 
 

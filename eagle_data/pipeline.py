@@ -25,7 +25,7 @@ from typing import Any
 
 import polars as pl
 
-from eagle_data import exports, layout, quality, report, sources
+from eagle_data import engines, exports, layout, quality, report, sources
 from eagle_data.catalog import CatalogError, DatasetSpec, shard_index, shard_key
 from eagle_data.drafter.decontam import contamination
 from eagle_data.drafter.evalsets import BenchmarkError, benchmark_index
@@ -36,12 +36,13 @@ from eagle_data.quality.canary import Canary
 from eagle_data.quality.truncation import ReplyLengths, truncation_report
 from eagle_data.quality.verdicts import ENGINE_SIDE_REJECTIONS
 from eagle_data.runner import Estimate, RunnerSettings, ShardFigures, estimate_generation, mixture, run_generation
+from eagle_data.runner.prices import refuse_unpriced
 from eagle_data.runner.resultlog import ResultLog, ResumeKey, resume_key, reusable
 from eagle_data.runner.rows import plan_turns
 from eagle_data.runner.run import NothingAnswered
 from eagle_data.storage import ShardStore, StorageError, digest, parquet_bytes
 from eagle_data.targets import TargetError, build_training_rows, load_target, prompt_difference, resolve_target
-from eagle_data.types import Engine, EngineError, RetryableError
+from eagle_data.types import Engine, EngineError, RetryableError, UserError
 
 Log = Callable[[str], None]
 
@@ -127,15 +128,17 @@ class PromptShards(Mapping[str, pl.DataFrame]):
         return len(self.partitions)
 
 
-class PreflightError(RuntimeError):
+class PreflightError(UserError, RuntimeError):
     """Something a later stage needs is missing, found before the first paid request; the message says what."""
 
 
-def preflight(spec: DatasetSpec, store: ShardStore, model: str) -> None:
-    """Check, before the first paid request, what the stages after generation need: the output root takes a
-    write, the target's tokenizer loads (with `target = "auto"`, the one `model` maps to), every configured
-    benchmark file reads. Each failure is one line; found at validation, it would come after the replies
-    were paid for."""
+def preflight(spec: DatasetSpec, store: ShardStore, model: str, engine_kind: str = "") -> None:
+    """Check, before the first paid request, that a dollar budget has a price to count with (`engine_kind`'s
+    billing), and what the stages after generation need: the output root takes a write, the target's
+    tokenizer loads (with `target = "auto"`, the one `model` maps to), every configured benchmark file reads.
+    Each failure is one line; found at validation, it would come after the replies were paid for."""
+    kind = engines.kinds().get(engine_kind)
+    refuse_unpriced(spec.name, spec.cost_budget_usd, kind.billing if kind else "unknown", model)
     probe = layout.write_check(spec.name, f"{os.getpid()}-{time.time_ns()}")
     try:
         store.write_bytes(probe, b"")
@@ -203,7 +206,7 @@ def generate(
     Also warns when more replies hit max_tokens than the catalog allows, with the max_tokens that would
     have covered 95% of them, and adds the engine's own figures (e.g. per SGLang server) when it has any.
     """
-    preflight(spec, store, engine.model)
+    preflight(spec, store, engine.model, engine.name)
     prompts = PromptShards(spec, store, partitions)
     check_server_template(spec, engine, prompts, log)
     redo = {key: engine_side_rejections(spec, store, key) for key in partitions} if retry_rejected else {}
@@ -275,7 +278,7 @@ def estimate(
     """Generate the canary sample (`canary_prompts`, default the catalog's, drawn across the whole
     dataset), judge it by the validation gates, and project tokens and dollars from it. The sample's rows
     stay in each partition's result log (no partial shard file): the full run reuses them, never pays twice."""
-    preflight(spec, store, engine.model)
+    preflight(spec, store, engine.model, engine.name)
     index = sources.load_index(spec, store)
     drawn = canary.draw(index.blocks(), canary_prompts or spec.canary_prompts, spec.shard_size)
     shards = {key: frame.select(list(sources.PROMPTS_SCHEMA)) for key, frame in drawn.items()}

@@ -27,7 +27,7 @@ import polars as pl
 from eagle_data import layout
 from eagle_data.catalog import Adapter, DatasetSpec, shard_index
 from eagle_data.storage import ShardStore
-from eagle_data.types import Message, encodable
+from eagle_data.types import Message, UserError, encodable
 
 ROLE_MAP = {
     "system": "system",
@@ -52,7 +52,7 @@ PROMPTS_SCHEMA = {
 }
 
 
-class SourceError(RuntimeError):
+class SourceError(UserError, RuntimeError):
     """The source cannot be read at all; the message names the dataset, the location and the fix."""
 
 

@@ -27,6 +27,7 @@ import polars as pl
 
 from eagle_data import layout, settings
 from eagle_data.secrets import mask_url
+from eagle_data.types import UserError
 
 ROOT_ENV = "EAGLE_DATA_ROOT"
 DEFAULT_ROOT = "eagle-output"
@@ -39,7 +40,7 @@ TRANSIENT_CODES = ("SlowDown", "Throttling", "RequestTimeout", "InternalError", 
 log = logging.getLogger(__name__)
 
 
-class StorageError(RuntimeError):
+class StorageError(UserError, RuntimeError):
     """A storage problem the user must fix; the message names the location and the fix."""
 
 

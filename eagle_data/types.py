@@ -50,8 +50,10 @@ class Completion:
 
 
 class UserError(Exception):
-    """An error the person running the job can fix: its message is one line naming what to do (Dagster shows
-    the message alone). Line breaks in the message (a server's own text often has them) become spaces."""
+    """An error the person running the job caused or can fix (a setting, a file, a server, a lease): its
+    message is one line naming what and what to do, and Dagster shows only that line (defs/messages.py).
+    Every such exception of the pure rooms derives from this class where it is defined. Line breaks in the
+    message (a server's own text often has them) become spaces."""
 
     def __init__(self, message: str) -> None:
         super().__init__(" ".join(message.splitlines()))

@@ -185,6 +185,34 @@ def test_a_later_run_under_the_same_config_refuses_in_one_line_unless_told_to_ig
     assert server.received > paid
 
 
+def test_an_estimate_that_failed_before_judging_its_canary_does_not_break_later_runs(setup: dict[str, Any]):
+    """#34.4: a 401 in the estimate left the canary PLANNED, and every later generation run died on
+    `'AssetCheckEvaluationPlanned' object has no attribute 'metadata'`."""
+    server, spec = setup["server"], _spec()
+    server.faults = Faults(force_status=401)
+    assert not _run(setup, spec, ("prompts", "estimate"), estimate={"canary_prompts": SAMPLE}).success
+    server.faults = Faults(reply_tokens=(20, 90))  # the key fixed
+    later = _run(setup, spec, ("generation",))
+    failures = [e.step_failure_data.error.message for e in later.all_events if e.is_step_failure]
+    assert later.success, failures
+
+
+def test_a_changed_generation_config_judges_the_canary_again_before_paying(setup: dict[str, Any]):
+    """#34.8: after a passing canary, temperature 0.71 skipped it and billed 100 replies until the breaker."""
+    server, spec = setup["server"], _spec()
+    assert _estimate(setup, spec).success  # judged and passed under this config; the server then breaks
+    server.faults = Faults(fixed_text="OK.")
+    paid = server.received
+    changed = spec.model_copy(update={"generation": spec.generation.model_copy(update={"temperature": 0.71})})
+    refused = _run(setup, changed, ("generation",))
+    assert not refused.success
+    [failure] = [e for e in refused.all_events if e.is_step_failure]
+    message = failure.step_failure_data.error.message.strip()
+    assert "\n" not in message and f"{spec.name}: refused before the run: canary failed" in message
+    assert "materialize b7_sharegpt_estimate again" in message
+    assert server.received - paid <= SAMPLE * (1 + EMPTY_RETRIES)  # only the sample, under the new config
+
+
 def test_a_truncating_sample_names_the_max_tokens_to_set_and_a_raised_cap_reruns_only_the_cut_replies(
     setup: dict[str, Any],
 ):

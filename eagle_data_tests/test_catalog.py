@@ -142,3 +142,37 @@ def test_loading_the_definitions_with_a_bad_catalog_prints_its_one_line_without_
     assert out.stderr.strip().splitlines()[-1] == (
         f"eagle-data: catalog entry 'b7_sharegpt': shard_size = -1: Input should be greater than 0 (fix {user})"
     )
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ('[datasets."../../.."]\nhub_id = "org/x"\nadapter = { prompt_field = "q" }\n', "name = '../../..': "),
+        ("[datasets.b7_sharegpt]\nmix_weight = 1e308\n", "mix_weight = 1e+308: "),
+        ("[datasets.b7_sharegpt]\nmax_turns = 100000\n", "max_turns = 100000: "),
+        ('[[datasets.b7_sharegpt.generation.mixture]]\nname = "hot"\nweight = -1\n', "mixture.0.weight = -1: "),
+    ],
+    ids=["path_name", "huge_weight", "huge_turns", "mixture_weight"],
+)
+def test_names_and_magnitudes_are_checked_at_load_naming_the_users_file(
+    tmp_path: Path, monkeypatch, text: str, said: str
+):
+    """#34.8: `../../..` ended in a 95-line Dagster error, 1e308 and 100000 were accepted, and a mixture's error
+    named the packaged catalog."""
+    user = tmp_path / "my-catalog.toml"
+    user.write_text(text)
+    monkeypatch.setenv("EAGLE_DATA_CATALOG", str(user))
+    with pytest.raises(CatalogError) as err:
+        load_catalog(profile="")
+    assert said in str(err.value) and str(err.value).endswith(f"(fix {user})") and "\n" not in str(err.value)
+
+
+def test_a_profile_never_overrides_a_key_the_users_catalog_sets(tmp_path: Path, monkeypatch):
+    """#34.8: under EAGLE_DATA_PROFILE=demo a user's `target = "auto"` became the profile's "demo" without a word."""
+    user = tmp_path / "my-catalog.toml"
+    user.write_text('[defaults]\nshard_size = 20\n[datasets.b7_sharegpt]\ntarget = "auto"\n')
+    monkeypatch.setenv("EAGLE_DATA_CATALOG", str(user))
+    specs = load_catalog(profile="demo")
+    assert specs["b7_sharegpt"].target == "auto" and specs["b3_magicoder"].target == "demo"
+    assert {s.shard_size for s in specs.values()} == {20}  # the user's defaults win over the profile too
+    assert specs["b7_sharegpt"].source == "sample"  # what the user does not set, the profile still sets

@@ -31,8 +31,12 @@ def server() -> Iterator[FakeOpenAI]:
     srv.stop()
 
 
-def _run(server: FakeOpenAI, root: Path, shards: dict[str, pl.DataFrame], lines: list[str], **budget: float) -> dict:
-    engine = make_engine("openai", base_url=f"http://127.0.0.1:{server.port}/v1", model="m")
+def _run(
+    server: FakeOpenAI, root: Path, shards: dict[str, pl.DataFrame], lines: list[str], max_tokens: int = 0,
+    **budget: float,
+) -> dict:  # fmt: skip
+    extra = {"max_tokens": max_tokens} if max_tokens else {}
+    engine = make_engine("openai", base_url=f"http://127.0.0.1:{server.port}/v1", model="m", **extra)
     settings = RunnerSettings(max_in_flight=IN_FLIGHT, initial_in_flight=IN_FLIGHT, progress_bar=False)
     return run_generation(engine, spec_for_tests(breaker=NO_BREAKER, **budget), shards, ShardStore(str(root)),
                           settings=settings, log=lines.append)  # fmt: skip
@@ -73,17 +77,21 @@ def test_cost_budget_counts_what_other_partitions_already_spent(server: FakeOpen
     assert figures["budget_stop"].startswith(f"{DS}: cost budget reached")
 
 
-def test_budget_stop_lets_conversations_under_way_finish_so_no_paid_reply_is_lost(
+def test_every_turn_of_a_conversation_is_held_so_a_budget_is_never_crossed_and_no_paid_turn_is_lost(
     server: FakeOpenAI, tmp_path: Path
 ) -> None:
-    shards = prompt_shards(1, 300, turns=3)
-    _run(server, tmp_path, shards, [], token_budget=60_000)
+    """#34.2: only a conversation's first turn was held, so at the stop the later turns of every conversation
+    under way crossed the budget (4 turns: 214,529 tokens against 150,000)."""
+    shards, budget = prompt_shards(1, 300, turns=4), 40_000  # ~160,000 tokens' worth of turns
+    _run(server, tmp_path, shards, [], max_tokens=REPLY, token_budget=budget)
+    used = round(server.billed_usd / Faults().cost_per_token)  # every billed token, counted at the server
+    assert 0.9 * budget <= used <= budget, used
     out = _frame(tmp_path, shards)
-    replies = out["messages"].list.eval(pl.element().struct.field("role") == "assistant").list.sum()
     assert set(out["status"]) == {"ok", "skipped_budget"}
-    assert set(replies.filter(out["status"] == "ok")) == {3}  # every started conversation finished
-    assert set(out.filter(pl.col("status") == "skipped_budget")["completion_tokens"]) == {0}  # nothing paid, lost
-    assert sum(server.answered.values()) == 3 * out.filter(pl.col("status") == "ok").height
+
+    _run(server, tmp_path, shards, [], max_tokens=REPLY)  # no budget: the rest follows, paid turns replayed
+    assert set(_frame(tmp_path, shards)["status"]) == {"ok"}
+    assert len(server.answered) == 300 * 4 and max(server.answered.values()) == 1
 
 
 def test_a_cost_budget_at_2000_in_flight_is_overshot_by_at_most_2_percent(tmp_path: Path) -> None:

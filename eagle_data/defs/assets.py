@@ -13,6 +13,7 @@ from pydantic import Field
 
 from eagle_data import layout, pipeline, quality, sources
 from eagle_data.catalog import DatasetSpec
+from eagle_data.defs import instance as records
 from eagle_data.defs.messages import file_locations, leveled, user_failure
 from eagle_data.defs.metadata import ROW_COUNT, dataset_report_metadata, rounded_figures, settings_version
 from eagle_data.defs.pools import tie_to_run_worker
@@ -57,19 +58,8 @@ class GenerationConfig(dg.Config):
     )
 
 
-CANARY_HISTORY = 20  # canary executions read back for the latest evaluation (a run that died leaves none)
-
-
-def latest_canary(instance: dg.DagsterInstance, spec: DatasetSpec) -> quality.LatestCanary | None:
-    """The latest evaluation of the dataset's `canary` check, with the config hash it was judged under; an
-    execution that never got to evaluate (its run died) is passed over, so it cannot lift a failed canary."""
-    key = dg.AssetCheckKey(dg.AssetKey(estimate_asset(spec)), CANARY)
-    for record in instance.event_log_storage.get_asset_check_execution_history(key, limit=CANARY_HISTORY):
-        if (evaluation := record.evaluation) is not None:
-            config_hash = evaluation.metadata.get("config_hash")
-            found = str(config_hash.value) if config_hash else ""
-            return quality.LatestCanary(evaluation.passed, found, evaluation.description or "")
-    return None
+def canary_key(spec: DatasetSpec) -> dg.AssetCheckKey:
+    return dg.AssetCheckKey(dg.AssetKey(estimate_asset(spec)), CANARY)
 
 
 def partitions(spec: DatasetSpec) -> dg.StaticPartitionsDefinition:
@@ -264,7 +254,7 @@ def build_dataset_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
             passed=not over,
             severity=dg.AssetCheckSeverity.ERROR,
             description=over or result.line(),
-            metadata={"est_tokens": result.tokens, "est_cost_usd": round(result.usd, 4),
+            metadata={"est_tokens": result.tokens, **result.cost_figures(),
                       "token_budget": result.token_budget, "cost_budget_usd": result.cost_budget_usd},
         )  # fmt: skip
         figures = {**result.figures(), **sample.figures()}
@@ -291,10 +281,17 @@ def build_dataset_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
     ) -> dg.MaterializeResult:
         tie_to_run_worker(context)  # a killed run stops paying for requests
         backend = engine.make(spec)  # refuses a run-config kind other than the one the pool was fixed from
-        latest = latest_canary(context.instance, spec)
+        latest = records.latest_canary(context.instance, canary_key(spec))  # any state: a verdict or None
         config_hash = pipeline.config_hash(spec, backend)
         if refused := quality.canary_blocks(latest, config_hash, ignore=config.ignore_canary, dataset=ds):
             raise dg.Failure(refused)
+        if quality.canary_stale(latest, config_hash, ignore=config.ignore_canary):  # judged under another config
+            context.log.info(f"{ds}: the latest canary judged config {latest.config_hash}, not {config_hash}: again")
+            sample = pipeline.estimate(spec, storage.store(), backend, usd_per_prompt_token=0.0,
+                                       usd_per_completion_token=0.0, log=leveled(context.log),
+                                       settings=engine.runner_settings(), run_id=context.run_id).canary  # fmt: skip
+            if not sample.passed:
+                raise dg.Failure(f"{ds}: refused before the run: {sample.line.removeprefix(f'{ds}: ')}")
         context.log.info(f"{ds}: engine {backend.describe()}")
         figures, per_partition = pipeline.generate(
             spec,

@@ -15,8 +15,9 @@ from eagle_data import layout, settings
 from eagle_data.catalog import PROFILE_ENV, CatalogError, DatasetSpec, shard_key
 from eagle_data.defs.assets import SHARD_DIGEST, catalog_labels, partitions
 from eagle_data.defs.checks import judged_partitions, report_shards
-from eagle_data.defs.messages import file_locations, uri_locations
+from eagle_data.defs.messages import file_locations, uri_locations, user_failure
 from eagle_data.defs.metadata import settings_version
+from eagle_data.defs.pools import tie_to_run_worker
 from eagle_data.defs.resources import StorageResource
 from eagle_data.drafter import verify
 from eagle_data.drafter.capture import CaptureError, resolve_target
@@ -54,6 +55,7 @@ def build_drafter_assets(specs: list[DatasetSpec]) -> list[dg.AssetsDefinition]:
             "tokenizer, mix content and size.",
         ),
     )
+    @user_failure  # e.g. "materialize training_mix first": one line, no trace
     def draft_vocab(context: dg.AssetExecutionContext, storage: StorageResource) -> dg.MaterializeResult:
         drafter = load_drafter_settings()
         formats = drafter.capture.formats  # the chosen trainers pick the mapping files
@@ -74,6 +76,7 @@ def build_drafter_assets(specs: list[DatasetSpec]) -> list[dg.AssetsDefinition]:
             "capture before running it.",
         ),
     )
+    @user_failure
     def hidden_state_plan(context: dg.AssetExecutionContext, storage: StorageResource) -> dg.MaterializeResult:
         recipe = load_drafter_settings().hidden_states
         sized, table = write_hidden_state_plan(storage.store(), recipe)
@@ -162,6 +165,7 @@ def build_capture_asset(owners: list[str], specs: list[DatasetSpec]) -> dg.Asset
         ),
     )
     def hidden_states(context: dg.AssetExecutionContext, storage: StorageResource, capture: CaptureResource):
+        tie_to_run_worker(context)  # a killed run stops capturing (GPU time nobody records), as generation does
         keys = list(context.partition_keys)
         try:
             figures, shards = write_hidden_states(

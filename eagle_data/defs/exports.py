@@ -21,7 +21,7 @@ from eagle_data.defs.assets import catalog_labels
 from eagle_data.defs.checks import validated_key
 from eagle_data.defs.drafter import follow_the_mix
 from eagle_data.defs.instance import gate_records
-from eagle_data.defs.messages import file_locations, leveled, uri_locations
+from eagle_data.defs.messages import file_locations, leveled, uri_locations, user_failure
 from eagle_data.defs.metadata import settings_version
 from eagle_data.defs.resources import StorageResource
 from eagle_data.exports.check import check_exports
@@ -81,6 +81,7 @@ def build_exports(specs: Sequence[DatasetSpec], checks: Sequence[dg.AssetChecksD
             "the shards that passed their blocking checks.",
         ),
     )
+    @user_failure
     def training_mix(
         context: dg.AssetExecutionContext, config: ExportConfig, storage: StorageResource
     ) -> dg.MaterializeResult:

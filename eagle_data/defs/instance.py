@@ -18,8 +18,8 @@ import dagster as dg
 from dagster._core.definitions.asset_checks.asset_check_evaluation import AssetCheckEvaluationTargetMaterializationData
 from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 
-from eagle_data import exports
-from eagle_data.defs.assets import SHARD_DIGEST
+from eagle_data import exports, quality
+from eagle_data.defs import assets as asset_defs  # a module import: assets.py imports this module too
 
 if TYPE_CHECKING:  # types only; Dagster exports none of these publicly in 1.13
     # the per-pool run-worker executor (pools.py) is built over the executor's internals
@@ -41,6 +41,10 @@ __all__ = [
 
 _BATCH = 500  # storage ids per query: bounded IN lists for the event log's SQL
 _PAGE = 1000  # check executions read per query
+CANARY_HISTORY = 20  # canary executions read back for the latest evaluation (a run that died leaves none)
+# The states of a check execution that carry a verdict; PLANNED (the step has not evaluated it yet, failed
+# before it did, or its run died) carries an AssetCheckEvaluationPlanned, which has no verdict or metadata.
+_JUDGED = frozenset({AssetCheckExecutionRecordStatus.SUCCEEDED, AssetCheckExecutionRecordStatus.FAILED})
 
 
 def latest_materializations(
@@ -68,7 +72,7 @@ def target(record: dg.EventLogRecord | None) -> AssetCheckEvaluationTargetMateri
 
 
 def _shard_digest(metadata: dict[str, dg.MetadataValue]) -> str | None:
-    value = metadata.get(SHARD_DIGEST)
+    value = metadata.get(asset_defs.SHARD_DIGEST)
     return str(value.value) if value is not None else None
 
 
@@ -78,21 +82,41 @@ def _materialization(record: dg.EventLogRecord) -> exports.Materialization:
     return exports.Materialization(str(record.partition_key), record.run_id, digest)
 
 
+def judged(record: AssetCheckExecutionRecord) -> dg.AssetCheckEvaluation | None:
+    """The verdict an execution record holds, or None for one that holds none (planned, never evaluated):
+    the one reader of check executions, for every state Dagster records."""
+    if record.status not in _JUDGED or record.event is None or record.event.dagster_event is None:
+        return None
+    evaluation = record.event.dagster_event.event_specific_data
+    return evaluation if isinstance(evaluation, dg.AssetCheckEvaluation) else None
+
+
 def _evaluation(record: AssetCheckExecutionRecord) -> exports.Evaluation:
     check, partition = record.key.name, str(record.partition)
-    if record.status.value == "PLANNED" or record.event is None or record.event.dagster_event is None:
+    if (evaluation := judged(record)) is None:
         return exports.Evaluation(check, partition, record.run_id, passed=None)
-    evaluation = record.event.dagster_event.event_specific_data
-    judged = evaluation.target_materialization_data
+    judged_on = evaluation.target_materialization_data
     return exports.Evaluation(
         check,
         partition,
         record.run_id,
         passed=evaluation.passed,
-        judged_run_id=judged.run_id if judged else None,
+        judged_run_id=judged_on.run_id if judged_on else None,
         shard_sha256=_shard_digest(dict(evaluation.metadata)),
         description=evaluation.description or "",
     )
+
+
+def latest_canary(instance: dg.DagsterInstance, key: dg.AssetCheckKey) -> quality.LatestCanary | None:
+    """The latest verdict of a dataset's `canary` check, with the config hash it was judged under. An execution
+    that holds no verdict (its estimate failed before judging, e.g. on a 401, or its run died) is passed over:
+    it can neither lift a failed canary nor break a later run."""
+    for record in instance.event_log_storage.get_asset_check_execution_history(key, limit=CANARY_HISTORY):
+        if (evaluation := judged(record)) is not None:
+            config_hash = evaluation.metadata.get("config_hash")
+            found = str(config_hash.value) if config_hash else ""
+            return quality.LatestCanary(evaluation.passed, found, evaluation.description or "")
+    return None
 
 
 def latest_evaluations(

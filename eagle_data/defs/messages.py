@@ -2,8 +2,9 @@
 where every written file is.
 
 The pure rooms raise their own exception types with a message written for the person running the job
-(naming the dataset, file or setting). Raised as they are, Dagster shows them as a Python class path and
-a stack trace; `user_failure` turns them into a `dg.Failure` that carries only the message. The pure
+(naming the dataset, file or setting), each derived from `types.UserError` where it is defined. Raised as
+they are, Dagster shows them as a Python class path and a stack trace; `user_failure` turns any UserError
+into a `dg.Failure` that carries only the message (the CLI, the UI and the alerts show that line). The pure
 rooms log through one plain callable and mark warnings with a leading "WARNING "; `leveled` sends those
 lines to Dagster's WARNING level, so the run's log filter and the UI show them as warnings. A written
 file is shown as a path to copy, and on S3 also as a presigned link; a browser refuses `file://` links
@@ -19,20 +20,8 @@ from typing import Any, TypeVar
 
 import dagster as dg
 
-from eagle_data.catalog import CatalogError
-from eagle_data.drafter.evalsets import BenchmarkError
-from eagle_data.drafter.vocab import VocabError
-from eagle_data.engines.launcher import LaunchError
-from eagle_data.exports import ExportError
-from eagle_data.sources import SourceError
-from eagle_data.storage import ShardStore, StorageError
-from eagle_data.targets.profile import TargetError
-from eagle_data.types import FatalError
-
-USER_ERRORS: tuple[type[Exception], ...] = (
-    BenchmarkError, CatalogError, ExportError, FatalError, LaunchError, SourceError, StorageError, TargetError,
-    VocabError,
-)  # fmt: skip
+from eagle_data.storage import ShardStore
+from eagle_data.types import UserError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -44,8 +33,9 @@ def user_failure(fn: F) -> F:
     def body(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except USER_ERRORS as exc:
-            raise dg.Failure(description=str(exc), metadata={"error": type(exc).__name__}) from None
+        except UserError as exc:
+            line = " ".join(str(exc).split())  # one line, whatever the message held
+            raise dg.Failure(description=line, metadata={"error": type(exc).__name__}) from None
 
     return body  # type: ignore[return-value]
 

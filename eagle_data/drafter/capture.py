@@ -37,6 +37,7 @@ from eagle_data.drafter.mixfile import CHUNK
 from eagle_data.drafter.settings import CaptureSettings
 from eagle_data.settings import get as environment
 from eagle_data.storage import ShardStore
+from eagle_data.types import UserError
 
 Log = Callable[[str], None]
 SHARDS, PROGRESS = "shards", "progress"
@@ -47,7 +48,7 @@ FLOOR_REASONS = {  # a chosen trainer's supervised-token floor (trainers.Trainer
 }
 
 
-class CaptureError(ValueError):
+class CaptureError(UserError, ValueError):
     """The capture cannot run as configured; the message says what to set or materialize."""
 
 

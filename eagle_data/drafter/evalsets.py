@@ -20,13 +20,14 @@ import polars as pl
 
 from eagle_data.drafter.decontam import BenchmarkIndex
 from eagle_data.drafter.settings import BenchmarkSource, Decontamination
+from eagle_data.types import UserError
 
 SUFFIXES = (".jsonl.gz", ".jsonl", ".parquet")
 SCHEMA = {"benchmark": pl.String, "text": pl.String}
 NOT_READ = "not read: "  # how a source line starts for a configured benchmark that was not read
 
 
-class BenchmarkError(ValueError):
+class BenchmarkError(UserError, ValueError):
     """A benchmark source the user configured cannot be read; the message says how to fix it."""
 
 

@@ -18,11 +18,12 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from eagle_data.drafter.settings import CaptureSettings
+from eagle_data.types import UserError
 
 LastState = Literal["after_norm", "before_norm"]
 
 
-class LayerError(ValueError):
+class LayerError(UserError, ValueError):
     """The layers asked for do not exist in the target model; the message says what to set."""
 
 

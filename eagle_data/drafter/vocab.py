@@ -28,8 +28,10 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from eagle_data.types import UserError
 
-class VocabError(ValueError):
+
+class VocabError(UserError, ValueError):
     """The mix and the target disagree; the message says what to fix."""
 
 

@@ -95,6 +95,8 @@ class EngineKind:
         pool: the Dagster pool of its generation steps ("" : the name).
         takes: the `EngineSettings` fields it uses beyond kind, model and max_in_flight; any other one set
             (from the environment or run config) is refused in one line.
+        billing: how its dollars are known: "reported" (each reply's usage carries its cost), "free"
+            (servers you run, paid by the hour, not the token) or "unknown" (a dollar budget needs a price).
     """
 
     name: str
@@ -108,6 +110,7 @@ class EngineKind:
     demo: bool = False
     pool: str = ""
     takes: frozenset[str] = frozenset()
+    billing: str = "unknown"
 
     @property
     def pool_name(self) -> str:
@@ -170,12 +173,17 @@ def make_engine(kind: str, **arguments: Any) -> Engine:
 
 
 def build_engine(settings: EngineSettings, spec: DatasetSpec) -> Engine:
-    """The engine the resolved `settings` ask for, set up for one dataset; a one-line error when a
-    required setting is missing, a setting is given the kind does not take, or the entry has a sampling
-    mixture the engine cannot honour."""
+    """The engine the resolved `settings` ask for, set up for one dataset (with `target = "auto"`, for the
+    profile its model maps to); a one-line error when a required setting is missing, a setting is given the
+    kind does not take, the model maps to no profile, or the entry has a sampling mixture the engine cannot
+    honour."""
     kind = lookup(settings.kind)
     if problem := kind.missing(settings) or kind.refused(settings):
         raise FatalError(problem, kind="config")
+    if spec.target == "auto":  # the profile the model maps to, before any kind reads the target's markers
+        from eagle_data.targets.profile import resolve_target  # here: importing this package loads no tokenizer
+
+        spec = spec.model_copy(update={"target": resolve_target(spec.target, [settings.model])})
     engine = kind.build(settings, spec)
     if spec.generation.mixture and not engine.takes_sampling:
         raise sampling_refused(kind.name, spec.name)

@@ -26,11 +26,12 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from eagle_data import settings
 from eagle_data.secrets import mask_url
+from eagle_data.types import UserError
 
 LOG_TAIL_LINES = 20
 
 
-class LaunchError(RuntimeError):
+class LaunchError(UserError, RuntimeError):
     """A server could not be started; the message ends with the tail of its log."""
 
 

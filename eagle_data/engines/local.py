@@ -199,4 +199,5 @@ register(EngineKind(
     required={"model": "set EAGLE_DATA_MODEL to a transformers checkpoint folder "
                        "(or EAGLE_DATA_PROFILE=demo for the random-weight demo model)"},
     max_in_flight=4, ramp=False, demo=True,  # one model in this process: a short queue keeps the log honest
+    billing="free",
 ))  # fmt: skip

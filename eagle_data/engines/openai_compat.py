@@ -336,5 +336,5 @@ register(EngineKind(
 ))  # fmt: skip
 register(EngineKind(
     name=OPENROUTER, build=build_compatible, make=make_openrouter, takes=ROUTED_SETTINGS,
-    summary="OpenRouter's API", key_env=OPENROUTER_KEY_ENV, required={"model": MODEL_FIX},
+    summary="OpenRouter's API", key_env=OPENROUTER_KEY_ENV, required={"model": MODEL_FIX}, billing="reported",
 ))  # fmt: skip

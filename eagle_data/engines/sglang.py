@@ -353,5 +353,5 @@ register(EngineKind(
     name="sglang", build=_build, make=make_sglang, summary="a fleet of SGLang servers (native /generate, token ids)",
     required={"model": "set EAGLE_DATA_MODEL (e.g. Qwen/Qwen3-8B)", "base_url": "set EAGLE_DATA_BASE_URL to "
               "comma-separated http://host:port URLs (or one sglang-router URL)"},
-    max_in_flight=512, ramp=False, takes=frozenset({"base_url", "timeout_s", "connect_timeout_s"}),
+    max_in_flight=512, ramp=False, takes=frozenset({"base_url", "timeout_s", "connect_timeout_s"}), billing="free",
 ))  # fmt: skip

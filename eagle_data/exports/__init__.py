@@ -39,6 +39,7 @@ from eagle_data.catalog import DatasetSpec
 from eagle_data.exports.formats import FORMATS, TRAINING_SCHEMA, to_training_parquet
 from eagle_data.quality import KEPT, row_verdicts, split_rows
 from eagle_data.quality.verdicts import REQUIRED_COLUMNS as JUDGED_COLUMNS
+from eagle_data.types import UserError
 
 TRAINING_COLUMNS = ("prompt_id", "dataset", "input_ids", "loss_mask")
 STRUCTURE_FLAGS = ("structure_ok", "roundtrip_ok", "prefix_ok")  # False: the ids are not the target's
@@ -47,7 +48,7 @@ ROW_GROUP_ROWS = 1024  # parquet row groups of the exports: small enough that wr
 BUCKET_BYTES = 8 << 20  # rows of the mix held at once while writing it, in bytes of token lists
 
 
-class ExportError(RuntimeError):
+class ExportError(UserError, RuntimeError):
     """An export that must not succeed; the message is one line that says what to do."""
 
 

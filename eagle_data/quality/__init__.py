@@ -8,7 +8,7 @@ once at validation), `rollup` (shard records added up for dataset reports and ra
 Pure: no Dagster here; `eagle_data/defs/checks.py` turns the stored records' results into asset checks.
 """
 
-from eagle_data.quality.canary import Canary, LatestCanary, canary_blocks
+from eagle_data.quality.canary import Canary, LatestCanary, canary_blocks, canary_stale
 from eagle_data.quality.figures import Figures, figures
 from eagle_data.quality.gates import CHECKS, CheckDef, CheckResult, Inputs, combine, evaluate, run_checks
 from eagle_data.quality.records import SCHEMA_VERSION, ShardRecord, shard_record
@@ -31,6 +31,7 @@ __all__ = [
     "ShardRecord",
     "Summary",
     "canary_blocks",
+    "canary_stale",
     "combine",
     "evaluate",
     "figures",

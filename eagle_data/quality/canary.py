@@ -186,10 +186,17 @@ class LatestCanary:
     description: str
 
 
+def canary_stale(latest: LatestCanary | None, config_hash: str, *, ignore: bool) -> bool:
+    """Whether a generation run must judge the canary again before paying: the latest canary was judged
+    under another generation config (a changed temperature, a raised max_tokens), which says nothing of
+    this one. With no canary at all the run proceeds (nothing was ever judged; `ignore_canary` skips it)."""
+    return not ignore and latest is not None and latest.config_hash != config_hash
+
+
 def canary_blocks(latest: LatestCanary | None, config_hash: str, *, ignore: bool, dataset: str) -> str:
     """Why a generation run must not start ("" when it may): the latest canary failed under this very
-    generation config, and the run does not override it. A changed config (e.g. a raised max_tokens) is
-    a new question, which the next estimate answers."""
+    generation config, and the run does not override it. A changed config is `canary_stale`: the run
+    judges the canary again first."""
     if ignore or latest is None or latest.passed or latest.config_hash != config_hash:
         return ""
     return (f"{dataset}: refused before any request: its latest canary, under this generation config "

@@ -18,10 +18,10 @@ from eagle_data.catalog import DatasetSpec
 from eagle_data.quality.reply import EMPTY, REPEAT, SHORT, reply_verdict
 from eagle_data.quality.summary import wilson_lower
 from eagle_data.quality.verdicts import LOST_TEXT, PASS, TRUNCATED
-from eagle_data.types import Completion
+from eagle_data.types import Completion, UserError
 
 
-class BreakerTripped(RuntimeError):
+class BreakerTripped(UserError, RuntimeError):
     """The replies of a run turned bad; the message is the one line the breaker said."""
 
 
@@ -48,8 +48,6 @@ GATES: dict[str, Gate] = {
 WARN_ONLY = frozenset({TRUNCATED})  # a warning gate in validation: announced, never stopped on
 REJECTS = frozenset({EMPTY, LOST_TEXT, SHORT})  # the pulse's "rejected" share
 EXAMPLES = 3
-
-
 
 
 class Breaker:

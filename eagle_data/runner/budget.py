@@ -6,15 +6,19 @@ token price. A reply costing `c` for `p` prompt and `k` completion tokens shows 
 at most c/k and the prompt price at most c/p (prices are not negative), so the smallest such ratios
 seen bound both. Before any priced reply the price is unknown: with a cost budget, one request at a
 time is sent until one lands (a reply reporting no cost, from an engine that reports none, prices tokens
-at 0 until a priced one lands). A new prompt is sent only when its worst case fits beside everything in
-flight, so the spend stays under the budget; only the later turns of a conversation already under way
-may cross it (their paid first turns would be lost otherwise).
+at 0 until a priced one lands). Every request, each turn of a multi-turn conversation included, is sent
+only when its worst case fits beside everything in flight, so the spend stays under the budget. A later
+turn that cannot fit ends its conversation `skipped_budget`; its paid turns are kept for the next run.
+A price set in `EAGLE_DATA_USD_PER_MTOK` (runner/prices.py) prices every token from the start, and what a
+reply reporting no cost costs; an engine whose replies report no cost, with no price set, has its dollar
+budget refused before the first request (`prices.refuse_unpriced`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from eagle_data.runner.prices import Price
 from eagle_data.types import Completion
 
 Hold = tuple[int, float | None]  # a request's worst case while it is out: tokens, USD (None: price unknown)
@@ -33,6 +37,17 @@ class Budget:
     prompt_price: float | None = None  # upper bounds on the USD price of a token, from replies so far
     completion_price: float | None = None
     priced: bool = False  # a reply reported a cost
+    price: Price | None = None  # the price set for the model: tokens priced from the start
+
+    def __post_init__(self) -> None:
+        if self.price is not None:
+            self.prompt_price, self.completion_price = self.price.prompt, self.price.completion
+
+    def cost_of(self, done: Completion) -> float:
+        """A reply's dollars: the cost it reported, else its tokens at the price set (0 without one)."""
+        if done.cost_usd > 0 or self.price is None:
+            return done.cost_usd
+        return self.price.of(done.prompt_tokens, done.completion_tokens)
 
     @property
     def limited(self) -> bool:
@@ -44,11 +59,12 @@ class Budget:
 
     def learn(self, done: Completion) -> None:
         """Tighten the price bounds with one reply. A reply with no cost, before any priced one, is an
-        engine that reports none (local, SGLang): its requests cost nothing until a priced reply says
-        otherwise."""
+        engine that reports none (local, SGLang): its requests cost the price set (nothing without one)
+        until a priced reply says otherwise; what replies report wins over the price set."""
         if done.cost_usd <= 0:
             if not self.priced:
-                self.prompt_price = self.completion_price = 0.0
+                self.prompt_price = self.price.prompt if self.price else 0.0
+                self.completion_price = self.price.completion if self.price else 0.0
             return
         if not self.priced:
             self.priced, self.prompt_price, self.completion_price = True, None, None

@@ -13,7 +13,7 @@ from typing import Any
 
 from eagle_data.catalog import DatasetSpec
 from eagle_data.quality.reply import BILLED_REJECTS, EMPTY
-from eagle_data.runner import mixture
+from eagle_data.runner import mixture, prices
 from eagle_data.runner.breaker import Breaker
 from eagle_data.runner.budget import Budget, Hold
 from eagle_data.runner.concurrency import AdaptiveLimiter
@@ -41,10 +41,11 @@ class Dispatcher:
             engine, spec, settings, max_tokens, total, say,
         )  # fmt: skip
         self.limiter = AdaptiveLimiter(settings.initial_in_flight, settings.min_in_flight, settings.max_in_flight)
-        self.budget = Budget(spec.name, spec.token_budget, spec.cost_budget_usd)
+        self.budget = Budget(spec.name, spec.token_budget, spec.cost_budget_usd, price=prices.configured())
         self.breaker = Breaker(spec)
         self.rng = random.Random()
-        self.landed = asyncio.Event()  # a request in flight landed: its budget hold is free again
+        self.landed = asyncio.Event()  # set (and replaced) when a request in flight landed: its hold is free
+        self.waiting = 0  # turns waiting for their worst case to fit the budget
         self.stop_reason = ""
         self.stop_status: Status = "skipped_budget"
         self.fatal: EngineError | None = None  # the abort that ended the call
@@ -87,25 +88,49 @@ class Dispatcher:
 
     async def admit(self, asked: list[Message] | None) -> tuple[bool, Hold | None]:
         """A slot for a new prompt whose first request is `asked` (None: nothing to send), and that
-        request's budget hold: waits until its worst case fits beside those in flight, stops for budget
-        when it cannot fit even with nothing in flight. (False, None) once sending has stopped."""
+        request's budget hold (`reserve`). (False, None) once sending has stopped or the budget is reached.
+        Later turns of conversations under way go first: no new prompt is let in while one waits."""
         if self.stop_reason:
             return False, None
         await self.limiter.acquire()
-        while self.budget.limited and asked is not None and not self.stop_reason:
-            worst = self.budget.worst(prompt_bytes(asked), self.max_tokens)
-            if self.budget.fits(*worst):
-                self.budget.hold(*worst)
-                return True, worst
-            if not self.budget.in_flight:
-                self.stop(self.budget.reason(*worst), "skipped_budget")
-                break
-            self.landed.clear()
-            await self.landed.wait()
+        while self.waiting and not self.stop_reason:
+            await self._next_landing()
+        held = await self.reserve(asked) if asked is not None and not self.stop_reason else None
         if self.stop_reason:
             self.limiter.release()
             return False, None
-        return True, None
+        return True, held
+
+    async def reserve(self, asked: list[Message]) -> Hold | None:
+        """Hold a request's worst case before it is sent: wait until it fits beside those in flight; when it
+        cannot fit even with nothing in flight, stop for budget (None). None too with no budget set. Every
+        turn of a conversation goes through here, so none crosses the budget."""
+        if not self.budget.limited:
+            return None
+        self.waiting += 1
+        try:
+            while True:
+                worst = self.budget.worst(prompt_bytes(asked), self.max_tokens)
+                if self.budget.fits(*worst):
+                    self.budget.hold(*worst)
+                    return worst
+                if not self.budget.in_flight:
+                    if not self.stop_reason:
+                        self.stop(self.budget.reason(*worst), "skipped_budget")
+                    return None
+                await self._next_landing()
+        finally:
+            self.waiting -= 1
+            self._signal()  # a prompt waiting behind this turn looks again
+
+    async def _next_landing(self) -> None:
+        """Until a request in flight lands (its hold is free again) or a waiting turn is done waiting."""
+        await self.landed.wait()
+
+    def _signal(self) -> None:
+        """Wake every waiter of `_next_landing`."""
+        self.landed.set()
+        self.landed = asyncio.Event()
 
     def leave(self, held: Hold | None) -> None:
         """A prompt is done: its slot back, and a hold never sent (a stop came first) released."""
@@ -115,7 +140,7 @@ class Dispatcher:
     def _release(self, held: Hold | None) -> None:
         if held is not None:
             self.budget.release(*held)
-            self.landed.set()
+            self._signal()
 
     async def complete(
         self, tally: Tally, asked: list[Message], prompt_id: str, held: Hold | None
@@ -159,7 +184,7 @@ class Dispatcher:
     def _judge(self, tally: Tally, prompt_id: str, done: Completion) -> str:
         """Account for an answered reply and give the breaker its verdict; the error when the reply is a
         billed reject (counted as wasted), else ""."""
-        self.budget.spend(done.prompt_tokens + done.completion_tokens, done.cost_usd)
+        self.budget.spend(done.prompt_tokens + done.completion_tokens, self.budget.cost_of(done))
         self.budget.learn(done)
         verdict, warning = self.breaker.judge(prompt_id, done)
         if warning:

@@ -11,7 +11,10 @@ generate a shard: each would pay for every turn. Before a run opens a shard it t
   shard exactly one creates it. The winner deletes the generations below its own.
 - Renew: every `ttl_s / 3` the holder rewrites its generation with a fresh expiry. A higher generation
   means the lease expired and another run took it over (this one stalled for longer than ttl_s):
-  `LeaseLost`, and the shard is not written by this run.
+  `LeaseLost`, and the shard is not written by this run. A renewal that fails (storage unreachable for
+  longer than its retry window) is tried again at once; a lease with less than `MARGIN` of its ttl left
+  unrenewed is given up (`give_up_unrenewed`): the run stops sending before the lease can expire, keeps
+  its answered turns for the result log and leaves the shard to whichever run takes it over after expiry.
 - Release: the holder deletes its generation; the next run starts again at 0. (A holder that stalled
   past ttl_s and releases just as a second run takes over lets a third start at 0 beside the second;
   the lower of the two finds the higher at its next renewal and gives the shard up: LeaseLost.)
@@ -35,10 +38,13 @@ from pathlib import Path
 
 from eagle_data import layout
 from eagle_data.storage import ShardStore
+from eagle_data.types import UserError
+
+MARGIN = 0.25  # a lease is given up with this share of its ttl left unrenewed: time for in-flight replies
 
 
-class LeaseLost(RuntimeError):
-    """Another run took over a shard this run was generating."""
+class LeaseLost(UserError):
+    """Another run took over a shard this run was generating, or this run could not renew its lease."""
 
 
 @dataclass(frozen=True)
@@ -67,6 +73,9 @@ class Leases:
     def __init__(self, store: ShardStore, dataset: str, run_id: str, ttl_s: float) -> None:
         self.store, self.dataset, self.run_id, self.ttl_s = store, dataset, run_id, ttl_s
         self.held: dict[str, int] = {}  # partition -> generation this run holds
+        self.expires: dict[str, float] = {}  # partition -> the expiry its last written lease object says
+        self.renewed_at = time.time()  # when a renewal last went through
+        self.last_error = ""  # why the latest renewal failed ("" once one succeeds)
         self._lock = threading.Lock()  # renewal (its own thread) never races a release
 
     def take(self, partition: str) -> Holder | None:
@@ -78,7 +87,7 @@ class Leases:
                 return top
             generation = top.generation + 1 if top is not None else 0
             if self.store.create_exclusive(self._key(partition, generation), self._body(generation, now)):
-                self.held[partition] = generation
+                self.held[partition], self.expires[partition] = generation, now + self.ttl_s
                 for key in self._generations(partition):
                     if layout.lease_generation(key) < generation:
                         self.store.delete(key)
@@ -99,7 +108,27 @@ class Leases:
                         f"{self.dataset} {partition}: the shard's lease expired and {taker} took it over; this "
                         f"run stalled for more than lease_ttl_s={self.ttl_s:g} s and leaves the shard to it"
                     )
-                self.store.write_bytes(self._key(partition, generation), self._body(generation, time.time()))
+                now = time.time()
+                if self.held.get(partition) == generation:  # not given up while the read waited
+                    self.store.write_bytes(self._key(partition, generation), self._body(generation, now))
+                    self.expires[partition] = now + self.ttl_s
+        self.renewed_at, self.last_error = time.time(), ""
+
+    def give_up_unrenewed(self) -> str:
+        """Drop (without deleting) every held lease with less than MARGIN of its ttl left; the one line that
+        says so, "" when none was. Never blocks: the run's loop calls it while a renewal may hang on storage."""
+        now = time.time()
+        late = [p for p in list(self.held) if self.expires.get(p, now) - now < self.ttl_s * MARGIN]
+        for partition in late:
+            self.held.pop(partition, None)
+        if not late:
+            return ""
+        return (
+            f"{self.dataset} {', '.join(late)}: the shard lease could not be renewed for {now - self.renewed_at:.0f} s "
+            f"({self.last_error or 'renewal still waiting on storage'}); stopped sending before it could expire "
+            f"(lease_ttl_s={self.ttl_s:g} s), so no other run pays for these turns twice; the answered turns are "
+            "kept in the result log: re-run once storage answers"
+        )
 
     def holds(self, partition: str) -> bool:
         return partition in self.held

@@ -36,17 +36,17 @@ from eagle_data.runner.rows import Row, assistant_message, build_row, plan_turns
 from eagle_data.runner.settings import RunnerSettings
 from eagle_data.runner.writer import OpenShard, ShardWriter
 from eagle_data.storage import ShardStore
-from eagle_data.types import Completion, Engine, FatalError, Message, Status
+from eagle_data.types import Completion, Engine, FatalError, Message, Status, UserError
 
 GC_GEN0_THRESHOLD = 50_000  # see _fewer_gc_passes
 LEASE_POLL_S = 1.0  # how often a deferred shard's lease is tried again
 
 
-class LeaseHeld(RuntimeError):
+class LeaseHeld(UserError, RuntimeError):
     """Shards another live run kept generating for longer than this run would wait."""
 
 
-class NothingAnswered(RuntimeError):
+class NothingAnswered(UserError, RuntimeError):
     """Requests were sent, every one failed, and no row of the call holds an answer (reused ones included):
     a step with no answer is never green. A re-run whose only request fails again, beside rows answered
     before, writes its shards and goes on: the failed rows are validation's `failed_rate` to judge."""
@@ -293,18 +293,18 @@ class _Run:
         if not conversation.segments:
             return conversation.row("failed", "bad_prompt: no user turn to answer")
         while not conversation.ended:
-            # A budget stop lets a conversation already under way finish its turns: its paid replies
-            # would be lost otherwise (a skipped row is regenerated whole). Other stops end it here.
+            # After a budget stop a conversation under way goes on while each turn's worst case fits (a later
+            # turn is held too; one that cannot fit ends it skipped_budget, its paid turns carried). Others end it.
             if conversation.replies and self.dispatch.stopped_hard:
                 return conversation.row(self.dispatch.stop_status, self.dispatch.stop_reason)
-            index = len(conversation.replies)
-            started = time.monotonic()
+            index, started = len(conversation.replies), time.monotonic()
             asked = conversation.messages + conversation.segments[index]
             held, conversation.held = conversation.held, None
+            if held is None and self.dispatch.budget.limited and (held := await self.dispatch.reserve(asked)) is None:
+                return conversation.row("skipped_budget", self.dispatch.stop_reason)
             done, tries, error = await self.dispatch.complete(shard.tally, asked, conversation.prompt_id, held)
             if done is None:
-                conversation.messages = asked
-                conversation.attempts += tries
+                conversation.messages, conversation.attempts = asked, conversation.attempts + tries
                 return conversation.row("failed", error)
             turn = turn_record(conversation.prompt_id, index, self.key, done, tries, time.monotonic() - started)
             conversation.add(done, turn)

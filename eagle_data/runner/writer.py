@@ -13,7 +13,9 @@ from eagle_data.runner.progress import Tally
 from eagle_data.runner.resultlog import ResultLog, Turn
 from eagle_data.runner.rows import Row
 from eagle_data.runner.settings import RunnerSettings
-from eagle_data.storage import ShardStore
+from eagle_data.storage import ShardStore, StorageError
+
+LEASE_CHECKS = 12  # looks per lease ttl for a lease left unrenewed too long
 
 
 class OpenShard:
@@ -61,9 +63,10 @@ class ShardWriter:
 
     async def write(self, shard: OpenShard) -> str:
         """Write a finished shard whole (a sample's rows only to its result log) and release its lease;
-        its URI, "" when another run took it over."""
+        its URI, "" when the lease is no longer this run's (its answered turns still go to the result log)."""
         async with shard.lock:
-            if not self.leases.holds(shard.partition):  # taken over: the other run writes this shard
+            if not self.leases.holds(shard.partition):  # taken over or given up: another run writes it
+                await self._flush_until_stored(shard)
                 uri = ""
             elif self.write_shards:
                 rows = [shard.rows[p] for p in shard.order]
@@ -86,6 +89,14 @@ class ShardWriter:
                     async with shard.lock:
                         await self._flush(shard)
 
+    async def _flush_until_stored(self, shard: OpenShard) -> None:
+        """Make the pending turns durable, waiting out a storage outage: they are paid for, and the run that
+        takes the shard over replays them instead of paying again."""
+        while shard.pending:
+            await self._flush(shard)
+            if shard.pending:
+                await asyncio.sleep(self.settings.flush_every_s)
+
     async def _flush(self, shard: OpenShard) -> None:
         turns, shard.pending = shard.pending, []
         try:
@@ -95,18 +106,37 @@ class ShardWriter:
             self.say(f"{self.spec.name} {shard.partition}: checkpoint failed, retrying: {exc!r}")
 
     async def lease_loop(self, lost: Callable[[str], None]) -> None:
-        """Renew the held leases; `lost` hears of one another run took (it is generating that shard)."""
+        """Keep the held leases: renewals in the background, and every LEASE_CHECKS-th of a ttl a look at
+        whether one went unrenewed so long it must be given up; `lost` hears of a lease taken over by another
+        run or given up (this run stops sending)."""
+        renewing = asyncio.create_task(self._renew_loop(lost))
+        try:
+            while True:
+                await asyncio.sleep(self.settings.lease_ttl_s / LEASE_CHECKS)
+                if given_up := self.leases.give_up_unrenewed():
+                    lost(given_up)
+        finally:
+            renewing.cancel()
+
+    async def _renew_loop(self, lost: Callable[[str], None]) -> None:
+        """Renew every ttl/3; a renewal that failed on storage is tried again after a LEASE_CHECKS-th of it."""
+        pause = self.settings.lease_ttl_s / 3
         while True:
-            await asyncio.sleep(self.settings.lease_ttl_s / 3)
+            await asyncio.sleep(pause)
             try:
                 await asyncio.to_thread(self.leases.renew)
+                pause = self.settings.lease_ttl_s / 3
             except LeaseLost as exc:
                 lost(str(exc))
+            except (StorageError, OSError) as exc:  # storage gone past its retry window: try again soon
+                self.leases.last_error = str(exc)
+                self.say(f"WARNING {self.spec.name}: lease renewal failed, retrying: {exc}")
+                pause = self.settings.lease_ttl_s / LEASE_CHECKS
 
     def abandon(self) -> None:
         """Interrupted (Ctrl-C, Dagster termination) or done: keep what landed, free the leases."""
         for shard in self.open_shards.values():
-            if shard.pending and self.leases.holds(shard.partition):
+            if shard.pending:  # paid for, whoever holds the shard now
                 shard.log.append_turns(shard.pending)
                 shard.pending = []
         for partition in list(self.leases.held):

@@ -22,6 +22,7 @@ from tokenizers import Tokenizer, decoders
 
 from eagle_data import settings
 from eagle_data.targets import vocab
+from eagle_data.types import UserError
 
 TARGETS_PATH = Path(__file__).with_name("targets.toml")
 BUILTINS: dict[str, Callable[[], Tokenizer]] = {
@@ -42,7 +43,7 @@ TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "tiktoken.model"]
 Part = int | str  # a structural token id, or template text
 
 
-class TargetError(ValueError):
+class TargetError(UserError, ValueError):
     """A profile or tokenizer problem the user must fix; the message says which and what."""
 
 
