@@ -63,7 +63,10 @@ class StorageResource(dg.ConfigurableResource):
     )
 
     def store(self) -> ShardStore:
-        return ShardStore(self.root or default_root(), s3_client_factory=self.s3.get_client)
+        """The store, checked: a root that cannot take shards is one line here, before an asset spends."""
+        store = ShardStore(self.root or default_root(), s3_client_factory=self.s3.get_client)
+        store.check()
+        return store
 
 
 class EngineResource(dg.ConfigurableResource):
