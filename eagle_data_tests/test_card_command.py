@@ -103,8 +103,11 @@ def test_the_card_command_takes_every_shard_from_the_root_without_a_module_flag(
     with dg.DagsterInstance.from_config(str(checkout)) as instance:  # the root's dagster.yaml, its SQLite
         assert instance.get_concurrency_config().pool_config.default_pool_limit == 1
         runs = instance.get_runs()
+        records = instance.fetch_materializations(dg.AssetKey(DS), limit=10).records
+        shard_uris = {r.partition_key: r.asset_materialization.metadata["dagster/uri"].value for r in records}
     assert len(runs) == 2 and (checkout / "history" / "runs.db").is_file()
     assert {r.tags.get("dagster/asset_partition_range_end") for r in runs} >= {"00003"}
+    assert shard_uris == {f"0000{i}": str(out / DS / DS / f"0000{i}.parquet") for i in range(4)}  # each shard's URI
 
 
 def test_the_readme_quotes_dagsters_own_message_for_the_bare_form():
