@@ -128,6 +128,9 @@ def test_s3_run_gives_the_same_rows_as_the_local_run(
     client = S3ClientResource(endpoint_url=s3_endpoint).get_client
     keys = ShardStore(f"s3://{s3_bucket}/eagle", client).list("b3_magicoder")
     assert "b3_magicoder/b3_magicoder_validated/00000.parquet" in keys
+    prompts = ("b3_magicoder", "b3_magicoder_prompts", "00000")  # no timings in it: the same bytes on both roots
+    on_s3 = ShardStore(f"s3://{s3_bucket}/eagle", client).shard_bytes(*prompts)
+    assert ShardStore(str(tmp_path / "local")).shard_bytes(*prompts) == on_s3
 
 
 def test_the_s3_settings_reach_dagster_aws_client_and_credentials_never_come_from_config(
