@@ -133,6 +133,7 @@ LONG_FILES = (
     "test_engine_cli.py",
     "test_capture_checks.py",
     "test_capture_ui.py",
+    "test_card_command.py",
 )
 
 
