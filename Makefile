@@ -1,7 +1,8 @@
 # Two commands for a newcomer: `make demo` (set up + main job) and `make test`.
 VENV ?= .venv
 PY := $(VENV)/bin/python
-export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
+# Dagster reads $DAGSTER_HOME/dagster.yaml only: the home is this folder, where dagster.yaml is.
+export DAGSTER_HOME ?= $(CURDIR)
 
 .PHONY: setup demo test lint
 setup: $(VENV)/.installed

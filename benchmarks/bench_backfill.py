@@ -1,7 +1,7 @@
 """A dataset's group backfill as the UI launches it, against the CLI range run of the same assets, on the
 demo profile; and how long a failed check takes to reach the alert webhook.
 
-1. `dagster dev` (webserver, daemon, code server) on 127.0.0.1 with the repository's instance/dagster.yaml
+1. `dagster dev` (webserver, daemon, code server) on 127.0.0.1 with the repository's dagster.yaml
    in a fresh DAGSTER_HOME. Once the backfill daemon reports healthy, the GraphQL mutation the
    "Materialize all" dialog sends (`launchPartitionBackfill`: the group's assets, every partition) starts
    the clock, which stops when the backfill's run succeeds. The backfill must be exactly one run.
@@ -235,7 +235,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-backfill-"))
     home = work / "home"
     home.mkdir()
-    shutil.copy(REPO / "instance" / "dagster.yaml", home / "dagster.yaml")
+    shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
     user_catalog = work / "catalog.toml"  # the alert dataset may spend 1 token: its estimate fails within_budget
     user_catalog.write_text(f"[datasets.{args.alert_dataset}]\ntoken_budget = 1\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("EAGLE_DATA_", "DAGSTER_"))}

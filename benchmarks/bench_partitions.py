@@ -2,7 +2,7 @@
 and the UI's partition view (GraphQL through dagster-webserver on 127.0.0.1), at the catalog's default
 size and at `--partitions` (b7_sharegpt grown to that many shards; the other datasets as they are).
 
-Each size gets its own instance (temp DAGSTER_HOME, the repository's instance/dagster.yaml) holding a dataset in
+Each size gets its own instance (temp DAGSTER_HOME, the repository's dagster.yaml) holding a dataset in
 the middle of its life: every shard of b7's generation materialized but three gaps, the first 2/9 of its
 shards validated, with failed ERROR checks on some, and no prompts events (one event per shard and asset
 costs ~0.2 s on a loaded 2-core machine), so the repair has every kind of work to find.
@@ -147,7 +147,7 @@ def measure(partitions: int, repeats: int) -> dict[str, float]:
     repo = defs.get_repository_def()
     keys = repo.asset_graph.get(dg.AssetKey(DATASET)).partitions_def.get_partition_keys()
     home = Path(tempfile.mkdtemp(prefix="bench-partitions-"))
-    shutil.copy(REPO / "instance" / "dagster.yaml", home / "dagster.yaml")
+    shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
     figures = {"partitions": float(len(keys)), "definitions_load_s": load_seconds(partitions, repeats)}
     try:
         with dg.DagsterInstance.from_config(str(home)) as instance:

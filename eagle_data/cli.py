@@ -18,13 +18,18 @@ from eagle_data import settings
 DEMO_DATASET = "b7_sharegpt"
 
 
+REPO_INSTANCE_YAML = Path(__file__).resolve().parent.parent / "dagster.yaml"  # in a source checkout
+
+
 def _dagster_env() -> dict[str, str]:
+    """The environment of the demo's Dagster run. DAGSTER_HOME defaults to the folder holding the repository's
+    dagster.yaml (Dagster reads $DAGSTER_HOME/dagster.yaml only); a home elsewhere without one gets a copy."""
     env = settings.environment()
-    home = Path(env.get("DAGSTER_HOME") or Path.cwd() / ".dagster_home").resolve()
+    default = REPO_INSTANCE_YAML.parent if REPO_INSTANCE_YAML.is_file() else Path.cwd() / ".dagster_home"
+    home = Path(env.get("DAGSTER_HOME") or default).resolve()
     home.mkdir(parents=True, exist_ok=True)
-    instance_yaml = Path(__file__).resolve().parent.parent / "instance" / "dagster.yaml"
-    if instance_yaml.is_file() and not (home / "dagster.yaml").exists():
-        shutil.copy(instance_yaml, home / "dagster.yaml")
+    if REPO_INSTANCE_YAML.is_file() and not (home / "dagster.yaml").exists():
+        shutil.copy(REPO_INSTANCE_YAML, home / "dagster.yaml")
     env["DAGSTER_HOME"] = str(home)
     return env
 
@@ -157,16 +162,31 @@ def demo(dataset: str = DEMO_DATASET) -> int:
     return code
 
 
+def partition_range(dataset: str) -> str:
+    """Dagster's CLI has no all-partitions flag and a partitioned asset needs one: this dataset's whole range,
+    as `dagster asset materialize --select DATASET $(eagle-data range DATASET)` takes it (its shard count
+    depends on the catalog and profile, so it is printed, not written down)."""
+    from eagle_data.catalog import get_dataset
+
+    keys = get_dataset(dataset).partition_keys
+    return f"--partition-range {keys[0]}...{keys[-1]}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="eagle-data", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("demo", help="set up the demo model and materialize one dataset end to end")
     run.add_argument("--dataset", default=DEMO_DATASET)
     sub.add_parser("demo-model", help="build the tiny random-weight demo checkpoint (offline)")
+    every = sub.add_parser("range", help="print the --partition-range that takes every shard of a dataset in one run")
+    every.add_argument("dataset")
     args = parser.parse_args(argv)
     from eagle_data.catalog import CatalogError
 
     try:
+        if args.command == "range":
+            print(partition_range(args.dataset))
+            return 0
         if args.command == "demo-model":
             from eagle_data.demo import ensure_demo_model
 

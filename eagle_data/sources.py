@@ -27,6 +27,7 @@ import polars as pl
 from eagle_data import layout
 from eagle_data.catalog import Adapter, DatasetSpec, shard_index
 from eagle_data.storage import ShardStore
+from eagle_data.storage.s3 import default_client
 from eagle_data.types import Message, UserError, encodable
 
 ROLE_MAP = {
@@ -137,7 +138,7 @@ class Source:
 
     spec: DatasetSpec
     location: str
-    s3_client: Callable[[], Any] | None = None  # for s3:// sources: a client with the store's settings
+    s3_client: Callable[[], Any] = default_client  # for s3:// sources: the store's own client (its settings)
 
     def identity(self) -> dict[str, Any] | None:
         """What identifies the content: a local file's size, mtime and SHA-256 (the hash only when asked
@@ -225,11 +226,7 @@ class Source:
         return path
 
     def _client(self) -> Any:
-        if self.s3_client is not None:
-            return self.s3_client()
-        import boto3
-
-        return boto3.client("s3")
+        return self.s3_client()
 
     def _s3_head(self) -> dict[str, Any]:
         from botocore.exceptions import BotoCoreError, ClientError
@@ -478,7 +475,7 @@ def load_index(spec: DatasetSpec, store: ShardStore, source_path: str | None = N
     reused or replaced: shards already cut from it would silently hold other prompts than the settings say.
     An index that fails `check_yield` is never saved.
     """
-    source = Source(spec, source_location(spec, source_path), store.s3_client if store.is_s3 else None)
+    source = Source(spec, source_location(spec, source_path), store.s3_client)
     summary_key = layout.index_file(spec.name, "summary.json")
     fingerprint = _fingerprint(spec, source.location)
     saved = IndexSummary.read(store.read_bytes(summary_key)) if store.exists(summary_key) else None

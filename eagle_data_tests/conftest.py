@@ -30,17 +30,19 @@ def free_port() -> int:
 
 
 def materialize_cli(
-    env: dict[str, str], *args: str, run_config: dict[str, Any] | None = None, timeout_s: float = 600
+    env: dict[str, str], *args: str, run_config: dict[str, Any] | None = None, timeout_s: float = 600,
+    cwd: Path | None = None,
 ) -> subprocess.CompletedProcess:
     """`dagster asset materialize -m eagle_data.definitions ARGS` with the run's steps in the CLI's own process
     (Dagster's `in_process` executor, merged into `run_config`). The tests calling this check what a run writes
     and refuses, which does not depend on how steps are started, and a process per step costs seconds of CPU
     each. The default, a process per step, runs in test_postgres_instance, test_pools, test_demo_output and the
-    browser test."""
+    browser test. With DAGSTER_MODULE_NAME in `env` it passes no `-m` (the README's form)."""
     config = {**(run_config or {}), "execution": {"config": {"in_process": {}}}}
-    command = ["asset", "materialize", "-m", "eagle_data.definitions", *args, "--config-json", json.dumps(config)]
+    module = [] if env.get("DAGSTER_MODULE_NAME") else ["-m", "eagle_data.definitions"]
+    command = ["asset", "materialize", *module, *args, "--config-json", json.dumps(config)]
     return subprocess.run([sys.executable, "-m", "dagster", *command], env=env, capture_output=True, text=True,
-                          timeout=timeout_s)  # fmt: skip
+                          timeout=timeout_s, cwd=cwd)  # fmt: skip
 
 
 def stop_process_group(proc: subprocess.Popen, grace_s: float = 15) -> None:
@@ -131,6 +133,7 @@ LONG_FILES = (
     "test_engine_cli.py",
     "test_capture_checks.py",
     "test_capture_ui.py",
+    "test_card_command.py",
 )
 
 

@@ -9,6 +9,7 @@ import os
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg2
@@ -23,8 +24,13 @@ def connect(dbname: str) -> Any:
                             dbname=dbname, connect_timeout=3)  # fmt: skip
 
 
+def deployment_dagster_yaml(repo: Path) -> str:
+    """The image's instance file as docker/Dockerfile makes it: the root dagster.yaml, Postgres storage appended."""
+    return (repo / "dagster.yaml").read_text() + (repo / "docker" / "postgres-storage.yaml").read_text()
+
+
 def postgres_storage(dbname: str) -> dict[str, Any]:
-    """The `storage` section of a Dagster instance on `dbname` (as docker/dagster.yaml writes it)."""
+    """The `storage` section of a Dagster instance on `dbname` (as docker/postgres-storage.yaml writes it)."""
     db = {"scheme": "postgresql+psycopg2", "hostname": PG["HOST"], "port": int(PG["PORT"]), "username": PG["USER"],
           "password": PG["PASSWORD"], "db_name": dbname}  # fmt: skip
     return {"postgres": {"postgres_db": db}}

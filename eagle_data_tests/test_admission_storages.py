@@ -38,7 +38,7 @@ RANGE = {"dagster/asset_partition_range_start": KEYS[0], "dagster/asset_partitio
 def instance(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dg.DagsterInstance]:
     """A fresh instance with the repository's dagster.yaml: on SQLite files under its home (Dagster's
     default storage, which that file keeps), or with PostgreSQL storage."""
-    overrides = yaml.safe_load((REPO / "instance" / "dagster.yaml").read_text())
+    overrides = yaml.safe_load((REPO / "dagster.yaml").read_text())
     if request.param == "postgres":
         overrides["storage"] = postgres_storage(request.getfixturevalue("pg_database"))
     (tmp_path / "home").mkdir()
@@ -206,7 +206,7 @@ def test_the_demo_range_run_twice_then_the_export_takes_every_shard(demo_model: 
     beforehand (generating them with the demo model takes minutes), so the runs validate and check."""
     home, root = tmp_path / "home", tmp_path / "out"
     home.mkdir()
-    shutil.copy(REPO / "instance" / "dagster.yaml", home / "dagster.yaml")
+    shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("EAGLE_DATA_", "DAGSTER_"))}
     env.update(DAGSTER_HOME=str(home), EAGLE_DATA_PROFILE="demo", EAGLE_DATA_ROOT=str(root),
                EAGLE_DATA_DEMO_MODEL=str(demo_model))  # fmt: skip

@@ -112,7 +112,7 @@ def test_the_cli_materializes_a_capture_shard_on_the_demo_profile_with_its_check
     env = {k: v for k, v in os.environ.items() if not k.startswith(("EAGLE_DATA_", "DAGSTER_"))}
     home, out = tmp_path / "home", tmp_path / "out"
     home.mkdir()
-    (home / "dagster.yaml").write_text((ROOT / "instance" / "dagster.yaml").read_text())
+    (home / "dagster.yaml").write_text((ROOT / "dagster.yaml").read_text())
     env.update(EAGLE_DATA_PROFILE="demo", EAGLE_DATA_ROOT=str(out), DAGSTER_HOME=str(home),
                EAGLE_DATA_DEMO_MODEL=str(demo_model))  # fmt: skip
     specs = list(load_catalog(profile="demo").values())

@@ -41,7 +41,7 @@ def instance(tmp_path: Path) -> Iterator[dg.DagsterInstance]:
     """A real instance with the repository's dagster.yaml (pools: one generation step per engine)."""
     home = tmp_path / "home"
     home.mkdir()
-    shutil.copy(REPO / "instance" / "dagster.yaml", home / "dagster.yaml")
+    shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
     with dg.DagsterInstance.from_config(str(home)) as instance:
         yield instance
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import dagster as dg
 import polars as pl
 import pytest
+from dagster_aws.s3 import S3Resource
 
 from eagle_data.catalog import load_catalog
 from eagle_data.defs.assets import build_dataset_assets
@@ -127,13 +128,23 @@ def test_s3_run_gives_the_same_rows_as_the_local_run(
     client = S3ClientResource(endpoint_url=s3_endpoint).get_client
     keys = ShardStore(f"s3://{s3_bucket}/eagle", client).list("b3_magicoder")
     assert "b3_magicoder/b3_magicoder_validated/00000.parquet" in keys
+    prompts = ("b3_magicoder", "b3_magicoder_prompts", "00000")  # no timings in it: the same bytes on both roots
+    on_s3 = ShardStore(f"s3://{s3_bucket}/eagle", client).shard_bytes(*prompts)
+    assert ShardStore(str(tmp_path / "local")).shard_bytes(*prompts) == on_s3
 
 
-def test_the_s3_settings_reach_the_client_and_credentials_never_come_from_config():
-    from botocore import UNSIGNED
-
+def test_the_s3_settings_reach_dagster_aws_client_and_credentials_never_come_from_config(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")  # from the environment, the only place credentials come from
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
     client = S3ClientResource(endpoint_url="http://127.0.0.1:9", region_name="eu-west-1", max_attempts=2).get_client()
     assert (client.meta.endpoint_url, client.meta.region_name) == ("http://127.0.0.1:9", "eu-west-1")
     assert client.meta.config.retries == {"total_max_attempts": 3, "mode": "standard"}  # botocore's count: 2 retries
-    assert S3ClientResource(use_unsigned_session=True).get_client().meta.config.signature_version is UNSIGNED
+    params = {"Bucket": "b", "Key": "k"}
+    signed = client.generate_presigned_url("get_object", Params=params)
+    anonymous = S3ClientResource(use_unsigned_session=True).get_client()
+    unsigned = anonymous.generate_presigned_url("get_object", Params=params)
+    assert "Signature" in signed and "Signature" not in unsigned  # dagster-aws's S3Resource disables signing
+    assert set(S3ClientResource.model_fields) < set(S3Resource.model_fields)  # its fields, less the credentials
     assert not {"aws_access_key_id", "aws_secret_access_key", "aws_session_token"} & set(S3ClientResource.model_fields)

@@ -24,12 +24,12 @@ from dagster_postgres.utils import pg_url_from_config
 from eagle_data.catalog import PROFILE_ENV, load_catalog
 from eagle_data.defs.assets import build_dataset_assets
 from eagle_data.defs.resources import ENGINE_ENV, NO_ENGINE_POOL, POOL_ENV
+from eagle_data_tests.fixtures_postgres import deployment_dagster_yaml
 
 REPO = Path(__file__).resolve().parent.parent
 COMPOSE_FILE = REPO / "docker" / "docker-compose.yaml"
 ENV_EXAMPLE = REPO / ".env.example"
-LOCAL_YAML = REPO / "instance" / "dagster.yaml"
-DEPLOY_YAML = REPO / "docker" / "dagster.yaml"
+LOCAL_YAML = REPO / "dagster.yaml"
 REQUIRED_SECRETS = {"DAGSTER_POSTGRES_PASSWORD": "pg-test-password", "AWS_SECRET_ACCESS_KEY": "minio-test-secret"}
 SERVICES = {"postgres", "minio", "create-bucket", "user-code", "webserver", "daemon"}
 POSTGRES_ENV = {
@@ -94,11 +94,17 @@ def test_env_example_holds_no_secret_values():
     assert all(value == "" for value in secrets.values()), secrets
 
 
-def test_dagster_dev_in_the_repository_finds_no_instance_file_it_would_ignore():
-    """`dagster dev` warns that a dagster.yaml in its folder "will not be used" when $DAGSTER_HOME is
-    elsewhere; the laptop settings live in instance/ and are copied into $DAGSTER_HOME."""
-    assert not (REPO / "dagster.yaml").exists() and not (REPO / "dagster.yml").exists()
-    assert LOCAL_YAML.is_file()
+def test_the_one_instance_file_is_at_the_root_and_the_image_builds_its_own_from_it():
+    """One dagster.yaml, at the root (the design card's layout): the laptop reads it with DAGSTER_HOME there
+    (test_card_command), the image appends only Postgres storage to it."""
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True).stdout.split()
+    if not tracked:
+        pytest.skip("not a git checkout")
+    assert [p for p in tracked if Path(p).name in {"dagster.yaml", "dagster.yml"}] == ["dagster.yaml"]
+    dockerfile = (REPO / "docker" / "Dockerfile").read_text()
+    assert "COPY dagster.yaml docker/workspace.yaml ${DAGSTER_HOME}/" in dockerfile
+    assert "cat /tmp/postgres-storage.yaml >> ${DAGSTER_HOME}/dagster.yaml" in dockerfile
+    assert "!dagster.yaml" in (REPO / "docker" / "Dockerfile.dockerignore").read_text()
 
 
 def test_local_instance_is_sqlite_with_queue_pools_monitoring_and_retries(tmp_path: Path):
@@ -117,12 +123,12 @@ def test_deployment_instance_reads_postgres_from_env_and_keeps_the_local_setting
 ):
     for name, value in POSTGRES_ENV.items():
         monkeypatch.setenv(name, value)
-    shutil.copy(DEPLOY_YAML, tmp_path / "dagster.yaml")
+    (tmp_path / "dagster.yaml").write_text(deployment_dagster_yaml(REPO))
     config, _ = dagster_instance_config(str(tmp_path))  # validates the whole file against Dagster's schema
     storage = process_config(pg_config(), config["storage"]["postgres"])
     assert storage.success, storage.errors
     assert pg_url_from_config(storage.value) == "postgresql+psycopg2://dagster:pw@db.internal:6543/dagster"
-    local, deploy = yaml.safe_load(LOCAL_YAML.read_text()), yaml.safe_load(DEPLOY_YAML.read_text())
+    local, deploy = yaml.safe_load(LOCAL_YAML.read_text()), yaml.safe_load(deployment_dagster_yaml(REPO))
     assert "storage" not in local
     assert {k: v for k, v in deploy.items() if k != "storage"} == local
 

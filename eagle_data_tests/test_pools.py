@@ -65,7 +65,7 @@ def test_sigkilled_cli_run_does_not_block_the_next_one(tmp_path: Path):
     base_url = server.start()
     home = tmp_path / "home"
     home.mkdir()
-    shutil.copy(REPO / "instance" / "dagster.yaml", home / "dagster.yaml")  # the pools: one generation step per engine
+    shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")  # the pools: one generation step per engine
     env = {k: v for k, v in os.environ.items() if not k.startswith(("EAGLE_DATA_", "DAGSTER_"))}
     env.update(EAGLE_DATA_PROFILE="demo", EAGLE_DATA_ROOT=str(tmp_path / "out"), DAGSTER_HOME=str(home),
                EAGLE_DATA_ENGINE="openai", EAGLE_DATA_MODEL="m", EAGLE_DATA_BASE_URL=base_url, OPENAI_API_KEY="k",
@@ -118,7 +118,7 @@ def test_a_waiting_step_names_the_holder_and_a_dead_holder_is_released(tmp_path:
     gone.wait()  # a pid that no longer exists
     home = tmp_path / "home"
     home.mkdir()
-    shutil.copy(REPO / "instance" / "dagster.yaml", home / "dagster.yaml")
+    shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
     with dg.DagsterInstance.from_config(str(home)) as instance:
         storage = instance.event_log_storage
         holder = instance.add_run(dg.DagsterRun(job_name="gen", run_id="holder", status=dg.DagsterRunStatus.STARTED,

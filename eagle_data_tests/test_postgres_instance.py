@@ -1,5 +1,5 @@
 """A Dagster instance on a real PostgreSQL: one demo shard materialized by the real CLI with the
-deployment's instance settings (docker/dagster.yaml), then its run and events read back.
+deployment's instance settings (dagster.yaml + docker/postgres-storage.yaml), then its run and events read back.
 
 Needs a server on 127.0.0.1 (`bash .ci/services.sh` as root starts Debian's, with the role below);
 EAGLE_TEST_PG_{HOST,PORT,USER,PASSWORD,DB} point elsewhere (fixtures_postgres). Each test gets a fresh
@@ -8,7 +8,6 @@ database."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +16,7 @@ import dagster as dg
 import pytest
 from dagster_postgres import PostgresRunStorage
 
-from eagle_data_tests.fixtures_postgres import PG, connect
+from eagle_data_tests.fixtures_postgres import PG, connect, deployment_dagster_yaml
 
 pytestmark = pytest.mark.postgres
 
@@ -30,7 +29,7 @@ def test_cli_materializes_a_shard_into_postgres_and_reads_it_back(
 ):
     home = tmp_path / "home"
     home.mkdir()
-    shutil.copy(REPO / "docker" / "dagster.yaml", home / "dagster.yaml")
+    (home / "dagster.yaml").write_text(deployment_dagster_yaml(REPO))
     instance_env = {
         "DAGSTER_HOME": str(home), "DAGSTER_POSTGRES_HOST": PG["HOST"], "DAGSTER_POSTGRES_PORT": PG["PORT"],
         "DAGSTER_POSTGRES_USER": PG["USER"], "DAGSTER_POSTGRES_PASSWORD": PG["PASSWORD"],

@@ -48,7 +48,7 @@ def test_local_write_is_atomic_when_it_fails_midway(tmp_path: Path, monkeypatch:
     def disk_full(fd: int) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr("eagle_data.storage.os.fsync", disk_full)
+    monkeypatch.setattr("eagle_data.storage.local.os.fsync", disk_full)
     with pytest.raises(StorageError, match=f"under the output root {tmp_path}: it is full"):
         store.write_shard("ds", "ds", "00000", FRAME.head(1))
     assert store.read_shard("ds", "ds", "00000").equals(FRAME)

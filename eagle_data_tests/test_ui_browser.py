@@ -78,7 +78,7 @@ def dagster_dev(ui_dir: Path, demo_model: Path) -> Iterator[str]:
     """`dagster dev` on a free port with the repository's dagster.yaml in a fresh DAGSTER_HOME."""
     home = ui_dir / "home"
     home.mkdir()
-    shutil.copy(REPO / "instance" / "dagster.yaml", home / "dagster.yaml")
+    shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("EAGLE_DATA_", "DAGSTER_"))}
     env.update(EAGLE_DATA_PROFILE="demo", EAGLE_DATA_ROOT=str(ui_dir / "out"), DAGSTER_HOME=str(home),
                EAGLE_DATA_DEMO_MODEL=str(demo_model))

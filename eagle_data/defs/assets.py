@@ -24,6 +24,7 @@ from eagle_data.defs.resources import (
     generation_pool,
 )
 from eagle_data.runner.rows import GENERATION_SCHEMA
+from eagle_data.storage import ShardStore
 
 
 class PromptsConfig(dg.Config):
@@ -124,6 +125,7 @@ def shard_metadata(record: quality.ShardRecord) -> dict[str, Any]:
 
 
 COLUMN_SCHEMA = "dagster/column_schema"  # Dagster's own: shown in the catalog
+URI = "dagster/uri"  # Dagster's own: where a partition's shard is
 
 
 def column_schema(columns: Mapping[str, Any]) -> dg.TableSchema:
@@ -131,10 +133,15 @@ def column_schema(columns: Mapping[str, Any]) -> dg.TableSchema:
     return dg.TableSchema(columns=[dg.TableColumn(name, str(dtype)) for name, dtype in columns.items()])
 
 
-def add_row_counts(context: dg.AssetExecutionContext, rows: Mapping[str, int]) -> None:
-    """Each written partition's own row count on its materialization."""
+def add_row_counts(context: dg.AssetExecutionContext, rows: Mapping[str, int], store: ShardStore, ds: str) -> None:
+    """Each written partition's own row count and its shard's URI on its materialization."""
+    asset = context.asset_key.to_user_string()
     for key, count in rows.items():
-        context.add_asset_metadata({ROW_COUNT: count}, partition_key=key)
+        context.add_asset_metadata({ROW_COUNT: count, URI: shard_uri(store, ds, asset, key)}, partition_key=key)
+
+
+def shard_uri(store: ShardStore, ds: str, asset: str, partition: str) -> dg.MetadataValue:
+    return dg.MetadataValue.path(store.uri(store.shard_key(ds, asset, partition)))
 
 
 # Code versions: a stage's number, bumped when its code changes what it writes, plus a hash of the catalog
@@ -184,7 +191,7 @@ def build_dataset_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
         figures = written.to_metadata()
         context.log.info(f"{ds}: wrote {figures['prompts']} prompts, skipped {figures['skipped']} rows")
         path = store.uri(store.shard_key(ds, pipeline.prompts_asset(spec), "{partition}"))
-        add_row_counts(context, written.prompts)
+        add_row_counts(context, written.prompts, store, ds)
         schema = column_schema(sources.PROMPTS_SCHEMA)
         return dg.MaterializeResult(metadata={**figures, "path": dg.MetadataValue.path(path), COLUMN_SCHEMA: schema})
 
@@ -293,9 +300,10 @@ def build_dataset_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
             if not sample.passed:
                 raise dg.Failure(f"{ds}: refused before the run: {sample.line.removeprefix(f'{ds}: ')}")
         context.log.info(f"{ds}: engine {backend.describe()}")
+        store = storage.store()
         figures, per_partition = pipeline.generate(
             spec,
-            storage.store(),
+            store,
             context.partition_keys,
             backend,
             log=leveled(context.log),
@@ -303,7 +311,7 @@ def build_dataset_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
             retry_rejected=config.retry_rejected,
             run_id=context.run_id,
         )
-        add_row_counts(context, {key: f.counts.done for key, f in per_partition.items()})
+        add_row_counts(context, {key: f.counts.done for key, f in per_partition.items()}, store, ds)
         schema = column_schema(GENERATION_SCHEMA)
         return dg.MaterializeResult(metadata={**figures, "engine": backend.describe(), COLUMN_SCHEMA: schema})
 
@@ -329,7 +337,8 @@ def build_dataset_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
         verdicts: Counter[str] = Counter()
         for key, record in done.records.items():
             page = file_locations(store, {"shard_report": layout.quality_page(ds, key)})
-            shard = {**shard_metadata(record), **page, SHARD_DIGEST: record.shard_sha256}
+            shard = {**shard_metadata(record), **page, SHARD_DIGEST: record.shard_sha256,
+                     URI: shard_uri(store, ds, pipeline.validated_asset(spec), key)}  # fmt: skip
             context.add_asset_metadata(shard, partition_key=key)
             verdicts.update(record.summary.verdicts)
         assert done.report is not None

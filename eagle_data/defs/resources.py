@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import dagster as dg
+from dagster_aws.s3 import S3Resource
 from pydantic import Field
 
 from eagle_data import settings
@@ -27,9 +28,10 @@ ENGINE_VARIABLES = {"kind": ENGINE_ENV, "model": "EAGLE_DATA_MODEL", "base_url":
 
 
 class S3ClientResource(dg.ConfigurableResource):
-    """S3 client settings, the non-secret fields of dagster-aws's S3Resource; credentials come from the AWS_*
-    environment only. Its own class because importing dagster-aws (and boto3) costs every step process
-    about a second at start; boto3 is imported here on first use, by runs that store on S3."""
+    """S3 client settings: the non-secret fields of dagster-aws's S3Resource, which builds the client.
+    Credentials come from the AWS_* environment only (S3Resource's key fields would put them in run config).
+    dagster-aws is imported with this module, once per run in the forkserver that starts steps
+    (STEP_PRELOAD), so a step pays only for its client (docs/facts.md, "What dagster-aws and boto3 cost")."""
 
     endpoint_url: str | None = Field(None, description="A custom endpoint (MinIO, moto); empty: AWS's.")
     region_name: str | None = Field(None, description="The region; empty: the AWS_* environment's.")
@@ -40,17 +42,7 @@ class S3ClientResource(dg.ConfigurableResource):
     use_unsigned_session: bool = Field(False, description="Send unsigned requests (public buckets).")
 
     def get_client(self) -> Any:
-        import boto3
-        from botocore import UNSIGNED
-        from botocore.config import Config
-
-        config = Config(retries={"max_attempts": self.max_attempts, "mode": "standard"})
-        if self.use_unsigned_session:
-            config = config.merge(Config(signature_version=UNSIGNED))
-        return boto3.session.Session(profile_name=self.profile_name).client(
-            "s3", region_name=self.region_name, endpoint_url=self.endpoint_url, use_ssl=self.use_ssl,
-            verify=self.verify, config=config,
-        )  # fmt: skip
+        return S3Resource(**self.model_dump()).get_client()
 
 
 class StorageResource(dg.ConfigurableResource):
@@ -63,7 +55,10 @@ class StorageResource(dg.ConfigurableResource):
     )
 
     def store(self) -> ShardStore:
-        return ShardStore(self.root or default_root(), s3_client_factory=self.s3.get_client)
+        """The store, checked: a root that cannot take shards is one line here, before an asset spends."""
+        store = ShardStore(self.root or default_root(), s3_client_factory=self.s3.get_client)
+        store.check()
+        return store
 
 
 class EngineResource(dg.ConfigurableResource):

@@ -1,0 +1,218 @@
+"""An S3 bucket (prefix) as the shard store's file system: PUTs are atomic by the protocol, an exclusive
+create is a conditional PUT, and every call rides out an outage (`_Retrying`)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from eagle_data import layout, settings
+from eagle_data.secrets import mask_url
+from eagle_data.storage.errors import ROOT_ENV, StorageError
+from eagle_data.storage.local import _new_temp
+
+LINK_EXPIRES_S = 7 * 24 * 3600
+RETRY_ENV = "EAGLE_DATA_STORAGE_RETRY_S"
+DEFAULT_RETRY_S = 120.0  # how long an S3 call rides out an outage before the step fails
+RETRY_PAUSE_S = (0.25, 5.0)  # first and longest pause between attempts (doubling)
+TRANSIENT_CODES = ("SlowDown", "Throttling", "RequestTimeout", "InternalError", "ServiceUnavailable")
+MISSING_CODES = ("404", "NoSuchKey", "NotFound")
+log = logging.getLogger(__name__)
+
+
+def default_client() -> Any:
+    import boto3
+
+    return boto3.client("s3")
+
+
+class S3Files:
+    """Keys as objects under `s3://bucket/prefix`, through one client built on first use (the bucket checked
+    then, before anything is written)."""
+
+    can_append = False  # S3 has no append: appenders write small part objects instead
+
+    def __init__(self, root: str, client_factory: Callable[[], Any] | None) -> None:
+        self.root = root
+        self.bucket, self.prefix = layout.s3_root(root)
+        if not self.bucket:
+            raise StorageError(f"{ROOT_ENV}={root!r} names no bucket; use s3://bucket/prefix")
+        self.client_factory = client_factory or default_client
+        self._client: Any = None
+
+    def check(self) -> None:
+        self.client()
+
+    def client(self) -> Any:
+        """The client every call goes through, retried through an outage. The bucket check on first use is
+        not retried: before anything is written there is nothing to keep."""
+        if self._client is None:
+            client = self.client_factory()
+            check_bucket(client, self.bucket)
+            self._client = _Retrying(client, retry_window_s())
+        return self._client
+
+    def key(self, key: str) -> str:
+        return layout.under(self.prefix, key)
+
+    def link(self, key: str) -> str:
+        """A presigned GET URL, valid for LINK_EXPIRES_S (7 days, the longest S3 signatures allow)."""
+        params = {"Bucket": self.bucket, "Key": self.key(key)}
+        return self.client().generate_presigned_url("get_object", Params=params, ExpiresIn=LINK_EXPIRES_S)
+
+    def move_command(self, uri: str, aside: str) -> str:
+        return f"aws s3 mv {uri} {aside}"
+
+    def write(self, key: str, data: bytes) -> None:
+        self.client().put_object(Bucket=self.bucket, Key=self.key(key), Body=data)
+
+    def append(self, key: str, data: bytes) -> None:
+        raise StorageError(f"{self.root}: S3 objects cannot be appended to; write a new part object")
+
+    def create_exclusive(self, key: str, data: bytes) -> bool:
+        """A PUT with `If-None-Match: *` (412 when the key exists; a 409 conflicting concurrent write also
+        means someone else got there first)."""
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client().put_object(Bucket=self.bucket, Key=self.key(key), Body=data, IfNoneMatch="*")
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("PreconditionFailed", "ConditionalRequestConflict"):
+                return False
+            raise
+        return True
+
+    @contextmanager
+    def staged(self, key: str, sync: bool) -> Iterator[Path]:
+        """A local temp file, uploaded (multipart) on a clean exit."""
+        folder = Path(tempfile.gettempdir())
+        fd, tmp = _new_temp(folder, Path(key).name)
+        os.close(fd)
+        try:
+            yield tmp
+            self.client().upload_file(str(tmp), self.bucket, self.key(key))
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def read(self, key: str) -> bytes:
+        return self.client().get_object(Bucket=self.bucket, Key=self.key(key))["Body"].read()
+
+    def exists(self, key: str) -> bool:
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client().head_object(Bucket=self.bucket, Key=self.key(key))
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in MISSING_CODES:
+                return False
+            raise
+        return True
+
+    def list(self, prefix: str) -> list[str]:
+        client, cut = self.client(), len(self.prefix) + 1 if self.prefix else 0
+
+        def listing() -> list[str]:
+            pages = client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=self.key(layout.join(prefix) + layout.SEP)
+            )
+            return sorted(obj["Key"][cut:] for page in pages for obj in page.get("Contents", []))
+
+        return client.call(listing)
+
+    def download(self, key: str, path: Path) -> None:
+        self.client().download_file(self.bucket, self.key(key), str(path))
+
+    def move(self, key: str, new_key: str) -> None:
+        source = {"Bucket": self.bucket, "Key": self.key(key)}
+        self.client().copy_object(Bucket=self.bucket, Key=self.key(new_key), CopySource=source)
+        self.client().delete_object(Bucket=self.bucket, Key=self.key(key))
+
+    def delete(self, key: str) -> None:
+        self.client().delete_object(Bucket=self.bucket, Key=self.key(key))
+
+
+def check_bucket(client: Any, bucket: str) -> None:
+    """One line when the bucket is missing, the credentials are refused or the endpoint is unreachable."""
+    from botocore.exceptions import ClientError, EndpointConnectionError
+
+    endpoint = mask_url(client.meta.endpoint_url or "")
+    try:
+        client.head_bucket(Bucket=bucket)
+    except ClientError as exc:
+        code = exc.response.get("Error", {}).get("Code", "")
+        if code in ("404", "NoSuchBucket", "NotFound"):
+            raise StorageError(
+                f"S3 bucket {bucket!r} does not exist at {endpoint}: create it, or point {ROOT_ENV} "
+                "at an existing bucket"
+            ) from None
+        raise StorageError(f"S3 bucket {bucket!r} at {endpoint}: {code} ({exc}); check credentials") from None
+    except EndpointConnectionError:
+        raise StorageError(f"cannot reach the S3 endpoint {endpoint}: start it or fix AWS_ENDPOINT_URL") from None
+
+
+def retry_window_s() -> float:
+    """$EAGLE_DATA_STORAGE_RETRY_S, else 120 s: how long S3 calls are retried through an outage."""
+    text = settings.get(RETRY_ENV)
+    try:
+        window = float(text) if text else DEFAULT_RETRY_S
+    except ValueError:
+        raise StorageError(f"{RETRY_ENV}={text!r} is not a number of seconds: give e.g. {RETRY_ENV}=120") from None
+    if window < 0:
+        raise StorageError(f"{RETRY_ENV} must be >= 0 seconds, got {text}")
+    return window
+
+
+def _transient(exc: BaseException) -> bool:
+    """An S3 failure that waiting may cure: no connection, a timeout, a 5xx or a slow-down answer."""
+    from botocore.exceptions import ClientError, HTTPClientError
+    from botocore.exceptions import ConnectionError as NoConnection
+
+    if isinstance(exc, (HTTPClientError, NoConnection)):
+        return True
+    if isinstance(exc, ClientError):
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+        return status >= 500 or exc.response.get("Error", {}).get("Code") in TRANSIENT_CODES
+    return False
+
+
+class _Retrying:
+    """An S3 client whose calls ride out an outage: a transient failure is retried with doubling pauses for
+    up to `window_s`, then becomes one StorageError line. Meanwhile the caller waits, and what it holds
+    (answered turns not yet written) stays in memory: nothing is lost, nothing is paid for twice."""
+
+    def __init__(self, client: Any, window_s: float) -> None:
+        self._client, self._window_s = client, window_s
+        self.meta = client.meta
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._client, name)
+        if name == "get_paginator" or not callable(attr):
+            return attr  # a paginator calls as it is read: `call` wraps the whole read
+        return lambda *args, **kwargs: self.call(lambda: attr(*args, **kwargs))
+
+    def call(self, attempt: Callable[[], Any]) -> Any:
+        deadline, pause, said = time.monotonic() + self._window_s, RETRY_PAUSE_S[0], False
+        while True:
+            try:
+                return attempt()
+            except Exception as exc:
+                if not _transient(exc):
+                    raise
+                endpoint = mask_url(self.meta.endpoint_url or "")
+                if time.monotonic() + pause > deadline:
+                    raise StorageError(
+                        f"S3 at {endpoint} still failing after {self._window_s:g} s of retries "
+                        f"({type(exc).__name__}: {str(exc).splitlines()[0]}): bring it back and re-run (what was "
+                        f"written stays), or set {RETRY_ENV} to wait longer"
+                    ) from None
+                if not said:
+                    said = True
+                    log.warning("S3 at %s: %s; retrying for up to %g s", endpoint, type(exc).__name__, self._window_s)
+                time.sleep(pause)
+                pause = min(pause * 2, RETRY_PAUSE_S[1])
