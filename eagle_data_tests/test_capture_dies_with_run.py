@@ -11,7 +11,7 @@ import dagster as dg
 import pytest
 
 from eagle_data.catalog import load_catalog
-from eagle_data.defs.drafter import CaptureResource, build_drafter_assets
+from eagle_data.defs.drafter import CaptureResource, build_drafter_assets, follow_the_mix
 from eagle_data.defs.pools import WORKER_TAG
 from eagle_data.defs.resources import StorageResource
 from eagle_data.procs import worker_id
@@ -33,8 +33,10 @@ def test_a_capture_whose_run_worker_is_gone_stops_before_capturing(
                               text=True, check=True).stdout)  # fmt: skip
     resources = {"storage": StorageResource(root=str(tmp_path)), "capture": CaptureResource(device="cpu")}
     tags = {WORKER_TAG: worker_id(dead)}  # what the run's executor records; that process no longer exists
-    result = dg.materialize([asset], resources=resources, instance=dg.DagsterInstance.ephemeral(),
-                            partition_key="00000", tags=tags, raise_on_error=False)  # fmt: skip
+    instance = dg.DagsterInstance.ephemeral()
+    assert follow_the_mix(instance, 6) == ["00000"]  # the capture partitions training_mix sets
+    result = dg.materialize([asset], resources=resources, instance=instance, partition_key="00000", tags=tags,
+                            raise_on_error=False)  # fmt: skip
     assert not result.success
     [failure] = result.get_step_failure_events()
     assert "is gone (the run was killed): this step stops" in failure.step_failure_data.error.message

@@ -96,12 +96,15 @@ def alert_status() -> dg.DefaultSensorStatus:
     return dg.DefaultSensorStatus.RUNNING if alerts.webhook_url() else dg.DefaultSensorStatus.STOPPED
 
 
-def alerted_checks(repository: dg.RepositoryDefinition) -> dict[dg.AssetCheckKey, str]:
-    """Every check the loaded definitions hold -> the group of its asset (a dataset's own checks: the dataset).
-    Read from the definitions, not listed here, so a check added anywhere (quality gates, the estimate's,
-    the exports', the capture's) is announced when it fails at ERROR severity."""
+def alerted_checks(repository: dg.RepositoryDefinition, datasets: set[str]) -> dict[dg.AssetCheckKey, str]:
+    """Every check the loaded definitions hold -> the catalog dataset of its asset, else the asset's group
+    (`exports`, `drafter`). Read from the definitions, not listed here, so a check added anywhere (quality
+    gates, the estimate's, the exports', the capture's) is announced when it fails at ERROR severity."""
     graph = repository.asset_graph
-    return {key: graph.get(key.asset_key).group_name for key in graph.asset_check_keys}
+    return {
+        key: _dataset_of([key.asset_key.path[-1]], datasets) or graph.get(key.asset_key).group_name
+        for key in graph.asset_check_keys
+    }
 
 
 def _is_error(record: AssetCheckExecutionRecord) -> bool:
@@ -190,7 +193,7 @@ def build_sensors(specs: Sequence[DatasetSpec]) -> list[dg.SensorDefinition]:
     def quality_alerts(context: dg.SensorEvaluationContext) -> dg.SkipReason:
         failed = [
             (record, dataset)
-            for key, dataset in alerted_checks(context.repository_def).items()
+            for key, dataset in alerted_checks(context.repository_def, datasets).items()
             for record in failed_executions(context.instance, key, _HISTORY)
             if _is_error(record)
         ]
