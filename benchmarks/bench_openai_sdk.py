@@ -3,7 +3,8 @@
 The OpenAI-compatible engine's request method is swapped for one on the SDK (openai >= 2 with
 `openai[aiohttp]`'s `DefaultAioHttpClient`, no SDK retries, `with_raw_response` for the headers, our request
 fields through `extra_body`), and `bench_generation`'s own server, baseline and `pipeline()` run around it.
-Needs `pip install "openai[aiohttp]"` (not a dependency of the project: nothing in eagle_data uses it). The floor is 0.9x the bare loop; the SDK measured 0.29x here
+Needs `pip install "openai[aiohttp]"` (no dependency of the project: nothing in eagle_data uses it).
+The floor is 0.9x the bare loop; the SDK measured 0.29x here
 (docs/facts.md), so the engine stays on aiohttp.
 
     PYTHONPATH=. python benchmarks/bench_openai_sdk.py [--requests 10000] [--in-flight 2000] [--latency 1.0]
