@@ -110,8 +110,8 @@ def _check_rows(results: Sequence[CheckResult]) -> list[str]:
 # The check that is not a quality gate: judged after validation by `{ds}_decontamination`, so a page written at
 # validation time names it and where its result is (the asset's Checks tab), instead of leaving it out.
 DECONTAMINATION_ROW = (
-    '<tr><td>decontamination</td><td>see Dagster</td><td>ERROR (blocking)</td><td>judged after validation by '
-    "the {dataset}_decontamination check: each shard's result is on {dataset}_validated's Checks tab</td></tr>"
+    "<tr><td>decontamination</td><td>see Dagster</td><td>ERROR (blocking)</td><td>judged after validation by "
+    "the {check} check: each shard's result is on {asset}'s Checks tab</td></tr>"
 )
 
 
@@ -129,7 +129,9 @@ def render_report(title: str, figures: Figures, results: Sequence[CheckResult], 
         f"<h1>{escape(title)}</h1>",
         "<h2>Checks</h2><table><tr><th>check</th><th>result</th><th>severity</th><th>figures</th></tr>",
         *_check_rows(results),
-        DECONTAMINATION_ROW.format(dataset=escape(dataset)) if dataset else "",
+        DECONTAMINATION_ROW.format(check=escape(f"{dataset}_decontamination"), asset=escape(f"{dataset}_validated"))
+        if dataset
+        else "",
         "</table>",
         _shard_links(figures),
         "<h2>Figures</h2>",

@@ -112,4 +112,5 @@ def test_a_server_that_exits_shows_its_last_log_lines(tmp_path: Path) -> None:
         Launcher(config).start()
     message = str(err.value)
     assert "exited with code 3" in message and "CUDA out of memory" in message
-    assert "line 11\n" in message and "line 10\n" not in message  # only the last 20 lines
+    # only the last 20 lines, on one line (a user error is one line: docs/design.md)
+    assert "line 11 line 12" in message and "line 10 " not in message and "\n" not in message

@@ -23,6 +23,7 @@ from eagle_data.defs.checks import build_checks
 from eagle_data.defs.exports import build_exports
 from eagle_data.defs.resources import EngineResource, StorageResource
 from eagle_data.quality import ShardRecord
+from eagle_data.report import SHARD_TABLE_ROWS
 from eagle_data.storage import ShardStore
 from eagle_data.targets import load_target
 from eagle_data_tests.fixtures_quality import generation_frame
@@ -132,6 +133,9 @@ def test_one_worker_and_two_workers_write_the_same_ids_masks_verdicts_and_record
     assert ShardRecord.from_json(one[1]) == records[1]["00000"]  # type: ignore[arg-type]
 
 
+SHARD_TABLE = "dataset_shard_table"
+
+
 def _event_sizes(defs: dg.Definitions, spec: DatasetSpec, keys: list[str]) -> list[int]:
     """JSON size of each validated partition's materialization metadata after one range run over `keys`."""
     tags = {"dagster/asset_partition_range_start": keys[0], "dagster/asset_partition_range_end": keys[-1]}
@@ -143,7 +147,10 @@ def _event_sizes(defs: dg.Definitions, spec: DatasetSpec, keys: list[str]) -> li
         assert sorted(e.partition_key for e in events) == keys
         sizes = []
         for event in events:
-            metadata = event.asset_materialization.metadata  # type: ignore[union-attr]
+            metadata = dict(event.asset_materialization.metadata)  # type: ignore[union-attr]
+            # The worst shards' table grows with the dataset up to its cap, never past it.
+            table = str(metadata.pop(SHARD_TABLE, dg.MetadataValue.md("")).value)
+            assert table.count("\n| ") <= SHARD_TABLE_ROWS + 1, table  # its rows and the separator line
             sizes.append(len(json.dumps({k: str(v.value) for k, v in metadata.items()})))
     return sizes
 
