@@ -107,6 +107,10 @@ class ShardStore:
         data = self.shard_bytes(dataset, asset, partition)
         return self._parquet(key, data, columns)
 
+    def parse_shard(self, dataset: str, asset: str, partition: str, data: bytes) -> pl.DataFrame:
+        """A shard's bytes, already read, as a frame; a CorruptFile (with its `mv` line) when torn or garbled."""
+        return self._parquet(self.shard_key(dataset, asset, partition), data)
+
     def _parquet(self, key: str, data: bytes, columns: Sequence[str] | None = None) -> pl.DataFrame:
         """The parquet file `data` stored at `key`; a CorruptFile naming it when it cannot be read."""
         try:
