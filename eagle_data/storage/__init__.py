@@ -20,13 +20,13 @@ from typing import Any
 import polars as pl
 
 from eagle_data import layout, settings
-from eagle_data.storage.errors import ROOT_ENV, CorruptFile, StorageError
+from eagle_data.storage.errors import ROOT_ENV, CorruptFile, StorageError, UnwritableRoot
 from eagle_data.storage.local import LocalFiles, write_failure
 from eagle_data.storage.s3 import RETRY_ENV, S3Files, default_client, retry_window_s
 
 DEFAULT_ROOT = "eagle-output"
 __all__ = [
-    "RETRY_ENV", "ROOT_ENV", "CorruptFile", "ShardStore", "StorageError", "default_root", "digest",
+    "RETRY_ENV", "ROOT_ENV", "CorruptFile", "ShardStore", "StorageError", "UnwritableRoot", "default_root", "digest",
     "parquet_bytes", "read_columns", "retry_window_s", "write_failure",
 ]  # fmt: skip
 
