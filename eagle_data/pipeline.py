@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import io
 import multiprocessing
 import operator
 import os
@@ -40,7 +39,7 @@ from eagle_data.runner.prices import refuse_unpriced
 from eagle_data.runner.resultlog import ResultLog, ResumeKey, resume_key, reusable
 from eagle_data.runner.rows import plan_turns
 from eagle_data.runner.run import NothingAnswered
-from eagle_data.storage import ShardStore, StorageError, digest, parquet_bytes
+from eagle_data.storage import CorruptFile, ShardStore, StorageError, digest, parquet_bytes
 from eagle_data.targets import TargetError, build_training_rows, load_target, prompt_difference, resolve_target
 from eagle_data.types import Engine, EngineError, RetryableError, UserError
 
@@ -509,7 +508,8 @@ def export(
         if not sum(done.rows for done in written.values()):
             for key in (layout.mix(), *mix_keys(formats).values()):
                 store.delete(key)
-            raise exports.ExportError(nothing_to_take(written, excluded))
+            read = {name: done for name, done in written.items() if figures[f"{name}_shards"]}
+            raise exports.ExportError(nothing_to_take(read, excluded))
         plan = exports.plan_mix({name: done.rows for name, done in written.items()},
                                 {spec.name: spec.mix_weight for spec in specs}, seed)  # fmt: skip
         rows = sum(done.rows for done in written.values())
@@ -527,15 +527,21 @@ def admitted_shards(
     spec: DatasetSpec, store: ShardStore, admission: exports.Admission, changed: list[tuple[str, str, str]]
 ) -> Iterator[pl.DataFrame]:
     """The admitted validated shards of `spec`, in order, each read when reached; a shard whose bytes are not
-    the ones its checks judged is skipped and noted in `changed` as (dataset, partition, reason)."""
+    the ones its checks judged is skipped and noted in `changed` as (dataset, partition, reason): a torn or
+    garbled one as unreadable, with the command that moves it aside."""
     for key in admission.admitted:
         data = store.shard_bytes(spec.name, validated_asset(spec), key)
+        try:
+            frame = store.parse_shard(spec.name, validated_asset(spec), key, data)
+        except CorruptFile as exc:
+            changed.append((spec.name, key, str(exc)))
+            continue
         expected = admission.digests.get(key)
         if expected is not None and digest(data) != expected:
             changed.append((spec.name, key, "its bytes changed since its checks ran (a validation run that "
                             "stopped part-way rewrote it); re-materialize it"))  # fmt: skip
             continue
-        yield pl.read_parquet(io.BytesIO(data))
+        yield frame
 
 
 def nothing_to_take(written: Mapping[str, exports.Written], excluded: list[tuple[str, str, str]]) -> str:

@@ -344,6 +344,29 @@ def test_an_openai_server_listing_the_model_or_none_is_accepted(server: FakeOpen
     assert asyncio.run(engine.check()).endswith("reachable, model Qwen/Qwen3-8B")
 
 
+def test_a_black_hole_server_is_named_as_silent_with_the_settings_that_exist() -> None:
+    """#34: a server that takes the connection and never answers was met with a hint at the engine resource's
+    `base_url`, a run-config field that no longer exists (the resource takes `base_url_env`)."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)  # the kernel completes the handshake; nothing ever reads or answers
+        engine = make_engine("openai", model="m", base_url=f"http://127.0.0.1:{listener.getsockname()[1]}/v1",
+                             timeout_s=0.5)  # fmt: skip
+        with pytest.raises(FatalError) as err:
+            asyncio.run(engine.check())
+    message = str(err.value)
+    assert "sent no answer to GET /models within 0.5 s" in message and "\n" not in message
+    assert "EAGLE_DATA_BASE_URL" in message and "raise EAGLE_DATA_TIMEOUT_S above 0.5" in message
+    assert "resource's base_url" not in message and err.value.kind == "unreachable"
+
+
+def test_a_closed_port_at_check_names_the_url_setting_not_a_resource_field() -> None:
+    engine = make_engine("openai", model="m", base_url=f"http://127.0.0.1:{free_port()}/v1", timeout_s=2)
+    with pytest.raises(FatalError, match="start the server, or fix EAGLE_DATA_BASE_URL \\(or the variable") as err:
+        asyncio.run(engine.check())
+    assert "resource's base_url" not in str(err.value)
+
+
 def test_openrouter_takes_routing_variants_its_model_list_leaves_out(
     server: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -194,11 +194,7 @@ class OpenAICompatEngine(Engine):
             ):
                 served = served_ids(resp.status, await resp.read())
         except (aiohttp.ClientError, TimeoutError) as exc:
-            raise FatalError(
-                f"cannot reach the {self.name} engine at {self.shown} ({type(exc).__name__}): start the server, "
-                "or fix EAGLE_DATA_BASE_URL / the engine resource's base_url",
-                kind="unreachable",
-            ) from None
+            raise self._unreachable(exc, timeout.total or CHECK_TIMEOUT_S) from None
         if self.checks_model and served and not any(model_matches(name, self.model) for name in served):
             raise self._scrubbed(self._mismatch(served))
         if not self.reports_credit:
@@ -212,6 +208,23 @@ class OpenAICompatEngine(Engine):
         if info.remaining_usd is not None and info.remaining_usd <= 0:
             raise FatalError(f"{info.line()}: add credit or raise the key's limit before running", kind="no_credit")
         return info.line()
+
+    def _unreachable(self, exc: BaseException, waited_s: float) -> FatalError:
+        """A refused or failed connection asks for a server or a URL; a server that took the connection and
+        never answered (hung, still loading, a black hole) says so and names the timeout that bounded it."""
+        if not isinstance(exc, TimeoutError) or isinstance(exc, aiohttp.ConnectionTimeoutError):
+            return FatalError(
+                f"cannot reach the {self.name} engine at {self.shown} ({type(exc).__name__}): start the server, "
+                "or fix EAGLE_DATA_BASE_URL (or the variable the run config's base_url_env names)",
+                kind="unreachable",
+            )
+        longer = f", or raise EAGLE_DATA_TIMEOUT_S above {waited_s:g}" if waited_s < CHECK_TIMEOUT_S else ""
+        return FatalError(
+            f"the {self.name} engine at {self.shown} took the connection but sent no answer to GET /models within "
+            f"{waited_s:g} s: restart the server or wait for it to finish loading, or point EAGLE_DATA_BASE_URL "
+            f"at a live one{longer}",
+            kind="unreachable",
+        )
 
     def _mismatch(self, served: list[str]) -> ModelMismatchError:
         more = f" and {len(served) - SHOWN_IDS} more" if len(served) > SHOWN_IDS else ""

@@ -35,7 +35,7 @@ from eagle_data.runner.resultlog import Turn, completion_of, replayable, resume_
 from eagle_data.runner.rows import Row, assistant_message, build_row, plan_turns
 from eagle_data.runner.settings import RunnerSettings
 from eagle_data.runner.writer import OpenShard, ShardWriter
-from eagle_data.storage import ShardStore
+from eagle_data.storage import ShardStore, StorageError
 from eagle_data.types import Completion, Engine, FatalError, Message, Status, UserError
 
 GC_GEN0_THRESHOLD = 50_000  # see _fewer_gc_passes
@@ -129,7 +129,7 @@ class _Run:
         known = {p: f.height for p, f in shards.items()} if isinstance(shards, dict) else {}
         self.expected = {p: known.get(p, spec.shard_size) for p in shards}
         self.total = Tally(total=sum(self.expected.values()))
-        self.writer = ShardWriter(store, spec, run_id or uuid.uuid4().hex, settings, write_shards, log)
+        self.writer = ShardWriter(store, spec, run_id or uuid.uuid4().hex, settings, write_shards, log, self._stop)
         self.dispatch = Dispatcher(engine, spec, settings, self.key.max_tokens, self.total, log)
         self.reporter = Reporter(spec.name, settings, self.total, self.dispatch, engine, log)
         self.lease_lost = ""
@@ -176,6 +176,8 @@ class _Run:
             raise FatalError(d.stop_reason, kind=d.fatal.kind)
         if d.breaker.tripped:
             raise BreakerTripped(d.breaker.tripped)
+        if unwritable := self.writer.unwritable_line():
+            raise StorageError(unwritable)
         if self.lease_lost:
             raise LeaseLost(self.lease_lost)
         if held:
@@ -196,6 +198,9 @@ class _Run:
 
     def _lease_lost(self, message: str) -> None:
         self.lease_lost = message
+        self._stop(message)
+
+    def _stop(self, message: str) -> None:
         if not self.dispatch.stop_reason:
             self.dispatch.stop(message, "failed")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Callable
 
 from eagle_data.catalog import DatasetSpec
@@ -13,7 +14,7 @@ from eagle_data.runner.progress import Tally
 from eagle_data.runner.resultlog import ResultLog, Turn
 from eagle_data.runner.rows import Row
 from eagle_data.runner.settings import RunnerSettings
-from eagle_data.storage import ShardStore, StorageError
+from eagle_data.storage import ROOT_ENV, ShardStore, StorageError, UnwritableRoot
 
 LEASE_CHECKS = 12  # looks per lease ttl for a lease left unrenewed too long
 
@@ -36,14 +37,18 @@ class OpenShard:
 class ShardWriter:
     def __init__(
         self, store: ShardStore, spec: DatasetSpec, run_id: str, settings: RunnerSettings, write_shards: bool,
-        say: Callable[[str], None],
+        say: Callable[[str], None], stop: Callable[[str], None],
     ) -> None:  # fmt: skip
-        self.store, self.spec, self.run_id, self.settings, self.write_shards, self.say = (
-            store, spec, run_id, settings, write_shards, say,
+        """`stop`: stop sending new requests, with the line that says why (an unwritable output root)."""
+        self.store, self.spec, self.run_id, self.settings, self.write_shards, self.say, self.stop = (
+            store, spec, run_id, settings, write_shards, say, stop,
         )  # fmt: skip
         self.leases = Leases(store, spec.name, run_id, settings.lease_ttl_s)
         self.open_shards: dict[str, OpenShard] = {}
         self.flush_now = asyncio.Event()
+        self.unwritable: UnwritableRoot | None = None  # the output root refused a write: full, quota, read-only
+        self.unwritable_since = 0.0
+        self.unstored = 0  # answered turns that could not be made durable: asked again by the next run
 
     def take(self, partition: str) -> Holder | None:
         """Take the shard's lease (blocking); the live run holding it, or None when it is ours."""
@@ -65,19 +70,31 @@ class ShardWriter:
         """Write a finished shard whole (a sample's rows only to its result log) and release its lease;
         its URI, "" when the lease is no longer this run's (its answered turns still go to the result log)."""
         async with shard.lock:
-            if not self.leases.holds(shard.partition):  # taken over or given up: another run writes it
-                await self._flush_until_stored(shard)
-                uri = ""
-            elif self.write_shards:
-                rows = [shard.rows[p] for p in shard.order]
-                uri = await asyncio.to_thread(shard.log.finalize, rows, shard.carry, whole=True)
-            else:  # a sample: rows stay in the result log, where the full run reuses them
-                rows = [r for p, r in shard.rows.items() if p not in shard.reused and r["status"] != "skipped_budget"]
-                uri = await asyncio.to_thread(shard.log.finalize, rows, shard.carry, whole=False)
+            waited = self.unwritable is not None or not self.leases.holds(shard.partition)
+            if waited:
+                await self._flush_until_stored(shard)  # bounded while the root refuses writes
+            uri = ""
+            if waited and (shard.pending or not self.leases.holds(shard.partition)):  # or another run writes it
+                self.unstored += len(shard.pending)
+            else:
+                try:
+                    uri = await asyncio.to_thread(self._finalize, shard)
+                except UnwritableRoot as exc:  # the turns go to the result log instead: the next run replays them
+                    self._refused(exc, shard)
+                    await self._flush_until_stored(shard)
+                    self.unstored += len(shard.pending)
             shard.pending = []
-            await asyncio.to_thread(self.leases.release, shard.partition)
+            with contextlib.suppress(UnwritableRoot):
+                await asyncio.to_thread(self.leases.release, shard.partition)
         del self.open_shards[shard.partition]
         return uri
+
+    def _finalize(self, shard: OpenShard) -> str:
+        if self.write_shards:
+            return shard.log.finalize([shard.rows[p] for p in shard.order], shard.carry, whole=True)
+        # a sample: rows stay in the result log, where the full run reuses them
+        rows = [r for p, r in shard.rows.items() if p not in shard.reused and r["status"] != "skipped_budget"]
+        return shard.log.finalize(rows, shard.carry, whole=False)
 
     async def flush_loop(self) -> None:
         while True:
@@ -95,15 +112,48 @@ class ShardWriter:
         while shard.pending:
             await self._flush(shard)
             if shard.pending:
+                if self.unwritable and time.monotonic() - self.unwritable_since > self.settings.lease_ttl_s:
+                    return  # the root still refuses writes: the caller counts what stays unstored
                 await asyncio.sleep(self.settings.flush_every_s)
 
     async def _flush(self, shard: OpenShard) -> None:
         turns, shard.pending = shard.pending, []
         try:
             await asyncio.to_thread(shard.log.append_turns, turns)
+        except UnwritableRoot as exc:  # no outage to wait out: stop sending, keep retrying for a bounded time
+            shard.pending = turns + shard.pending
+            self._refused(exc, shard)
         except Exception as exc:  # storage trouble must not kill the run: keep the turns, retry next tick
             shard.pending = turns + shard.pending
             self.say(f"{self.spec.name} {shard.partition}: checkpoint failed, retrying: {exc!r}")
+
+    def _refused(self, exc: UnwritableRoot, shard: OpenShard) -> None:
+        """The first refusal stops the sending, saying how many answered turns wait in memory."""
+        if self.unwritable is not None:
+            return
+        self.unwritable, self.unwritable_since = exc, time.monotonic()
+        held = sum(len(s.pending) for s in self.open_shards.values())
+        line = (
+            f"{self.spec.name} {shard.partition}: the output root {exc.root} {exc.why}: stopped sending; {held} "
+            f"answered turns are held in memory, their checkpoint retried for up to {self.settings.lease_ttl_s:g} s: "
+            "free space now and nothing already answered is paid again"
+        )
+        self.say(f"WARNING {line}")
+        self.stop(line)
+
+    def unwritable_line(self) -> str:
+        """The run's one-line error after the output root refused writes, "" when it never did."""
+        if (exc := self.unwritable) is None:
+            return ""
+        kept = (
+            f"{self.unstored} answered turns could not be written and will be asked again"
+            if self.unstored
+            else "every answered turn reached the result log, so nothing already answered is paid again"
+        )
+        return (
+            f"{self.spec.name}: the output root {exc.root} {exc.why}: stopped sending at once; {kept}: free "
+            f"space (or point {ROOT_ENV} at another folder) and re-run"
+        )
 
     async def lease_loop(self, lost: Callable[[str], None]) -> None:
         """Keep the held leases: renewals in the background, and every LEASE_CHECKS-th of a ttl a look at
@@ -137,7 +187,12 @@ class ShardWriter:
         """Interrupted (Ctrl-C, Dagster termination) or done: keep what landed, free the leases."""
         for shard in self.open_shards.values():
             if shard.pending:  # paid for, whoever holds the shard now
-                shard.log.append_turns(shard.pending)
+                try:
+                    shard.log.append_turns(shard.pending)
+                except UnwritableRoot as exc:
+                    self._refused(exc, shard)
+                    self.unstored += len(shard.pending)
                 shard.pending = []
         for partition in list(self.leases.held):
-            self.leases.release(partition)
+            with contextlib.suppress(UnwritableRoot):
+                self.leases.release(partition)

@@ -20,13 +20,13 @@ from typing import Any
 import polars as pl
 
 from eagle_data import layout, settings
-from eagle_data.storage.errors import ROOT_ENV, CorruptFile, StorageError
+from eagle_data.storage.errors import ROOT_ENV, CorruptFile, StorageError, UnwritableRoot
 from eagle_data.storage.local import LocalFiles, write_failure
 from eagle_data.storage.s3 import RETRY_ENV, S3Files, default_client, retry_window_s
 
 DEFAULT_ROOT = "eagle-output"
 __all__ = [
-    "RETRY_ENV", "ROOT_ENV", "CorruptFile", "ShardStore", "StorageError", "default_root", "digest",
+    "RETRY_ENV", "ROOT_ENV", "CorruptFile", "ShardStore", "StorageError", "UnwritableRoot", "default_root", "digest",
     "parquet_bytes", "read_columns", "retry_window_s", "write_failure",
 ]  # fmt: skip
 
@@ -106,6 +106,10 @@ class ShardStore:
         key = self.shard_key(dataset, asset, partition)
         data = self.shard_bytes(dataset, asset, partition)
         return self._parquet(key, data, columns)
+
+    def parse_shard(self, dataset: str, asset: str, partition: str, data: bytes) -> pl.DataFrame:
+        """A shard's bytes, already read, as a frame; a CorruptFile (with its `mv` line) when torn or garbled."""
+        return self._parquet(self.shard_key(dataset, asset, partition), data)
 
     def _parquet(self, key: str, data: bytes, columns: Sequence[str] | None = None) -> pl.DataFrame:
         """The parquet file `data` stored at `key`; a CorruptFile naming it when it cannot be read."""

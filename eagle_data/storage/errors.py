@@ -17,3 +17,12 @@ class CorruptFile(StorageError):
     def __init__(self, message: str, key: str, why: str) -> None:
         super().__init__(message)
         self.key, self.why = key, why
+
+
+class UnwritableRoot(StorageError):
+    """A local output root that refuses every write until someone acts (full, over quota, read-only): no
+    outage to wait out, so a run stops sending at once. `root` and `why` ("is full ...") name it."""
+
+    def __init__(self, message: str, root: str, why: str) -> None:
+        super().__init__(message)
+        self.root, self.why = root, why

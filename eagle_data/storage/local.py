@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import secrets
@@ -10,7 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from eagle_data.storage.errors import ROOT_ENV, StorageError
+from eagle_data.storage.errors import ROOT_ENV, StorageError, UnwritableRoot
 
 FILE_MODE = 0o666  # what open() asks for; the process umask takes away the rest, as for any file it writes
 # what to say when the output root refuses a write, by errno (others quote the system's own words)
@@ -22,15 +23,17 @@ WRITE_FAILURES = {
     errno.EDQUOT: "is over its disk quota",
     errno.ENOTDIR: "is not a folder (a file is in the way)",
 }
+UNWRITABLE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})  # no retry helps until someone acts
 
 
 def write_failure(root: str, key: str, exc: OSError) -> StorageError:
     """One line for a write the output root refused: which root, why, and what to do."""
     why = WRITE_FAILURES.get(exc.errno or 0, f"refused the write ({exc.strerror or exc})")
-    return StorageError(
+    message = (
         f"cannot write {key} under the output root {root}: it {why}; free space or make it writable, or point "
         f"{ROOT_ENV} at another folder"
     )
+    return UnwritableRoot(message, root, why) if exc.errno in UNWRITABLE else StorageError(message)
 
 
 class LocalFiles:
@@ -63,15 +66,22 @@ class LocalFiles:
             raise write_failure(self.root, key, exc) from None
 
     def append(self, key: str, data: bytes) -> None:
-        """Append and fsync: durable when this returns."""
+        """Append and fsync: durable when this returns. A failed append (a full disk mid-write) is cut back
+        to the old end, so its retry neither tears nor repeats a line."""
         path = self.path(key)
         try:
             created = not path.exists()
             path.parent.mkdir(parents=True, exist_ok=True)
             with path.open("ab") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
+                end = fh.tell()
+                try:
+                    fh.write(data)
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                except OSError:
+                    with contextlib.suppress(OSError):
+                        fh.truncate(end)
+                    raise
             if created:  # the new name must survive a crash too
                 _fsync_dir(path.parent)
         except OSError as exc:
@@ -182,4 +192,3 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
