@@ -13,11 +13,13 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
 from eagle_data.storage import ShardStore
 from eagle_data_tests.fixtures_postgres import pg_database  # noqa: F401 (a fixture of every test module)
+from eagle_data_tests.servers.cut_proxy import CutProxy
 from eagle_data_tests.servers.openai_fake import FakeOpenAI
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -86,6 +88,26 @@ def s3_bucket(s3_endpoint: str) -> str:
     name = f"eagle-test-{uuid.uuid4().hex[:16]}"
     boto3.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket=name)
     return name
+
+
+@pytest.fixture
+def s3_proxy(s3_endpoint: str) -> Iterator[CutProxy]:
+    """A cuttable TCP proxy in front of moto's S3 server: an outage of the store, on demand."""
+    proxy = CutProxy(urlsplit(s3_endpoint).port or 0)
+    yield proxy
+    proxy.close()
+
+
+def store_behind(proxy: CutProxy, bucket: str) -> ShardStore:
+    """A store on `bucket` reached through `proxy`, botocore's own retries off: the store's retry window (and
+    whatever rides on it) is what the outage tests put under test."""
+    import boto3
+    from botocore.config import Config
+
+    config = Config(retries={"max_attempts": 1}, connect_timeout=1, read_timeout=2)
+    url = f"http://127.0.0.1:{proxy.port}"
+    factory = lambda: boto3.client("s3", endpoint_url=url, config=config)  # noqa: E731
+    return ShardStore(f"s3://{bucket}/out", s3_client_factory=factory)
 
 
 @pytest.fixture

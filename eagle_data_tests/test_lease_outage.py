@@ -7,36 +7,20 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from urllib.parse import urlsplit
 
-import boto3
 import pytest
-from botocore.config import Config
 
 from eagle_data.engines import make_engine
 from eagle_data.runner import RunnerSettings, run_generation
 from eagle_data.runner.lease import LeaseLost
 from eagle_data.storage import RETRY_ENV, ShardStore
+from eagle_data_tests.conftest import store_behind
 from eagle_data_tests.servers.cut_proxy import CutProxy
 from eagle_data_tests.servers.openai_fake import FakeOpenAI, Faults, prompt_shards, spec_for_tests
 
 DS = "b7_sharegpt"
 PROMPTS, TURNS = 300, 2
 RETRY_S = "0.3"  # the storage retry window, scaled down from 120 s
-
-
-@pytest.fixture
-def proxy(s3_endpoint: str) -> Iterator[CutProxy]:
-    proxy = CutProxy(urlsplit(s3_endpoint).port or 0)
-    yield proxy
-    proxy.close()
-
-
-def _store(proxy: CutProxy, bucket: str) -> ShardStore:
-    config = Config(retries={"max_attempts": 1}, connect_timeout=1, read_timeout=2)  # the store's window rules
-    url = f"http://127.0.0.1:{proxy.port}"
-    factory = lambda: boto3.client("s3", endpoint_url=url, config=config)  # noqa: E731
-    return ShardStore(f"s3://{bucket}/out", s3_client_factory=factory)
 
 
 class Runner(threading.Thread):
@@ -59,20 +43,20 @@ class Runner(threading.Thread):
             self.error = exc
 
 
-def _outage(server: FakeOpenAI, proxy: CutProxy, bucket: str, *, ttl_s: float, cut_at: float, cut_s: float):
+def _outage(server: FakeOpenAI, s3_proxy: CutProxy, bucket: str, *, ttl_s: float, cut_at: float, cut_s: float):
     """Run A (slow: 4 in flight) is cut off from S3 `cut_at` after it started sending, for `cut_s`; run B (fast)
     starts one second after the link is back and waits for the shard as long as it takes. Returns both runs
     once they ended."""
     url = f"http://127.0.0.1:{server.port}/v1"
-    a = Runner(url, _store(proxy, bucket), "run-a", 4, lease_ttl_s=ttl_s)
+    a = Runner(url, store_behind(s3_proxy, bucket), "run-a", 4, lease_ttl_s=ttl_s)
     a.start()
     deadline = time.monotonic() + 30
     while server.received < 8 and a.is_alive() and time.monotonic() < deadline:  # A holds the lease and sends
         time.sleep(0.01)
     time.sleep(cut_at)
-    proxy.cut(cut_s).join()
+    s3_proxy.cut(cut_s).join()
     time.sleep(1.0)
-    b = Runner(url, _store(proxy, bucket), "run-b", 64, lease_ttl_s=ttl_s, lease_wait_s=60)
+    b = Runner(url, store_behind(s3_proxy, bucket), "run-b", 64, lease_ttl_s=ttl_s, lease_wait_s=60)
     b.start()
     for run in (a, b):
         run.join(timeout=60)
@@ -98,25 +82,25 @@ def slow_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeOpenAI]:
 
 
 def test_an_outage_longer_than_the_retry_window_but_shorter_than_the_ttl_keeps_the_lease(
-    slow_server: FakeOpenAI, proxy: CutProxy, s3_bucket: str
+    slow_server: FakeOpenAI, s3_proxy: CutProxy, s3_bucket: str
 ) -> None:
     # renewals every 1.33 s fail during the 1.5 s cut (window 0.3 s) and go through once it is back, well before
     # the lease (4 s) could expire; run B finds the shard held and waits for run A to finish it
-    a, b = _outage(slow_server, proxy, s3_bucket, ttl_s=4.0, cut_at=0.1, cut_s=1.5)
-    _paid_once(slow_server, _store(proxy, s3_bucket))
+    a, b = _outage(slow_server, s3_proxy, s3_bucket, ttl_s=4.0, cut_at=0.1, cut_s=1.5)
+    _paid_once(slow_server, store_behind(s3_proxy, s3_bucket))
     assert a.error is None and b.error is None, (a.error, b.error)
     assert any("lease renewal failed, retrying" in line for line in a.lines), a.lines
     assert any("held by run run-a" in line for line in b.lines), b.lines
 
 
 def test_an_outage_longer_than_the_ttl_stops_the_first_run_before_its_lease_expires(
-    slow_server: FakeOpenAI, proxy: CutProxy, s3_bucket: str
+    slow_server: FakeOpenAI, s3_proxy: CutProxy, s3_bucket: str
 ) -> None:
     # the lease (3 s) cannot be renewed during the 4 s cut: run A stops sending with a quarter of it left, keeps
     # its answered turns for the result log once S3 is back, and fails in one line; run B takes the expired
     # lease over and asks only what A did not get answered
-    a, b = _outage(slow_server, proxy, s3_bucket, ttl_s=3.0, cut_at=0.1, cut_s=4.0)
-    _paid_once(slow_server, _store(proxy, s3_bucket))
+    a, b = _outage(slow_server, s3_proxy, s3_bucket, ttl_s=3.0, cut_at=0.1, cut_s=4.0)
+    _paid_once(slow_server, store_behind(s3_proxy, s3_bucket))
     assert isinstance(a.error, LeaseLost), a.error
     assert "could not be renewed" in str(a.error) and "stopped sending before it could expire" in str(a.error)
     assert "\n" not in str(a.error)

@@ -44,7 +44,7 @@ def test_the_dispatcher_alone_asks_a_billed_empty_reply_again_once_and_counts_it
 
 def test_the_shard_writer_alone_makes_turns_durable_within_flush_every_s_then_frees_the_lease(tmp_path: Path) -> None:
     spec, store = spec_for_tests(), ShardStore(str(tmp_path))
-    writer = ShardWriter(store, spec, "run-a", RunnerSettings(flush_every_s=0.05), True, print)
+    writer = ShardWriter(store, spec, "run-a", RunnerSettings(flush_every_s=0.05), True, print, print)
     turn = turn_record("p0", 0, resume_key({"model": "m"}, spec), Completion("an answer"), 1, 0.1)
 
     async def write() -> list:
@@ -58,7 +58,7 @@ def test_the_shard_writer_alone_makes_turns_durable_within_flush_every_s_then_fr
         return writer.log("00000").load_turns()  # read back as another reader would
 
     assert [t["prompt_id"] for t in asyncio.run(write())] == ["p0"]
-    other = ShardWriter(store, spec, "run-b", RunnerSettings(), True, print)
+    other = ShardWriter(store, spec, "run-b", RunnerSettings(), True, print, print)
     assert other.take("00000") is not None  # held by run-a while it lives
     writer.abandon()
     assert other.take("00000") is None

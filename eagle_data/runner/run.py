@@ -107,6 +107,15 @@ class _Conversation:
         )
 
 
+def _held_line(dataset: str, wait_s: float, held: dict[str, Holder]) -> str:
+    now = time.time()
+    return (
+        f"{dataset}: {len(held)} shard(s) still held by another run after waiting lease_wait_s={wait_s:g} s: "
+        + "; ".join(f"{p} by {h.describe(now)}" for p, h in sorted(held.items()))
+        + "; every other shard is written: re-run once that run ends"
+    )
+
+
 class _Run:
     def __init__(
         self, engine: Engine, spec: DatasetSpec, shards: Mapping[str, pl.DataFrame], store: ShardStore,
@@ -181,13 +190,7 @@ class _Run:
         if self.lease_lost:
             raise LeaseLost(self.lease_lost)
         if held:
-            now = time.time()
-            raise LeaseHeld(
-                f"{self.spec.name}: {len(held)} shard(s) still held by another run after waiting "
-                f"lease_wait_s={self.settings.lease_wait_s:g} s: "
-                + "; ".join(f"{p} by {h.describe(now)}" for p, h in sorted(held.items()))
-                + "; every other shard is written: re-run once that run ends"
-            )
+            raise LeaseHeld(_held_line(self.spec.name, self.settings.lease_wait_s, held))
         if self.total.requests and not (d.usable or self.total.ok or self.total.truncated):
             kinds = ", ".join(f"{k} x{n}" for k, n in self.total.errors.most_common(3))
             raise NothingAnswered(
