@@ -90,13 +90,18 @@ def pipeline(url: str, n: int, in_flight: int, initial: int, breaker: bool = Tru
     return n / elapsed, errors
 
 
-def main(argv: list[str] | None = None) -> float:
+def parse_args(argv: list[str] | None, other: str = "pipeline") -> argparse.Namespace:
+    """The load both sides run under (shared with bench_openai_sdk.py, which swaps the client)."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--requests", type=int, default=10_000)
     parser.add_argument("--in-flight", type=int, default=2000)
     parser.add_argument("--latency", type=float, default=1.0)
-    parser.add_argument("--rounds", type=int, default=2, help="alternate bare/pipeline runs; best of each")
-    args = parser.parse_args(argv)
+    parser.add_argument("--rounds", type=int, default=2, help=f"alternate bare/{other} runs; best of each")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> float:
+    args = parse_args(argv)
     n = args.requests // SHARD_SIZE * SHARD_SIZE
     proc, url = start_server(args.latency)
     try:

@@ -13,7 +13,6 @@ Last line: `RESULT openai_sdk_vs_aiohttp <ratio>`.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import time
 from typing import Any
@@ -60,12 +59,7 @@ async def sdk_aclose(self: OpenAICompatEngine) -> None:
 
 
 def main(argv: list[str] | None = None) -> float:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--requests", type=int, default=10_000)
-    parser.add_argument("--in-flight", type=int, default=2000)
-    parser.add_argument("--latency", type=float, default=1.0)
-    parser.add_argument("--rounds", type=int, default=2, help="alternate bare/SDK runs; best of each")
-    args = parser.parse_args(argv)
+    args = bench.parse_args(argv, other="SDK")
     n = args.requests // bench.SHARD_SIZE * bench.SHARD_SIZE
     OpenAICompatEngine._complete, OpenAICompatEngine.aclose = sdk_complete, sdk_aclose  # type: ignore[method-assign]
     proc, url = bench.start_server(args.latency)
