@@ -23,10 +23,38 @@ import dagster as dg
 
 from eagle_data import pipeline, quality, report
 from eagle_data.catalog import DatasetSpec
-from eagle_data.defs.assets import SHARD_DIGEST, partitions
+from eagle_data.defs.assets import CANARY, SHARD_DIGEST, WITHIN_BUDGET, partitions
 from eagle_data.defs.instance import latest_materializations, target
 from eagle_data.defs.resources import StorageResource
+from eagle_data.quality import registry
 from eagle_data.storage import ShardStore
+
+ESTIMATE_CHECKS = registry.implemented("estimate", (WITHIN_BUDGET, CANARY))  # judged in the estimate's own step
+
+
+def check_specs(
+    judge: registry.Judge, asset: str | dg.AssetKey, partitions_def: dg.PartitionsDefinition | None = None
+) -> list[dg.AssetCheckSpec]:
+    """The Dagster specs of every check one judge evaluates on `asset`, as the registry declares them."""
+    return [
+        dg.AssetCheckSpec(
+            d.name, asset=asset, description=d.description, blocking=d.blocking, partitions_def=partitions_def
+        )
+        for d in registry.judged_by(judge)
+    ]
+
+
+def check_outcome(name: str, passed: bool, description: str, metadata: dict[str, Any]) -> dict[str, Any]:
+    """One evaluation's AssetCheckEvaluation fields, severity and blocking as the registry declares them."""
+    d = registry.check(name)
+    return {
+        "check_name": name,
+        "passed": passed,
+        "severity": dg.AssetCheckSeverity(d.severity),
+        "blocking": d.blocking,
+        "description": description,
+        "metadata": metadata,
+    }
 
 
 def validated_key(spec: DatasetSpec) -> dg.AssetKey:
@@ -90,35 +118,20 @@ def report_shards(
         yield dg.Output(None, output_name=dg.AssetCheckSpec(check.name, asset=check.asset_key).get_python_identifier())
 
 
-def _outcome(r: quality.CheckResult) -> dict[str, Any]:
-    return {
-        "check_name": r.name,
-        "passed": r.passed,
-        "severity": dg.AssetCheckSeverity(r.severity),
-        "blocking": r.blocking,
-        "description": r.message,
-        "metadata": r.metadata(),
-    }
-
-
 def stored_results(spec: DatasetSpec, store: ShardStore, log: Callable[[str], None]) -> Judge:
-    """A shard's stored check results (its quality record), with the digest of the bytes they judged."""
+    """A shard's stored check results (its quality record), with the digest of the bytes they judged. A record
+    judged under other severities or blocking flags than the registry's is rebuilt on reading (quality.records)."""
 
     def judge(partition: str) -> tuple[str, list[dict[str, Any]]]:
         record = report.read_record(spec, store, partition, log)
-        return record.shard_sha256, [_outcome(r) for r in record.results]
+        return record.shard_sha256, [check_outcome(r.name, r.passed, r.message, r.metadata()) for r in record.results]
 
     return judge
 
 
 def dataset_checks(spec: DatasetSpec) -> dg.AssetChecksDefinition:
     key = validated_key(spec)
-    specs = [
-        dg.AssetCheckSpec(
-            d.name, asset=key, description=d.description, blocking=d.blocking, partitions_def=partitions(spec)
-        )
-        for d in quality.CHECKS
-    ]
+    specs = check_specs("gates", key, partitions(spec))
 
     @dg.multi_asset_check(
         name=f"{spec.name}_quality_checks", specs=specs, can_subset=True, description=f"{spec.title}: quality gates."

@@ -14,7 +14,7 @@ from pydantic import Field
 from eagle_data import layout, settings
 from eagle_data.catalog import PROFILE_ENV, CatalogError, DatasetSpec, shard_key
 from eagle_data.defs.assets import SHARD_DIGEST, catalog_labels, partitions
-from eagle_data.defs.checks import judged_partitions, report_shards
+from eagle_data.defs.checks import check_outcome, check_specs, judged_partitions, report_shards
 from eagle_data.defs.messages import file_locations, uri_locations, user_failure
 from eagle_data.defs.metadata import settings_version
 from eagle_data.defs.pools import tie_to_run_worker
@@ -33,8 +33,10 @@ from eagle_data.drafter.outputs import (
     write_hidden_states,
 )
 from eagle_data.drafter.settings import load_drafter_settings
+from eagle_data.quality import registry
 
-DECONTAMINATION = "decontamination"
+# quality.registry's `decontamination`, judged by decontamination_report in decontamination_check below.
+DECONTAMINATION = registry.implemented("decontamination", ("decontamination",))[0].name
 
 
 def build_drafter_assets(specs: list[DatasetSpec]) -> list[dg.AssetsDefinition]:
@@ -107,18 +109,6 @@ def _metadata_value(value: Any) -> Any:
     return dg.MetadataValue.json(value) if isinstance(value, (dict, list)) else value
 
 
-def _capture_outcome(found: verify.Findings, name: str) -> dict[str, Any]:
-    """One shard's evaluation of one capture check (AssetCheckEvaluation fields)."""
-    return {
-        "check_name": name,
-        "passed": found.passed(name),
-        "severity": dg.AssetCheckSeverity.ERROR,
-        "blocking": True,
-        "description": found.line(name),
-        "metadata": found.metadata(),
-    }
-
-
 # `hidden_states`' partitions: one per capture shard of the latest mix, set when `training_mix` materializes
 # (follow_the_mix), so every partition the UI shows can be filled.
 CAPTURE_SHARDS = dg.DynamicPartitionsDefinition(name="hidden_states_shards")
@@ -140,12 +130,7 @@ def follow_the_mix(instance: dg.DagsterInstance, mix_rows: int) -> list[str]:
 def build_capture_asset(owners: list[str], specs: list[DatasetSpec]) -> dg.AssetsDefinition:
     """`hidden_states`, one partition per capture shard of the mix (CAPTURE_SHARDS)."""
     configured, shards = load_drafter_settings().capture, CAPTURE_SHARDS
-    checks = [
-        dg.AssetCheckSpec(
-            name, asset=layout.HIDDEN_STATES_ASSET, blocking=True, description=text, partitions_def=shards
-        )
-        for name, text in verify.CHECKS.items()
-    ]
+    checks = check_specs("capture", layout.HIDDEN_STATES_ASSET, shards)
 
     @dg.asset(
         name=layout.HIDDEN_STATES_ASSET,
@@ -182,7 +167,9 @@ def build_capture_asset(owners: list[str], specs: list[DatasetSpec]) -> dg.Asset
 
         def judge(partition: str) -> tuple[str, list[dict[str, Any]]]:
             found = shards[partition].found
-            return found.shard_sha256, [_capture_outcome(found, name) for name in verify.CHECKS]
+            return found.shard_sha256, [
+                check_outcome(name, found.passed(name), found.line(name), found.metadata()) for name in verify.CHECKS
+            ]
 
         yield from report_shards(context, context.asset_key, keys, judge)
 
@@ -191,13 +178,11 @@ def build_capture_asset(owners: list[str], specs: list[DatasetSpec]) -> dg.Asset
 
 def _outcome(report: DecontamReport, index: BenchmarkIndex, sources: dict[str, str], asset: str) -> dict[str, Any]:
     """One shard's decontamination evaluation (AssetCheckEvaluation fields)."""
-    return {
-        "check_name": DECONTAMINATION,
-        "passed": report.passed,
-        "severity": dg.AssetCheckSeverity.ERROR,
-        "blocking": True,
-        "description": report.message(asset),
-        "metadata": {
+    return check_outcome(
+        DECONTAMINATION,
+        report.passed,
+        report.message(asset),
+        {
             "figure": report.leaked,
             "unread_benchmarks": dg.MetadataValue.json(report.unread),
             "threshold": 0,
@@ -211,21 +196,14 @@ def _outcome(report: DecontamReport, index: BenchmarkIndex, sources: dict[str, s
                 {name: f"{index.items.get(name, 0)} items, {where}" for name, where in sources.items()}
             ),
         },
-    }
+    )
 
 
 def decontamination_check(spec: DatasetSpec) -> dg.AssetChecksDefinition:
     key = dg.AssetKey(layout.validated_asset(spec.name))
-    check_spec = dg.AssetCheckSpec(
-        DECONTAMINATION,
-        asset=key,
-        blocking=True,
-        partitions_def=partitions(spec),
-        description="No row kept for training overlaps a benchmark item (exact after normalization, or a "
-        "shared n-gram); overlapping rows are set aside with the verdict `contaminated`.",
-    )
+    specs = check_specs("decontamination", key, partitions(spec))
 
-    @dg.multi_asset_check(name=f"{spec.name}_decontamination", specs=[check_spec], can_subset=True)
+    @dg.multi_asset_check(name=f"{spec.name}_decontamination", specs=specs, can_subset=True)
     def check(context: dg.AssetCheckExecutionContext, storage: StorageResource):
         index, sources = benchmark_index(load_drafter_settings().decontamination)
         store, missing = storage.store(), unread(sources)

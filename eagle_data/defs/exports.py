@@ -18,13 +18,13 @@ import dagster as dg
 from eagle_data import exports, pipeline
 from eagle_data.catalog import DatasetSpec
 from eagle_data.defs.assets import catalog_labels
-from eagle_data.defs.checks import validated_key
+from eagle_data.defs.checks import check_specs, validated_key
 from eagle_data.defs.drafter import follow_the_mix
 from eagle_data.defs.instance import gate_records
 from eagle_data.defs.messages import file_locations, leveled, uri_locations, user_failure
 from eagle_data.defs.metadata import settings_version
 from eagle_data.defs.resources import StorageResource
-from eagle_data.exports.check import check_exports
+from eagle_data.exports.check import PARITY_CHECK, check_exports
 from eagle_data.exports.parity import ParityError
 from eagle_data.exports.settings import ExportSettings, export_settings
 from eagle_data.storage import ShardStore
@@ -40,9 +40,6 @@ def admission(
     """Which validated shards of `spec` the export may read, gated by the `blocking` checks."""
     on_storage = pipeline.shards_written(store, spec.name, pipeline.validated_asset(spec))
     return exports.admit(gate_records(instance, validated_key(spec), on_storage, blocking))
-
-
-PARITY_CHECK = "trainer_parity"
 
 
 def parity_result(store: ShardStore, specs: Sequence[DatasetSpec], config: ExportSettings) -> dg.AssetCheckResult:
@@ -69,9 +66,7 @@ def build_exports(specs: Sequence[DatasetSpec], checks: Sequence[dg.AssetChecksD
         group_name="exports",
         deps=[pipeline.validated_asset(spec) for spec in specs],
         kinds={"parquet", "json"},
-        check_specs=[dg.AssetCheckSpec(PARITY_CHECK, asset="training_mix", blocking=True,
-                                       description="The trainer files load as our ids and masks in the trainer's "
-                                       "own code (SpecForge 0.2.0); text exports' differences named by cause.")],
+        check_specs=check_specs("parity", "training_mix"),
         code_version=settings_version(1, {spec.name: [spec.mix_weight, spec.target] for spec in specs}),
         **catalog_labels(
             "export",

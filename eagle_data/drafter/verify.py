@@ -28,19 +28,14 @@ from eagle_data.drafter.capture import CaptureBackend
 from eagle_data.drafter.hidden_states import capture_bytes
 from eagle_data.drafter.layers import LayerPlan
 from eagle_data.drafter.settings import HiddenStateRecipe
+from eagle_data.quality import registry
 from eagle_data.storage import ShardStore
 
 IDS, FINITE, SHAPES, RECAPTURE, BYTES = (
     "ids_match_mix", "finite", "shapes_match_target", "recapture_matches", "bytes_match_plan"
 )  # fmt: skip
-CHECKS = {
-    IDS: "Every captured row is stored in every format, and each stored sample's ids and loss mask equal its mix row.",
-    FINITE: "No stored hidden-state value is NaN or infinite.",
-    SHAPES: "Each sample's states are [row length, layers, hidden size] of the target's config.",
-    RECAPTURE: "A seeded sample of rows, captured again one at a time, matches the stored states within the "
-    "dtype's tolerance (plus fp8's bound for fp8 files).",
-    BYTES: "The bytes on disk are within 2% of hidden_state_plan's formula for the same samples and tokens.",
-}
+# Declared (descriptions, severity, blocking) in quality.registry; name -> description
+CHECKS = {c.name: c.description for c in registry.implemented("capture", (IDS, FINITE, SHAPES, RECAPTURE, BYTES))}
 TOLERANCE = {"fp32": 1e-4, "bf16": 2.0**-6}  # of the sample's largest |value|: batching changes the sums' order
 BYTES_TOLERANCE = 0.02
 SHOWN = 5  # sample names quoted in a failing check's line

@@ -24,10 +24,12 @@ from eagle_data.exports import parity
 from eagle_data.exports.formats import chosen
 from eagle_data.exports.parity import Markers, Parity, ParityError, TextRun
 from eagle_data.exports.settings import ExportSettings
+from eagle_data.quality import registry
 from eagle_data.storage import ShardStore
 from eagle_data.targets import load_target, resolve_target
 from eagle_data.targets.profile import TARGETS_PATH
 
+PARITY_CHECK = registry.implemented("parity", ("trainer_parity",))[0].name  # judged by check_exports
 CHECKPOINT_ENV = "EAGLE_DATA_CAPTURE_CHECKPOINT"  # the target folder hidden-state capture reads too
 Measure = Callable[[Path, Path, Sequence[int], int], Parity]  # (file, its parquet, sampled rows, rows) -> parity
 

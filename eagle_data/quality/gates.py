@@ -1,37 +1,27 @@
 """Dataset-level checks: pure functions of a Summary and the catalog thresholds, one result each.
 
-`CHECKS` is data (name, severity, blocking, description) so the Dagster layer can declare its asset
-check specs without running anything; `run_checks` evaluates them all on one frame.
+`CHECKS` are the registry's declarations of the gates (`quality.registry`, judge "gates"), each paired here
+with the function that judges it; `run_checks` evaluates them all on one frame.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Literal
 
 import polars as pl
 
 from eagle_data.catalog import Checks
+from eagle_data.quality import registry
+from eagle_data.quality.registry import CheckDef, Severity
 from eagle_data.quality.summary import Summary, share, summarize
 from eagle_data.quality.verdicts import row_verdicts
 
-Severity = Literal["ERROR", "WARN"]
 # A loss-mask sum or a completion shared by two rows is chance in a small shard, not a regression.
 MIN_DOMINANT_ROWS = 3
 Figure = float | int | str
 FAILED_RATE = "failed_rate"  # the gate a re-run can fix: failed rows are requested again
 TRUNCATION_RATE = "truncation_rate"  # a warning at validation; the canary fails on it (eagle_data/quality/canary.py)
-
-
-@dataclass(frozen=True)
-class CheckDef:
-    """What a check is, independent of any data: enough to declare it in Dagster."""
-
-    name: str
-    severity: Severity
-    blocking: bool  # a failure stops everything downstream (exports)
-    description: str
 
 
 @dataclass(frozen=True)
@@ -219,57 +209,21 @@ def _length_shift(d: CheckDef, s: Summary, i: Inputs) -> CheckResult:
 
 
 _Impl = Callable[[CheckDef, Summary, Inputs], CheckResult]
-_REGISTRY: tuple[tuple[CheckDef, _Impl], ...] = (
-    (
-        CheckDef(
-            "empty_response",
-            "ERROR",
-            True,
-            "Empty-reply regression: too many short loss masks, one "
-            "loss-mask sum dominating, or one completion repeated across prompts.",
-        ),
-        _empty_response,
-    ),
-    (
-        CheckDef("token_structure", "ERROR", True, "Every row's special-token structure and round-trip are valid."),
-        _token_structure,
-    ),
-    (
-        CheckDef(
-            "lost_text",
-            "ERROR",
-            True,
-            "Token accounting: replies whose text holds fewer tokens than the engine reported generating "
-            "(special tokens stripped, reasoning in a field not read, a cut stream).",
-        ),
-        _lost_text,
-    ),
-    (CheckDef(TRUNCATION_RATE, "WARN", False, "Share of replies cut at max_tokens."), _truncation_rate),
-    (
-        CheckDef(
-            FAILED_RATE,
-            "ERROR",
-            True,
-            "Share of requests that failed after retries: a shard of failures is not done, however good "
-            "its few answered rows.",
-        ),
-        _failed_rate,
-    ),
-    (
-        CheckDef("reasoning_present", "ERROR", False, "Replies carry reasoning when thinking is on."),
-        _reasoning_present,
-    ),
-    (
-        CheckDef("length_shift", "WARN", False, "Average completion length against the last materialization."),
-        _length_shift,
-    ),
-)
-CHECKS: tuple[CheckDef, ...] = tuple(d for d, _ in _REGISTRY)
+_JUDGES: dict[str, _Impl] = {
+    "empty_response": _empty_response,
+    "token_structure": _token_structure,
+    "lost_text": _lost_text,
+    TRUNCATION_RATE: _truncation_rate,
+    FAILED_RATE: _failed_rate,
+    "reasoning_present": _reasoning_present,
+    "length_shift": _length_shift,
+}
+CHECKS: tuple[CheckDef, ...] = registry.implemented("gates", _JUDGES)
 
 
 def evaluate(summary: Summary, inputs: Inputs) -> list[CheckResult]:
     """Every check on one summary, in CHECKS order."""
-    return [impl(d, summary, inputs) for d, impl in _REGISTRY]
+    return [_JUDGES[d.name](d, summary, inputs) for d in CHECKS]
 
 
 def run_checks(frame: pl.DataFrame, inputs: Inputs) -> list[CheckResult]:
