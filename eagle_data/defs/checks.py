@@ -65,12 +65,20 @@ def check_keys(spec: DatasetSpec) -> list[dg.AssetCheckKey]:
     return [dg.AssetCheckKey(validated_key(spec), d.name) for d in quality.CHECKS]
 
 
+def blocked_steps(instance: dg.DagsterInstance, run_id: str) -> dict[str, list[str]]:
+    """Step key -> the blocking checks that failed in it, in one run, by each evaluation's own blocking flag:
+    every blocking check counts (the quality gates, the estimate's, `decontamination`, the capture's)."""
+    blocked: dict[str, list[str]] = {}
+    for event in instance.all_logs(run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION):
+        evaluation = event.dagster_event.event_specific_data
+        if evaluation.blocking and not evaluation.passed:
+            blocked.setdefault(event.step_key or "", []).append(evaluation.check_name)
+    return blocked
+
+
 def failed_blocking_checks(instance: dg.DagsterInstance, run_id: str) -> list[str]:
-    """Names of the blocking checks that failed in a run, by each evaluation's own blocking flag: every
-    blocking check counts (the quality gates, the pre-flight `within_budget`, `decontamination`)."""
-    events = instance.all_logs(run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION)
-    evaluations = [e.dagster_event.event_specific_data for e in events]
-    return [e.check_name for e in evaluations if e.blocking and not e.passed]
+    """Names of the blocking checks that failed in a run."""
+    return [name for names in blocked_steps(instance, run_id).values() for name in names]
 
 
 def judged_partitions(context: dg.AssetCheckExecutionContext, key: dg.AssetKey) -> list[str]:

@@ -2,8 +2,10 @@
 that imports `dagster._core`.
 
 Dagster 1.13 has no public API for a check's per-partition execution history (the event log storage's
-`get_asset_check_execution_history`, its `AssetCheckExecutionRecord`) nor for the materialization an
-evaluation names (`AssetCheckEvaluationTargetMaterializationData`); those imports live here, as do the
+`get_asset_check_execution_history`, its `AssetCheckExecutionRecord`), for the materialization an
+evaluation names (`AssetCheckEvaluationTargetMaterializationData`), for concurrency-pool slots (the event log
+storage's concurrency methods) nor for wrapping the default executor (`executor_creation_fn`, the
+`InitExecutorContext` named tuple's `_replace`); those uses live here, behind named functions, as do the
 types other modules of `defs` name. Evaluations and materializations are related by run id and shard
 digest, never by event storage id: on SQLite an evaluation's storage id comes from its run's own
 event-log file and a materialization's from the index, two numberings (docs/facts.md).
@@ -11,15 +13,14 @@ event-log file and a materialization's from the index, two numberings (docs/fact
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import dagster as dg
 from dagster._core.definitions.asset_checks.asset_check_evaluation import AssetCheckEvaluationTargetMaterializationData
 from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 
 from eagle_data import exports, quality
-from eagle_data.defs import assets as asset_defs  # a module import: assets.py imports this module too
 
 if TYPE_CHECKING:  # types only; Dagster exports none of these publicly in 1.13
     # the per-pool run-worker executor (pools.py) is built over the executor's internals
@@ -28,11 +29,13 @@ if TYPE_CHECKING:  # types only; Dagster exports none of these publicly in 1.13
     from dagster._core.execution.plan.plan import ExecutionPlan
     from dagster._core.execution.retries import RetryMode
     from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecord  # sensors.py too
+    from dagster._utils.concurrency import ConcurrencyKeyInfo  # pool slots (pools.py)
     from dagster._utils.error import SerializableErrorInfo  # sensors.py: a step failure's error
 
 __all__ = [
     "AssetCheckExecutionRecord",
     "BaseAssetGraph",
+    "ConcurrencyKeyInfo",
     "ExecutionPlan",
     "PlanOrchestrationContext",
     "RetryMode",
@@ -72,7 +75,10 @@ def target(record: dg.EventLogRecord | None) -> AssetCheckEvaluationTargetMateri
 
 
 def _shard_digest(metadata: dict[str, dg.MetadataValue]) -> str | None:
-    value = metadata.get(asset_defs.SHARD_DIGEST)
+    # Imported here: assets.py imports pools.py, which imports this module (a cycle at import time).
+    from eagle_data.defs.assets import SHARD_DIGEST
+
+    value = metadata.get(SHARD_DIGEST)
     return str(value.value) if value is not None else None
 
 
@@ -147,6 +153,13 @@ def failed_executions(
     return list(instance.event_log_storage.get_asset_check_execution_history(key, limit=limit, status=failed))
 
 
+def failed_check_partitions(instance: dg.DagsterInstance, keys: Sequence[dg.AssetCheckKey]) -> set[str]:
+    """Partitions where the latest execution of one of `keys` failed."""
+    infos = instance.event_log_storage.get_asset_check_partition_info(list(keys)) if keys else []
+    failed = AssetCheckExecutionRecordStatus.FAILED
+    return {info.partition_key for info in infos if info.partition_key and info.latest_execution_status == failed}
+
+
 def gate_records(
     instance: dg.DagsterInstance, key: dg.AssetKey, on_storage: Iterable[str], blocking: Sequence[dg.AssetCheckKey]
 ) -> exports.GateRecords:
@@ -159,3 +172,39 @@ def gate_records(
         materializations=latest,
         evaluations=latest_evaluations(instance, blocking, stored | set(latest)),
     )
+
+
+def pool_infos(instance: dg.DagsterInstance, pools: Iterable[str]) -> Mapping[str, ConcurrencyKeyInfo]:
+    """pool -> its slots: limit, the claimed ones (run, step) and the steps waiting."""
+    return instance.event_log_storage.get_concurrency_infos(list(pools))
+
+
+def pool_info(instance: dg.DagsterInstance, pool: str) -> ConcurrencyKeyInfo:
+    return instance.event_log_storage.get_concurrency_info(pool)
+
+
+def pool_names(instance: dg.DagsterInstance) -> set[str]:
+    """Every pool the instance knows."""
+    return instance.event_log_storage.get_concurrency_keys()
+
+
+def supports_pools(instance: dg.DagsterInstance) -> bool:
+    """Whether the instance's storage keeps pool slots (an in-memory test instance may not)."""
+    return instance.event_log_storage.supports_global_concurrency_limits
+
+
+def free_pool_slots(instance: dg.DagsterInstance, run_id: str) -> None:
+    """Give back every pool slot `run_id` holds."""
+    instance.event_log_storage.free_concurrency_slots_for_run(run_id)
+
+
+def default_executor(init_context: dg.InitExecutorContext) -> dg.Executor:
+    """Dagster's own multiprocess/in-process executor, built as Dagster builds it from the run config."""
+    creation_fn = dg.multi_or_in_process_executor.executor_creation_fn
+    assert creation_fn is not None  # a built-in executor always has one
+    return creation_fn(init_context)
+
+
+def with_executor_config(init_context: dg.InitExecutorContext, config: Mapping[str, Any]) -> dg.InitExecutorContext:
+    """The same executor context under another executor config."""
+    return init_context._replace(executor_config=config)

@@ -27,6 +27,15 @@ import dagster as dg
 
 import eagle_data.defs
 from eagle_data import engines
+from eagle_data.defs.instance import (
+    default_executor,
+    free_pool_slots,
+    pool_info,
+    pool_infos,
+    pool_names,
+    supports_pools,
+    with_executor_config,
+)
 from eagle_data.procs import Liveness, die_with, liveness, worker_id
 
 if TYPE_CHECKING:
@@ -46,7 +55,7 @@ def release_dead_holders(
     """Give back every slot of `pools` held by a run that has ended or whose worker is gone on this host,
     marking a still-STARTED one failed; returns the released run ids."""
     released = []
-    for pool, info in instance.event_log_storage.get_concurrency_infos(list(pools)).items():
+    for pool, info in pool_infos(instance, pools).items():
         for run_id in dict.fromkeys(slot.run_id for slot in info.claimed_slots):
             if run_id == exclude_run:
                 continue
@@ -57,7 +66,7 @@ def release_dead_holders(
             failed = run is not None and not run.is_finished
             if failed:
                 instance.report_run_failed(run, f"run worker {why}; its pool slots were released")
-            instance.event_log_storage.free_concurrency_slots_for_run(run_id)
+            free_pool_slots(instance, run_id)
             marked = " and marked the run failed" if failed else ""
             warn(f"pool {pool}: run {run_id} {why}; released its slot{marked}")
             released.append(run_id)
@@ -78,7 +87,7 @@ def _gone(run: dg.DagsterRun | None) -> str | None:
 
 def holders_line(instance: dg.DagsterInstance, pool: str, run_id: str) -> str | None:
     """ "step S waits for pool P: held by run R (step T, worker W)" while a step of `run_id` waits, else None."""
-    info = instance.event_log_storage.get_concurrency_info(pool)
+    info = pool_info(instance, pool)
     waiting = [p.step_key for p in info.pending_steps if p.run_id == run_id and p.assigned_timestamp is None]
     if not waiting:
         return None
@@ -109,7 +118,7 @@ class PoolWatchExecutor(dg.Executor):
         pools = sorted({step.pool for step in execution_plan.steps if step.pool})
         stop = threading.Event()
         watcher = threading.Thread(target=self._watch, args=(instance, run_id, pools, log, stop), daemon=True)
-        if pools and instance.event_log_storage.supports_global_concurrency_limits:
+        if pools and supports_pools(instance):
             release_dead_holders(instance, pools, log.warning, exclude_run=run_id)
             watcher.start()
         try:
@@ -151,9 +160,7 @@ STEP_PRELOAD = (
 
 
 def _create(init_context: dg.InitExecutorContext) -> dg.Executor:
-    creation_fn = dg.multi_or_in_process_executor.executor_creation_fn
-    assert creation_fn is not None
-    return PoolWatchExecutor(creation_fn(_forkserver_by_default(init_context)))
+    return PoolWatchExecutor(default_executor(_forkserver_by_default(init_context)))
 
 
 def _forkserver_by_default(init_context: dg.InitExecutorContext) -> dg.InitExecutorContext:
@@ -168,8 +175,8 @@ def _forkserver_by_default(init_context: dg.InitExecutorContext) -> dg.InitExecu
     ref = instance.get_ref()  # the step process builds this instance's storage classes
     storage = [data.module_name for data in (ref.storage_data, ref.compute_logs_data) if data is not None]
     preload = {"preload_modules": [*STEP_PRELOAD, *storage]}
-    return init_context._replace(
-        executor_config={**config, "multiprocess": {**multiprocess, "start_method": {"forkserver": preload}}}
+    return with_executor_config(
+        init_context, {**config, "multiprocess": {**multiprocess, "start_method": {"forkserver": preload}}}
     )
 
 
@@ -206,7 +213,7 @@ def dead_run_reaper() -> dg.SensorDefinition:
         description="Releases pool slots held by runs whose worker process is gone, and marks those runs failed.",
     )
     def reaper(context: dg.SensorEvaluationContext) -> dg.SkipReason:
-        pools = context.instance.event_log_storage.get_concurrency_keys()
+        pools = pool_names(context.instance)
         released = release_dead_holders(context.instance, pools, context.log.warning)
         return dg.SkipReason(f"released the slots of {len(released)} dead run(s)" if released else "no dead run")
 

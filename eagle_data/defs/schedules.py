@@ -6,9 +6,10 @@ backfill, so a thousand missing shards are a few runs, not a thousand), at most 
 - a partition some asset of the dataset has not materialized (missing, or its last run failed) gets its
   missing assets and everything downstream of them re-materialized (generation resumes from its
   durable log, so finished replies are not paid for twice);
-- a materialized partition whose last ERROR check failed gets its checks re-run, and nothing
-  downstream (useful after a threshold change in the catalog; a real regression fails again and
-  alerts again, a daily reminder that the shard needs attention).
+- a materialized partition where the latest evaluation of a check the registry repairs (`repair="checks"` in
+  quality.registry: the ERROR gates and `decontamination`) failed gets every check of `{ds}_validated` re-run, and
+  nothing downstream (useful after a threshold or benchmark change in the catalog; a real regression fails
+  again and alerts again, a daily reminder that the shard needs attention).
 A dataset that was never materialized is left alone: starting one is a decision, not a repair.
 """
 
@@ -19,10 +20,11 @@ from typing import TYPE_CHECKING
 
 import dagster as dg
 
-from eagle_data import quality
 from eagle_data.catalog import DatasetSpec
 from eagle_data.defs.assets import estimate_asset, partitions
-from eagle_data.defs.checks import check_keys, validated_key
+from eagle_data.defs.checks import validated_key
+from eagle_data.defs.instance import failed_check_partitions
+from eagle_data.quality import registry
 
 if TYPE_CHECKING:
     from eagle_data.defs.instance import BaseAssetGraph
@@ -45,14 +47,13 @@ def _missing(
     return missing
 
 
-def _failed_checks(context: dg.ScheduleEvaluationContext, spec: DatasetSpec) -> set[str]:
-    """Partitions whose latest evaluation of an ERROR check failed (failed warnings only inform)."""
-    errors = {d.name for d in quality.CHECKS if d.severity == "ERROR"}
-    keys = [k for k in check_keys(spec) if k.name in errors]
-    infos = context.instance.event_log_storage.get_asset_check_partition_info(keys)
-    return {
-        info.partition_key for info in infos if info.partition_key and info.latest_execution_status.value == "FAILED"
-    }
+def repaired_checks(graph: BaseAssetGraph, spec: DatasetSpec) -> tuple[list[dg.AssetCheckKey], list[dg.AssetCheckKey]]:
+    """The checks of `{ds}_validated` the loaded definitions hold, in registry order: those whose failure asks
+    for a repair (quality.registry's `repair`), and every one, which a repair re-runs so that the shard's
+    whole Checks tab is current."""
+    key, held = validated_key(spec), graph.asset_check_keys
+    on_asset = [dg.AssetCheckKey(key, d.name) for d in registry.CHECKS if dg.AssetCheckKey(key, d.name) in held]
+    return [k for k in on_asset if registry.check(k.name).repair == "checks"], on_asset
 
 
 def _partitioned(graph: BaseAssetGraph, keys: Iterable[dg.AssetKey], spec: DatasetSpec) -> list[dg.AssetKey]:
@@ -97,7 +98,8 @@ def repair_schedule(spec: DatasetSpec, max_runs: int) -> dg.ScheduleDefinition:
         missing = _missing(context, keys, spec)
         if len(missing) == len(spec.partition_keys) and all(len(v) == len(keys) for v in missing.values()):
             return dg.SkipReason(f"{ds} was never materialized: start it by hand, this schedule only repairs")
-        failed_checks, validated = _failed_checks(context, spec), validated_key(spec)
+        triggers, rerun = repaired_checks(graph, spec)
+        failed_checks, validated = failed_check_partitions(context.instance, triggers), validated_key(spec)
         need: dict[str, Hashable] = {}
         for partition in spec.partition_keys:
             bad = missing.get(partition, [])
@@ -112,7 +114,7 @@ def repair_schedule(spec: DatasetSpec, max_runs: int) -> dg.ScheduleDefinition:
             tags = {RANGE_START: first, RANGE_END: last}
             if work == "checks":
                 requests.append(dg.RunRequest(run_key=f"{ds}-{first}...{last}-checks-{night}", tags=tags,
-                                              asset_selection=[], asset_check_keys=check_keys(spec)))  # fmt: skip
+                                              asset_selection=[], asset_check_keys=rerun))  # fmt: skip
                 continue
             if work not in selections:
                 selection = (dg.AssetSelection.assets(*work).downstream() & group).resolve(graph)

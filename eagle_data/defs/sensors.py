@@ -1,11 +1,13 @@
 """Alert sensors: open-source Dagster announces neither failed checks nor failed runs, so these do.
 
-`quality_alerts` posts once per failed ERROR check and run, for every check the loaded definitions hold (the
-quality gates, the estimate's, the exports' `trainer_parity`, the capture's), listing every shard it failed on, once the
-check's step has ended (cursor: the last check execution it handled, and the recent (run, check) pairs
-already announced). The grouping is `alerts.group_failures`, over plain records. `run_failure_alerts`
-posts once per failed run (Dagster keeps its cursor), except runs a failed blocking check stopped: every
-blocking check is an ERROR one `quality_alerts` announces, so a regression gives exactly one message.
+`quality_alerts` posts once per failed check and run, for every check the loaded definitions hold that the
+check registry (`quality.registry`) marks alerted (the ERROR quality gates, the estimate's, `decontamination`, the
+exports' `trainer_parity`, the capture's), listing every shard it failed on, once the check's step has ended
+(cursor: the last check execution it handled, and the recent (run, check) pairs already announced). The grouping
+is `alerts.group_failures`, over plain records. `run_failure_alerts` posts once per failed run (Dagster keeps its
+cursor) that has a failed step no failed blocking check of its own explains: the registry makes every blocking
+check an alerted ERROR one, so a regression gives exactly one message, and a run where a blocking check failed
+beside another step's error (an engine's, say, in a range run over several datasets) still announces that error.
 The webhook URL comes only from $EAGLE_DATA_ALERT_WEBHOOK; with it unset when the code location loads, both
 sensors are stopped by default (an idle `dagster dev` stays quiet); unset later, they skip (and still move their
 cursors, so setting it again does not replay history).
@@ -22,8 +24,9 @@ import dagster as dg
 
 from eagle_data import alerts, settings
 from eagle_data.catalog import DatasetSpec
-from eagle_data.defs.checks import failed_blocking_checks
+from eagle_data.defs.checks import blocked_steps
 from eagle_data.defs.instance import failed_executions
+from eagle_data.quality import registry
 
 if TYPE_CHECKING:
     from eagle_data.defs.instance import AssetCheckExecutionRecord, SerializableErrorInfo
@@ -97,21 +100,15 @@ def alert_status() -> dg.DefaultSensorStatus:
 
 
 def alerted_checks(repository: dg.RepositoryDefinition, datasets: set[str]) -> dict[dg.AssetCheckKey, str]:
-    """Every check the loaded definitions hold -> the catalog dataset of its asset, else the asset's group
-    (`exports`, `drafter`). Read from the definitions, not listed here, so a check added anywhere (quality
-    gates, the estimate's, the exports', the capture's) is announced when it fails at ERROR severity."""
+    """Every check the loaded definitions hold that alerts when it fails (quality.registry's `alert`; a check
+    missing from the registry is announced too) -> the catalog dataset of its asset, else the asset's group
+    (`exports`, `drafter`). Read from the definitions, not listed here, so no check is left out."""
     graph = repository.asset_graph
     return {
         key: _dataset_of([key.asset_key.path[-1]], datasets) or graph.get(key.asset_key).group_name
         for key in graph.asset_check_keys
+        if (declared := registry.BY_NAME.get(key.name)) is None or declared.alert
     }
-
-
-def _is_error(record: AssetCheckExecutionRecord) -> bool:
-    """A failed evaluation of ERROR severity (a WARN check's failure is shown in the UI, not posted)."""
-    return isinstance(evaluation := record.evaluation, dg.AssetCheckEvaluation) and (
-        evaluation.severity == dg.AssetCheckSeverity.ERROR
-    )
 
 
 def _number(metadata: Mapping[str, dg.MetadataValue], name: str) -> float | None:
@@ -179,79 +176,109 @@ def _partition_of(run: dg.DagsterRun) -> str | None:
     return f"{start}...{end}" if start and end else None
 
 
-def build_sensors(specs: Sequence[DatasetSpec]) -> list[dg.SensorDefinition]:
-    datasets = {s.name for s in specs}
-    status = alert_status()
+def _failed_checks(
+    context: dg.SensorEvaluationContext, datasets: set[str]
+) -> list[tuple[AssetCheckExecutionRecord, str]]:
+    """Every failed execution of an alerted check, with its dataset, in the order the failures became known
+    (evaluation time, not record id: an id is given when the check is planned, so a run that planned early
+    but failed late would fall behind the cursor)."""
+    failed = [
+        (record, dataset)
+        for key, dataset in alerted_checks(context.repository_def, datasets).items()
+        for record in failed_executions(context.instance, key, _HISTORY)
+        if isinstance(record.evaluation, dg.AssetCheckEvaluation)
+    ]
+    return sorted(failed, key=lambda pair: _evaluated(pair[0]))
 
+
+def _post_check_alerts(context: dg.SensorEvaluationContext, datasets: set[str]) -> dg.SkipReason:
+    failed = _failed_checks(context, datasets)
+    if context.cursor is None:  # first tick: start from now, do not replay history
+        context.update_cursor(AlertCursor(_evaluated(failed[-1][0]) if failed else (0.0, 0)).dump())
+        return dg.SkipReason("started; alerting on check failures from now on")
+    cursor, url, sent = AlertCursor.load(context.cursor), alerts.webhook_url(), 0
+    ready = ready_failures([pair for pair in failed if _evaluated(pair[0]) > cursor.after], context.instance)
+    for alert in alerts.group_failures(check_failure(record, dataset) for record, dataset in ready):
+        if (key := alert_key(alert)) in cursor.handled:
+            continue  # a late shard of a (run, check) already announced
+        if url:
+            try:
+                alerts.post_alert(alerts.check_alert(alert, ui_url()), url)
+            except alerts.AlertError as exc:  # the cursor keeps what was sent: the rest is retried next tick
+                return dg.SkipReason(f"{exc}; posted {sent}, retrying the rest next tick")
+            sent += 1
+        cursor = cursor.handle(key)
+        context.update_cursor(cursor.dump())
+    if ready:
+        context.update_cursor(cursor.moved_to(_evaluated(ready[-1][0])).dump())
+    return dg.SkipReason(f"posted {sent} alert(s)" if url else f"alerts off: ${alerts.WEBHOOK_ENV} is not set")
+
+
+def quality_alerts_sensor(datasets: set[str], status: dg.DefaultSensorStatus) -> dg.SensorDefinition:
     @dg.sensor(
         name="quality_alerts",
         minimum_interval_seconds=ALERT_INTERVAL_S,
         default_status=status,
-        description=f"Posts one message per failed ERROR check (every check the definitions hold) and run, listing "
-        f"the failing shards, to ${alerts.WEBHOOK_ENV} (Slack format).",
+        description=f"Posts one message per failed alerted check (every check the definitions hold that the check "
+        f"registry alerts on) and run, listing the failing shards, to ${alerts.WEBHOOK_ENV} (Slack format).",
     )
     def quality_alerts(context: dg.SensorEvaluationContext) -> dg.SkipReason:
-        failed = [
-            (record, dataset)
-            for key, dataset in alerted_checks(context.repository_def, datasets).items()
-            for record in failed_executions(context.instance, key, _HISTORY)
-            if _is_error(record)
-        ]
-        # Ordered by when the check was evaluated, not by record id: a record's id is given when the check
-        # is planned, so a run that planned early but failed late would fall behind the cursor.
-        failed.sort(key=lambda pair: _evaluated(pair[0]))
-        if context.cursor is None:  # first tick: start from now, do not replay history
-            context.update_cursor(AlertCursor(_evaluated(failed[-1][0]) if failed else (0.0, 0)).dump())
-            return dg.SkipReason("started; alerting on check failures from now on")
-        cursor, url, sent = AlertCursor.load(context.cursor), alerts.webhook_url(), 0
-        ready = ready_failures([pair for pair in failed if _evaluated(pair[0]) > cursor.after], context.instance)
-        for alert in alerts.group_failures(check_failure(record, dataset) for record, dataset in ready):
-            if (key := alert_key(alert)) in cursor.handled:
-                continue  # a late shard of a (run, check) already announced
-            if url:
-                try:
-                    alerts.post_alert(alerts.check_alert(alert, ui_url()), url)
-                except alerts.AlertError as exc:  # the cursor keeps what was sent: the rest is retried next tick
-                    return dg.SkipReason(f"{exc}; posted {sent}, retrying the rest next tick")
-                sent += 1
-            cursor = cursor.handle(key)
-            context.update_cursor(cursor.dump())
-        if ready:
-            context.update_cursor(cursor.moved_to(_evaluated(ready[-1][0])).dump())
-        return dg.SkipReason(f"posted {sent} alert(s)" if url else f"alerts off: ${alerts.WEBHOOK_ENV} is not set")
+        return _post_check_alerts(context, datasets)
 
+    return quality_alerts
+
+
+def unannounced_failures(
+    steps: Sequence[dg.DagsterEvent], blocked: Mapping[str, Sequence[str]]
+) -> list[dg.DagsterEvent]:
+    """The failed steps no check alert speaks for: a step that failed on its own failed blocking check is
+    announced by `quality_alerts` (every blocking check alerts: quality.registry), any other is not."""
+    return [step for step in steps if (step.step_key or "") not in blocked]
+
+
+def _post_run_alert(context: dg.RunFailureSensorContext, datasets: set[str]) -> dg.SkipReason:
+    run = context.dagster_run
+    blocked = blocked_steps(context.instance, run.run_id)
+    steps = unannounced_failures(context.get_step_failure_events(), blocked)
+    if blocked and not steps:
+        covered = ", ".join(name for names in blocked.values() for name in names)
+        return dg.SkipReason(f"run {run.run_id} failed on check(s) {covered}: already announced")
+    error = _root_error(steps[0].event_specific_data.error) if steps else context.failure_event.message
+    selected = [key.to_user_string() for key in run.asset_selection or ()]
+    assets = {key.to_user_string() for key in context.repository_def.asset_graph.get_all_asset_keys()}
+    asset = failed_asset(selected, assets, [s.step_key or "" for s in steps])
+    names = [asset or ""] + [k.path[-1] for k in run.asset_selection or ()] + [s.step_key or "" for s in steps]
+    alerts.post_alert(  # a refused post fails this tick (visible in the UI); Dagster moves on to the next run
+        alerts.run_alert(
+            job=run.job_name,
+            run_id=run.run_id,
+            base_url=ui_url(),
+            error=error or "",
+            dataset=_dataset_of(names, datasets),
+            asset=asset,
+            partition=_partition_of(run),
+        ),
+        alerts.webhook_url(),
+    )
+    return dg.SkipReason(f"posted an alert for run {run.run_id}")
+
+
+def run_failure_sensor(datasets: set[str], status: dg.DefaultSensorStatus) -> dg.SensorDefinition:
     @dg.run_failure_sensor(
         name="run_failure_alerts",
         minimum_interval_seconds=ALERT_INTERVAL_S,
         default_status=status,
-        description=f"Posts each failed run to ${alerts.WEBHOOK_ENV}, unless a failed blocking check (already "
-        "announced) stopped it.",
+        description=f"Posts each failed run to ${alerts.WEBHOOK_ENV}, unless failed blocking checks (already "
+        "announced) stopped every step that failed.",
     )
     def run_failure_alerts(context: dg.RunFailureSensorContext) -> dg.SkipReason:
-        run = context.dagster_run
-        url = alerts.webhook_url()
-        if not url:
+        if not alerts.webhook_url():
             return dg.SkipReason(f"alerts off: ${alerts.WEBHOOK_ENV} is not set")
-        if covered := failed_blocking_checks(context.instance, run.run_id):
-            return dg.SkipReason(f"run {run.run_id} failed on check(s) {', '.join(covered)}: already announced")
-        steps = context.get_step_failure_events()
-        error = _root_error(steps[0].event_specific_data.error) if steps else context.failure_event.message
-        selected = [key.to_user_string() for key in run.asset_selection or ()]
-        assets = {key.to_user_string() for key in context.repository_def.asset_graph.get_all_asset_keys()}
-        asset = failed_asset(selected, assets, [s.step_key or "" for s in steps])
-        names = [asset or ""] + [k.path[-1] for k in run.asset_selection or ()] + [s.step_key or "" for s in steps]
-        alerts.post_alert(  # a refused post fails this tick (visible in the UI); Dagster moves on to the next run
-            alerts.run_alert(
-                job=run.job_name,
-                run_id=run.run_id,
-                base_url=ui_url(),
-                error=error or "",
-                dataset=_dataset_of(names, datasets),
-                asset=asset,
-                partition=_partition_of(run),
-            ),
-            url,
-        )
-        return dg.SkipReason(f"posted an alert for run {run.run_id}")
+        return _post_run_alert(context, datasets)
 
-    return [quality_alerts, run_failure_alerts]
+    return run_failure_alerts
+
+
+def build_sensors(specs: Sequence[DatasetSpec]) -> list[dg.SensorDefinition]:
+    datasets, status = {s.name for s in specs}, alert_status()
+    return [quality_alerts_sensor(datasets, status), run_failure_sensor(datasets, status)]
