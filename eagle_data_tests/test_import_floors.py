@@ -126,5 +126,29 @@ def test_only_one_module_of_the_dagster_layer_imports_dagsters_private_api() -> 
     assert private == ["defs/instance.py"]
 
 
+# Dagster internals reached through public objects, no private import needed: the event log storage's methods
+# (check histories, pool slots), an executor definition's creation function, a named tuple's `_replace`.
+INTERNAL_ATTRIBUTES = {"event_log_storage", "run_storage", "schedule_storage", "executor_creation_fn", "_replace"}
+
+
+def test_dagsters_internals_are_reached_only_from_defs_instance() -> None:
+    """Every use of Dagster's internals sits behind a named function of defs/instance.py (`secrets.py`'s
+    `_replace` is a urllib named tuple's, not Dagster's)."""
+    used = sorted(
+        f"{path.relative_to(PACKAGE)}:{node.lineno} .{node.attr}"
+        for path in (PACKAGE / "defs").rglob("*.py")
+        if path.name != "instance.py"
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Attribute) and node.attr in INTERNAL_ATTRIBUTES
+    )
+    assert used == []
+    outside = sorted(
+        str(path.relative_to(PACKAGE))
+        for path in PACKAGE.rglob("*.py")
+        if "defs" not in path.parts and "event_log_storage" in path.read_text()
+    )
+    assert outside == []
+
+
 def _imported(node: ast.Import | ast.ImportFrom) -> list[str]:
     return [node.module or ""] if isinstance(node, ast.ImportFrom) else [alias.name for alias in node.names]
