@@ -9,6 +9,7 @@ import pytest
 
 from eagle_data.drafter import verify
 from eagle_data.quality import CHECKS, registry
+from eagle_data_tests.test_docs_match_code import ROOT, names, table
 
 
 def test_the_registry_as_shipped_is_sound() -> None:
@@ -47,3 +48,17 @@ def test_a_judge_whose_code_and_declarations_differ_is_refused() -> None:
 def test_the_gates_and_the_capture_checks_are_the_registrys() -> None:
     assert registry.judged_by("gates") == CHECKS
     assert {d.name: d.description for d in registry.judged_by("capture")} == verify.CHECKS
+
+
+def test_the_quality_doc_lists_the_registry_as_declared() -> None:
+    rows = table(ROOT / "docs" / "quality.md", "check", "asset", "severity", "blocking", "alerted", "nightly repair")
+    doc = [
+        (names(r["check"])[0], names(r["asset"])[0], r["severity"], r["blocking"] == "yes", r["alerted"] == "yes",
+         r["nightly repair"])
+        for r in rows
+    ]  # fmt: skip
+    stage_asset = {"estimate": "{ds}_estimate", "validated": "{ds}_validated"}
+    declared = [
+        (d.name, stage_asset.get(d.stage, d.stage), d.severity, d.blocking, d.alert, d.repair) for d in registry.CHECKS
+    ]
+    assert doc == declared
