@@ -25,36 +25,12 @@ from eagle_data import pipeline, quality, report
 from eagle_data.catalog import DatasetSpec
 from eagle_data.defs.assets import CANARY, SHARD_DIGEST, WITHIN_BUDGET, partitions
 from eagle_data.defs.instance import latest_materializations, target
+from eagle_data.defs.registry import check_outcome, check_specs
 from eagle_data.defs.resources import StorageResource
 from eagle_data.quality import registry
 from eagle_data.storage import ShardStore
 
 ESTIMATE_CHECKS = registry.implemented("estimate", (WITHIN_BUDGET, CANARY))  # judged in the estimate's own step
-
-
-def check_specs(
-    judge: registry.Judge, asset: str | dg.AssetKey, partitions_def: dg.PartitionsDefinition | None = None
-) -> list[dg.AssetCheckSpec]:
-    """The Dagster specs of every check one judge evaluates on `asset`, as the registry declares them."""
-    return [
-        dg.AssetCheckSpec(
-            d.name, asset=asset, description=d.description, blocking=d.blocking, partitions_def=partitions_def
-        )
-        for d in registry.judged_by(judge)
-    ]
-
-
-def check_outcome(name: str, passed: bool, description: str, metadata: dict[str, Any]) -> dict[str, Any]:
-    """One evaluation's AssetCheckEvaluation fields, severity and blocking as the registry declares them."""
-    d = registry.check(name)
-    return {
-        "check_name": name,
-        "passed": passed,
-        "severity": dg.AssetCheckSeverity(d.severity),
-        "blocking": d.blocking,
-        "description": description,
-        "metadata": metadata,
-    }
 
 
 def validated_key(spec: DatasetSpec) -> dg.AssetKey:

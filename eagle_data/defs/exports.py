@@ -18,11 +18,12 @@ import dagster as dg
 from eagle_data import exports, pipeline
 from eagle_data.catalog import DatasetSpec
 from eagle_data.defs.assets import catalog_labels
-from eagle_data.defs.checks import check_specs, validated_key
+from eagle_data.defs.checks import validated_key
 from eagle_data.defs.drafter import follow_the_mix
 from eagle_data.defs.instance import gate_records
 from eagle_data.defs.messages import file_locations, leveled, uri_locations, user_failure
 from eagle_data.defs.metadata import settings_version
+from eagle_data.defs.registry import check_specs
 from eagle_data.defs.resources import StorageResource
 from eagle_data.exports.check import PARITY_CHECK, check_exports
 from eagle_data.exports.parity import ParityError
