@@ -1,6 +1,7 @@
 """Data-quality gates: per-row verdicts, dataset-level checks and report figures over polars frames.
 
-Rooms: `verdicts` (one reason per row, the train/rejected split), `summary` (the counts everything
+Rooms: `registry` (every check of the project declared once: asset, severity, blocking, alert, repair),
+`verdicts` (one reason per row, the train/rejected split), `summary` (the counts everything
 else reads), `gates` (the dataset checks and their thresholds from the catalog), `figures` (metadata
 numbers, markdown tables, histogram bins), `records` (the typed, versioned per-shard record written
 once at validation), `rollup` (shard records added up for dataset reports and range checks), `canary`
