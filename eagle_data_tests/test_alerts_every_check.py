@@ -27,7 +27,6 @@ from eagle_data_tests.test_capture_checks import KEY, RANGE, capture_asset  # no
 from eagle_data_tests.test_quality_defs import EXPORT, FROM_START, SPEC, stand_in_assets, tick
 
 SENSORS = ("quality_alerts", "run_failure_alerts")
-STAGE_ASSETS = {"estimate": "{ds}_estimate", "validated": "{ds}_validated"}  # the others are one asset each
 
 
 @pytest.fixture(scope="module")
@@ -47,9 +46,7 @@ def test_every_check_of_the_definitions_is_declared_in_the_registry_as_the_ui_sh
     for key in graph.asset_check_keys:
         spec = graph.get_check_spec(key)
         held[(key.name, _asset_pattern(key.asset_key.to_user_string(), datasets))] = (spec.blocking, spec.description)
-    declared = {
-        (d.name, STAGE_ASSETS.get(d.stage, d.stage)): (d.blocking, d.description) for d in registry.CHECKS
-    }  # fmt: skip
+    declared = {(d.name, d.asset): (d.blocking, d.description) for d in registry.CHECKS}
     assert held == declared
 
 

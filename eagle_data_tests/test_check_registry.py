@@ -57,8 +57,5 @@ def test_the_quality_doc_lists_the_registry_as_declared() -> None:
          r["nightly repair"])
         for r in rows
     ]  # fmt: skip
-    stage_asset = {"estimate": "{ds}_estimate", "validated": "{ds}_validated"}
-    declared = [
-        (d.name, stage_asset.get(d.stage, d.stage), d.severity, d.blocking, d.alert, d.repair) for d in registry.CHECKS
-    ]
+    declared = [(d.name, d.asset, d.severity, d.blocking, d.alert, d.repair) for d in registry.CHECKS]
     assert doc == declared

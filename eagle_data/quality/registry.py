@@ -21,6 +21,7 @@ Stage = Literal["estimate", "validated", "training_mix", "hidden_states"]
 # the benchmark decontamination of a validated shard, the trainer-parity run of the exports, capture verification.
 Judge = Literal["gates", "estimate", "decontamination", "parity", "capture"]
 Repair = Literal["checks", "none"]  # what the nightly repair re-runs on a shard whose check failed
+STAGE_ASSETS = {"estimate": "{ds}_estimate", "validated": "{ds}_validated"}  # the other stages: one asset each
 
 
 class RegistryError(ValueError):
@@ -39,6 +40,11 @@ class CheckDef:
     description: str
     alert: bool  # a failure posts a message (the alert sensor); otherwise it shows in the UI and the report
     repair: Repair = "none"
+
+    @property
+    def asset(self) -> str:
+        """The asset it judges, as the docs name it (`{ds}_validated`, `training_mix`)."""
+        return STAGE_ASSETS.get(self.stage, self.stage)
 
 
 def _gate(name: str, severity: Severity, blocking: bool, description: str) -> CheckDef:
