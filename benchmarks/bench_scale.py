@@ -1,14 +1,14 @@
 """Every stage at scale: peak memory, CPU and wall seconds per stage, at 10k and 200k prompts (1M with --million).
 
 A synthetic ShareGPT-schema JSONL source (1-2 user turns, plus ~1% bad rows), a local OpenAI-compatible server
-that answers at once (its own process), and the stages through the same pipeline functions the assets
+that answers at once (its own process), and the stages through the same stage functions the assets
 call, over every partition in one call (as a single-run backfill does):
   prompts      pipeline.write_prompts (builds the prompt index, writes every prompts shard)
   prompts_one  pipeline.write_prompts for one partition, with the index saved (a one-shard run)
-  estimate     pipeline.estimate (8 sample prompts answered, every prompt's tokens counted)
+  estimate     stages.estimate.estimate (8 sample prompts answered, every prompt's tokens counted)
   generation   pipeline.generate with the engine and runner settings of the `engine` resource
   validation   pipeline.validate (token ids, loss masks, verdicts, quality reports)
-  export       pipeline.export (SpecForge JSONL, tokenized parquet, the training mix)
+  export       stages.export.export (SpecForge JSONL, tokenized parquet, the training mix)
   raw_encode   the baseline: the target tokenizer's encode_batch on all cores, over the validated texts
 Each stage runs in its own process; its peak RSS, user+system CPU seconds and wall seconds come from
 os.wait4 on that process (ru_maxrss: the largest single process of its tree).
@@ -100,7 +100,7 @@ def spec_for(source: str, prompts: int) -> Any:
 
 def run_stage(stage: str, root: str, source: str, prompts: int, url: str) -> dict[str, Any]:
     """Run one stage in this process; returns its figures (rows handled)."""
-    from eagle_data import pipeline
+    from eagle_data import layout, pipeline
     from eagle_data.storage import ShardStore
 
     spec, store = spec_for(source, prompts), ShardStore(root)
@@ -116,7 +116,9 @@ def run_stage(stage: str, root: str, source: str, prompts: int, url: str) -> dic
         engine = EngineResource(kind="openai", model="bench")
         settings = engine.runner_settings()
         if stage == "estimate":
-            estimate = pipeline.estimate(
+            from eagle_data.stages.estimate import estimate as run_estimate
+
+            estimate = run_estimate(
                 spec, store, engine.make(spec), usd_per_prompt_token=0.0, usd_per_completion_token=0.0,
                 log=lambda line: None, settings=settings,
             ).estimate  # fmt: skip
@@ -126,12 +128,13 @@ def run_stage(stage: str, root: str, source: str, prompts: int, url: str) -> dic
         return {"rows": figures.get("done", 0), "requests": figures.get("requests", 0)}
     if stage == "validation":
         pipeline.validate(spec, store, keys)
-        return {"rows": _rows_written(store, spec.name, pipeline.validated_asset(spec), keys)}
+        return {"rows": _rows_written(store, spec.name, layout.validated_asset(spec.name), keys)}
     if stage == "export":
         from eagle_data.exports import Admission
+        from eagle_data.stages.export import export, shards_written
 
-        written = pipeline.shards_written(store, spec.name, pipeline.validated_asset(spec))
-        figures = pipeline.export([spec], store, {spec.name: Admission(tuple(written))}, seed=0, log=lambda line: None)
+        written = shards_written(store, spec.name, layout.validated_asset(spec.name))
+        figures = export([spec], store, {spec.name: Admission(tuple(written))}, seed=0, log=lambda line: None)
         return {"rows": figures.get("mix_rows", 0)}
     if stage == "raw_encode":
         return raw_encode(spec, store, keys)
@@ -149,13 +152,13 @@ def _rows_written(store: Any, dataset: str, asset: str, keys: list[str]) -> int:
 def raw_encode(spec: Any, store: Any, keys: list[str]) -> dict[str, Any]:
     """The tokenizer alone on every core: encode_batch over the validated rows' texts (decoded from their
     ids, untimed), on up to RAW_SAMPLE_ROWS rows; returns rows per second."""
-    from eagle_data import pipeline
+    from eagle_data import layout
     from eagle_data.targets import load_target
 
     target = load_target(spec.target)
     ids: list[list[int]] = []
     for key in keys:
-        ids += store.read_shard(spec.name, pipeline.validated_asset(spec), key)["input_ids"].to_list()
+        ids += store.read_shard(spec.name, layout.validated_asset(spec.name), key)["input_ids"].to_list()
         if len(ids) >= RAW_SAMPLE_ROWS:
             break
     texts = target.text_encoder.decode_batch(ids[:RAW_SAMPLE_ROWS], skip_special_tokens=False)

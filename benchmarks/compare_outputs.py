@@ -2,7 +2,7 @@
 
 Runs the same stages on this checkout ("new") and on another (`--old PATH`, e.g. a worktree of an older
 main), each in its own process with PYTHONPATH (and eagle_data's package path) set to that checkout, then
-compares what they wrote. Stages, through the pipeline functions the assets call, over every partition:
+compares what they wrote. Stages, through the stage functions the assets call, over every partition:
 write_prompts, generate, validate, export (training mix, seed 0). Signatures that changed between versions
 (export's shard admissions) are detected in the child.
 
@@ -32,6 +32,7 @@ import sys
 import tempfile
 import urllib.request
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import polars as pl
@@ -51,11 +52,12 @@ def child(checkout: Path, root: Path, dump: Path, source: str, prompts: int, url
     eagle_data.__path__ = [str(checkout / "eagle_data")]  # a namespace package: no module from another tree
     import inspect
 
-    from eagle_data import pipeline
+    from eagle_data import layout
     from eagle_data.catalog import load_catalog
     from eagle_data.defs.resources import EngineResource
     from eagle_data.storage import ShardStore
 
+    stage = SimpleNamespace(**stage_functions(checkout))
     store, demo = ShardStore(str(root)), not source
     catalog = load_catalog(profile="demo" if demo else "")
     if demo:
@@ -71,31 +73,31 @@ def child(checkout: Path, root: Path, dump: Path, source: str, prompts: int, url
     quiet = {"log": lambda line: None}
     for spec in specs:
         keys = spec.partition_keys
-        pipeline.write_prompts(spec, store, keys)
-        pipeline.generate(spec, store, keys, engine.make(spec), settings=engine.runner_settings(), **quiet)
-        logs = "log" in inspect.signature(pipeline.validate).parameters
-        pipeline.validate(spec, store, keys, **(quiet if logs else {}))
-    validated = {spec.name: pipeline.shards_written(store, spec.name, pipeline.validated_asset(spec)) for spec in specs}
-    if "admissions" in inspect.signature(pipeline.export).parameters:
+        stage.write_prompts(spec, store, keys)
+        stage.generate(spec, store, keys, engine.make(spec), settings=engine.runner_settings(), **quiet)
+        logs = "log" in inspect.signature(stage.validate).parameters
+        stage.validate(spec, store, keys, **(quiet if logs else {}))
+    validated = {spec.name: stage.shards_written(store, spec.name, layout.validated_asset(spec.name)) for spec in specs}
+    if "admissions" in inspect.signature(stage.export).parameters:
         from eagle_data.exports import Admission
 
         admissions = {name: Admission(tuple(keys)) for name, keys in validated.items()}
-        figures = pipeline.export(specs, store, admissions, seed=0, **quiet)
+        figures = stage.export(specs, store, admissions, seed=0, **quiet)
     else:
-        figures = pipeline.export(specs, store, seed=0)
+        figures = stage.export(specs, store, seed=0)
     tables: dict[str, list[pl.DataFrame]] = {name: [] for name in TABLES}
     shards = (
-        ("prompts", pipeline.prompts_asset, ["messages"]),
+        ("prompts", lambda spec: layout.prompts_asset(spec.name), ["messages"]),
         ("generations", lambda spec: spec.name, ["status", "messages"]),
-        ("validated", pipeline.validated_asset, ["input_ids", "loss_mask", "verdict"]),
+        ("validated", lambda spec: layout.validated_asset(spec.name), ["input_ids", "loss_mask", "verdict"]),
     )
     for spec in specs:
         for table, asset_of, columns in shards:
-            for key in pipeline.shards_written(store, spec.name, asset_of(spec)):
+            for key in stage.shards_written(store, spec.name, asset_of(spec)):
                 frame = store.read_shard(spec.name, asset_of(spec), key).select("prompt_id", *columns)
                 tables[table].append(neutral(frame).with_columns(dataset=pl.lit(spec.name), partition=pl.lit(key)))
         old_key = f"{spec.name}/export/train.parquet"
-        keys = pipeline.export_keys(spec) if hasattr(pipeline, "export_keys") else {"train": old_key}
+        keys = stage.export_keys(spec) if hasattr(stage, "export_keys") else {"train": old_key}
         train = keys["train"] if isinstance(keys, dict) else keys[1]  # a tuple (file, train) before the registry
         tables["train"].append(neutral(store.read_frame(train)))
     tables["mix"].append(neutral(pl.read_parquet(figures["mix_path"])))
@@ -105,6 +107,21 @@ def child(checkout: Path, root: Path, dump: Path, source: str, prompts: int, url
               not str(getattr(m, "__file__", None) or checkout).startswith(str(checkout))]  # fmt: skip
     if strays:
         raise SystemExit(f"imported eagle_data modules from outside {checkout}: {strays[:3]}")
+
+
+def stage_functions(checkout: Path) -> dict[str, Any]:
+    """The checkout's stage functions by name: those eagle_data/pipeline.py defines (every stage, in older
+    checkouts), then each eagle_data/stages/ module's own (where issue 33 moved them)."""
+    import importlib
+
+    package = checkout / "eagle_data"
+    modules = ["pipeline"] if (package / "pipeline.py").is_file() else []
+    modules += [f"stages.{path.stem}" for path in sorted((package / "stages").glob("*.py")) if path.stem != "__init__"]
+    found: dict[str, Any] = {}
+    for name in modules:
+        module = importlib.import_module(f"eagle_data.{name}")
+        found.update({k: v for k, v in vars(module).items() if callable(v) and v.__module__ == module.__name__})
+    return found
 
 
 def neutral(frame: pl.DataFrame) -> pl.DataFrame:

@@ -132,8 +132,9 @@ def demo(dataset: str = DEMO_DATASET) -> int:
     from eagle_data.catalog import PROFILE_ENV, get_dataset
 
     settings.set_default(PROFILE_ENV, "demo")
-    from eagle_data import layout, pipeline
+    from eagle_data import layout
     from eagle_data.demo import ensure_demo_model
+    from eagle_data.stages.export import shards_written
     from eagle_data.storage import ShardStore
 
     spec = get_dataset(dataset)
@@ -154,7 +155,7 @@ def demo(dataset: str = DEMO_DATASET) -> int:
     outputs = []
     if code == 0:
         store = ShardStore()
-        validated = pipeline.shards_written(store, dataset, pipeline.validated_asset(spec))
+        validated = shards_written(store, dataset, layout.validated_asset(dataset))
         outputs = [f"output: {store.uri(dataset)}/ ({len(validated)} validated shards)",
                    f"quality report: {store.link(layout.quality_index(dataset))}",
                    "browse it all: dagster dev (README, Running real jobs)"]  # fmt: skip

@@ -19,8 +19,8 @@ from eagle_data.catalog import load_catalog
 from eagle_data.drafter import formats, verify
 from eagle_data.drafter.capture import FLOOR_REASONS, TransformersBackend, batches, capture_shard
 from eagle_data.drafter.layers import LayerError, dflash_ids, eagle3_ids, engine_ids, resolve
-from eagle_data.drafter.outputs import write_hidden_states
 from eagle_data.drafter.settings import CaptureSettings
+from eagle_data.stages.hidden_states import write_hidden_states
 from eagle_data.storage import ShardStore, StorageError
 
 SETTINGS = CaptureSettings(

@@ -19,8 +19,8 @@ from eagle_data.defs.assets import partitions
 from eagle_data.defs.drafter import DECONTAMINATION, decontamination_check
 from eagle_data.defs.resources import StorageResource
 from eagle_data.drafter import decontam, evalsets
-from eagle_data.drafter.outputs import decontamination_report
 from eagle_data.drafter.settings import BenchmarkSource, Decontamination, load_drafter_settings
+from eagle_data.stages.decontamination import decontamination_report
 from eagle_data.storage import ShardStore
 from eagle_data.targets.rows import MESSAGE_DTYPE
 from eagle_data_tests.fixtures_quality import generation_frame, varied_replies

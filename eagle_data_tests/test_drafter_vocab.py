@@ -17,7 +17,7 @@ from eagle_data.catalog import load_catalog
 from eagle_data.defs.drafter import build_drafter_assets
 from eagle_data.defs.resources import StorageResource
 from eagle_data.drafter import vocab
-from eagle_data.drafter.outputs import write_draft_vocab
+from eagle_data.stages.draft_vocab import write_draft_vocab
 from eagle_data.storage import ShardStore
 from eagle_data.targets import load_target
 

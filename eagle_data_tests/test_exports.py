@@ -13,7 +13,7 @@ from typing import Any
 import polars as pl
 import pytest
 
-from eagle_data import layout, pipeline, provenance
+from eagle_data import layout, provenance
 from eagle_data.catalog import Checks, Generation
 from eagle_data.exports import (
     Admission,
@@ -25,6 +25,7 @@ from eagle_data.exports import (
     write_mix,
 )
 from eagle_data.exports.formats import to_specforge_text
+from eagle_data.stages.export import export, shards_written
 from eagle_data.storage import ShardStore, digest
 from eagle_data.targets import build_training_rows, load_target
 from eagle_data.targets.rows import MESSAGE_DTYPE
@@ -140,7 +141,7 @@ def test_mix_names_datasets_without_a_weight() -> None:
 
 
 def admit_all(store: ShardStore, specs: list) -> dict[str, Admission]:
-    return {s.name: Admission(tuple(pipeline.shards_written(store, s.name, f"{s.name}_validated"))) for s in specs}
+    return {s.name: Admission(tuple(shards_written(store, s.name, f"{s.name}_validated"))) for s in specs}
 
 
 @pytest.mark.parametrize(("seed", "bucket_rows"), [(0, None), (7, 1000)])
@@ -151,7 +152,7 @@ def test_streaming_export_writes_what_the_in_memory_export_wrote(tmp_path: Path,
     golden = json.loads(GOLDEN.read_text())[f"seed{seed}"]
     store = ShardStore(str(tmp_path))
     specs = write_fixture(store)
-    figures = pipeline.export(specs, store, admit_all(store, specs), seed=seed, bucket_rows=bucket_rows)
+    figures = export(specs, store, admit_all(store, specs), seed=seed, bucket_rows=bucket_rows)
     assert export_digests(tmp_path, list(FIXTURE_DATASETS)) == golden
     assert figures["mix_rows"] == golden["mix"]["rows"] == 5244
     mixed = pl.read_parquet(tmp_path / layout.mix())
@@ -183,7 +184,7 @@ def test_export_never_writes_a_zero_mask_row(tmp_path: Path) -> None:
     store = ShardStore(str(tmp_path))
     spec = write_fixture(store)[2]  # b93_gamma, mix weight 1
     store.write_shard(spec.name, f"{spec.name}_validated", "00000", zero_mask_shard())
-    figures = pipeline.export([spec], store, {spec.name: Admission(("00000",))}, seed=0)
+    figures = export([spec], store, {spec.name: Admission(("00000",))}, seed=0)
     train = pl.read_parquet(tmp_path / layout.export_file(spec.name, layout.TRAIN_FILE))
     mixed = pl.read_parquet(tmp_path / layout.mix())
     assert train["prompt_id"].to_list() == mixed["prompt_id"].to_list() == ["b93_gamma-00000-0005"]
@@ -193,10 +194,10 @@ def test_export_never_writes_a_zero_mask_row(tmp_path: Path) -> None:
 def test_export_reads_only_admitted_shards_and_names_the_others(tmp_path: Path) -> None:
     store = ShardStore(str(tmp_path))
     spec = write_fixture(store)[1]  # b92_beta: shards 00000..00002
-    pipeline.export([spec], store, admit_all(store, [spec]), seed=0)
+    export([spec], store, admit_all(store, [spec]), seed=0)
     lines: list[str] = []
     gate = {spec.name: Admission(("00000",), {"00001": "empty_response failed", "00002": "token_structure failed"})}
-    figures = pipeline.export([spec], store, gate, seed=0, log=lines.append)
+    figures = export([spec], store, gate, seed=0, log=lines.append)
     train = pl.read_parquet(tmp_path / layout.export_file(spec.name, layout.TRAIN_FILE))
     assert set(train["prompt_id"].str.slice(9, 5)) == {"00000"}
     assert figures["excluded_shards"] == 2
@@ -207,10 +208,10 @@ def test_export_reads_only_admitted_shards_and_names_the_others(tmp_path: Path) 
 def test_export_with_nothing_to_take_fails_with_one_line_and_removes_the_stale_files(tmp_path: Path) -> None:
     store = ShardStore(str(tmp_path))
     specs = write_fixture(store)
-    pipeline.export(specs, store, admit_all(store, specs), seed=0)
+    export(specs, store, admit_all(store, specs), seed=0)
     gate = {"b91_alpha": Admission((), {"00003": "empty_response failed"})}
     with pytest.raises(ExportError) as caught:
-        pipeline.export(specs, store, gate, seed=0)
+        export(specs, store, gate, seed=0)
     message = str(caught.value)
     assert "\n" not in message and "no validated shard passed every blocking check" in message
     assert "b91_alpha 00003: empty_response failed" in message
@@ -227,7 +228,7 @@ def test_export_to_s3_equals_the_local_export(tmp_path: Path, s3_endpoint: str, 
     remote.write_bytes(key, local.read_bytes(key))
     outputs: dict[str, Any] = {}
     for store in (local, remote):
-        pipeline.export(specs, store, admit_all(store, specs), seed=3)
+        export(specs, store, admit_all(store, specs), seed=3)
         outputs[store.root] = [
             store.read_bytes(k)
             for k in (layout.export_file("b93_gamma", "prompts.jsonl"), layout.mix_file("prompts.jsonl"))
@@ -247,7 +248,7 @@ def test_export_judges_rows_again_under_todays_thresholds(tmp_path: Path) -> Non
         reply_tokens=pl.Series([50, 50, 100, 100, 100, 100], dtype=pl.Int32),  # the first two lost half their text
     )  # fmt: skip
     store.write_shard(spec.name, layout.validated_asset(spec.name), "00000", shard)
-    figures = pipeline.export([spec], store, {spec.name: Admission(("00000",))}, seed=0)
+    figures = export([spec], store, {spec.name: Admission(("00000",))}, seed=0)
     train = pl.read_parquet(tmp_path / layout.export_file(spec.name, layout.TRAIN_FILE))
     assert train["prompt_id"].to_list() == shard["prompt_id"].to_list()[2:]
     assert figures[f"{spec.name}_refused_lost_text"] == 2
@@ -260,7 +261,7 @@ def test_export_leaves_out_an_admitted_shard_whose_bytes_are_not_the_judged_ones
     judged = {key: digest(store.shard_bytes(spec.name, asset, key)) for key in ("00000", "00001")}
     store.write_shard(spec.name, asset, "00001", validated_shard(spec.name, 1, rows=20))  # rewritten since
     lines: list[str] = []
-    figures = pipeline.export([spec], store, {spec.name: Admission(("00000", "00001"), digests=judged)}, seed=0,
+    figures = export([spec], store, {spec.name: Admission(("00000", "00001"), digests=judged)}, seed=0,
                               log=lines.append)  # fmt: skip
     train = pl.read_parquet(tmp_path / layout.export_file(spec.name, layout.TRAIN_FILE))
     assert set(train["prompt_id"].str.slice(9, 5)) == {"00000"} and figures[f"{spec.name}_shards"] == 1

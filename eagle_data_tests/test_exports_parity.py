@@ -16,7 +16,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from eagle_data import layout, pipeline
+from eagle_data import layout
 from eagle_data.catalog import Adapter, Checks, DatasetSpec, Generation
 from eagle_data.demo import CHAT_TEMPLATE
 from eagle_data.exports import Admission
@@ -24,6 +24,7 @@ from eagle_data.exports.check import check_exports
 from eagle_data.exports.formats import FORMATS, chosen
 from eagle_data.exports.parity import ParityError
 from eagle_data.exports.settings import ExportSettings
+from eagle_data.stages.export import export
 from eagle_data.storage import ShardStore
 from eagle_data.targets import build_training_rows, load_target
 from eagle_data.targets.rows import MESSAGE_DTYPE
@@ -104,7 +105,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[ShardStore, list
     specs = [spec("b91_think", True), spec("b92_plain", False)]
     for s in specs:
         store.write_shard(s.name, layout.validated_asset(s.name), "00000", validated(s.name, s.generation.thinking))
-    pipeline.export(specs, store, {s.name: Admission(("00000",)) for s in specs}, seed=0, formats=ALL)
+    export(specs, store, {s.name: Admission(("00000",)) for s in specs}, seed=0, formats=ALL)
     return store, specs
 
 

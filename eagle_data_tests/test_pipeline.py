@@ -9,6 +9,8 @@ from eagle_data import pipeline
 from eagle_data.catalog import Breaker, DatasetSpec, load_catalog
 from eagle_data.engines import make_engine
 from eagle_data.runner import RunnerSettings
+from eagle_data.stages.estimate import estimate
+from eagle_data.stages.preflight import PreflightError
 from eagle_data.storage import ShardStore
 from eagle_data_tests.servers.openai_fake import FakeOpenAI, Faults, prompt_shards, spec_for_tests
 
@@ -98,13 +100,13 @@ def test_the_estimate_projects_from_this_configs_sample_not_from_rows_of_an_earl
         earlier = make_engine("openai", base_url=url, model="earlier")
         pipeline.generate(spec, store, ["00000"], earlier, log=lambda _: None, settings=settings)
         server.faults = Faults(reply_tokens=(50, 50))
-        estimate = pipeline.estimate(
+        projected = estimate(
             spec, store, make_engine("openai", base_url=url, model="now"), canary_prompts=4,
             usd_per_prompt_token=0.0, usd_per_completion_token=0.0, log=lambda _: None, settings=settings,
         ).estimate  # fmt: skip
     finally:
         server.stop()
-    assert estimate is not None and estimate.sample_rows == 4 and estimate.avg_completion_tokens == 50
+    assert projected is not None and projected.sample_rows == 4 and projected.avg_completion_tokens == 50
 
 
 def _refused_before_any_request(store: ShardStore, spec: DatasetSpec, match: str) -> None:
@@ -113,12 +115,12 @@ def _refused_before_any_request(store: ShardStore, spec: DatasetSpec, match: str
     try:
         engine = make_engine("openai", base_url=f"http://127.0.0.1:{server.port}/v1", model="m")
         quiet = {"log": lambda _: None, "settings": RunnerSettings(progress_bar=False)}
-        with pytest.raises(pipeline.PreflightError, match=match) as err:
+        with pytest.raises(PreflightError, match=match) as err:
             pipeline.generate(spec, store, ["00000"], engine, **quiet)
         assert "\n" not in str(err.value)
-        with pytest.raises(pipeline.PreflightError, match=match):
-            pipeline.estimate(spec, store, engine, canary_prompts=2, usd_per_prompt_token=0.0,
-                              usd_per_completion_token=0.0, **quiet)  # fmt: skip
+        with pytest.raises(PreflightError, match=match):
+            estimate(spec, store, engine, canary_prompts=2, usd_per_prompt_token=0.0,
+                     usd_per_completion_token=0.0, **quiet)  # fmt: skip
     finally:
         server.stop()
     assert server.received == 0

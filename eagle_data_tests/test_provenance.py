@@ -12,6 +12,7 @@ from eagle_data import layout, pipeline, provenance
 from eagle_data.engines import make_engine
 from eagle_data.exports import Admission
 from eagle_data.runner import RunnerSettings
+from eagle_data.stages.export import export
 from eagle_data.storage import ShardStore
 from eagle_data.targets import load_target
 from eagle_data_tests.servers.openai_fake import FakeOpenAI, Faults, prompt_shards, spec_for_tests
@@ -30,7 +31,7 @@ def test_every_row_of_every_stage_carries_its_provenance(tmp_path: Path) -> None
         pipeline.generate(spec, store, list(shards), engine, log=lambda _: None,
                           settings=RunnerSettings(progress_bar=False))  # fmt: skip
         pipeline.validate(spec, store, list(shards))
-        pipeline.export([spec], store, {spec.name: Admission(tuple(shards))}, seed=0, log=lambda _: None)
+        export([spec], store, {spec.name: Admission(tuple(shards))}, seed=0, log=lambda _: None)
     finally:
         server.stop()
     generations = pl.concat([store.read_shard(spec.name, spec.name, k) for k in shards])

@@ -17,7 +17,7 @@ import pytest
 from eagle_data.catalog import load_catalog
 from eagle_data.defs.assets import build_dataset_assets
 from eagle_data.defs.resources import StorageResource
-from eagle_data.pipeline import shards_written
+from eagle_data.stages.export import shards_written
 from eagle_data.storage import ShardStore, StorageError
 
 SPEC = load_catalog(profile="demo")["b7_sharegpt"]

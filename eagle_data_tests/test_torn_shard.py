@@ -7,8 +7,9 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from eagle_data import layout, pipeline
+from eagle_data import exports, layout
 from eagle_data.exports import Admission
+from eagle_data.stages.export import export
 from eagle_data.storage import ShardStore, digest
 from eagle_data_tests.fixtures_exports import write_fixture
 
@@ -31,7 +32,7 @@ def test_a_damaged_validated_shard_is_left_out_as_unreadable_with_its_mv_line(tm
     path = tmp_path / store.shard_key(spec.name, asset, "00001")
     path.write_bytes(damage(path.read_bytes()))
     lines: list[str] = []
-    figures = pipeline.export([spec], store, {spec.name: Admission(("00000", "00001"), digests=judged)}, seed=0,
+    figures = export([spec], store, {spec.name: Admission(("00000", "00001"), digests=judged)}, seed=0,
                               log=lines.append)  # fmt: skip
     train = pl.read_parquet(tmp_path / layout.export_file(spec.name, layout.TRAIN_FILE))
     assert set(train["prompt_id"].str.slice(9, 5)) == {"00000"} and figures[f"{spec.name}_shards"] == 1
@@ -46,8 +47,8 @@ def test_an_export_whose_only_shard_is_torn_fails_naming_it_not_the_rows(tmp_pat
     spec = write_fixture(store)[1]
     path = tmp_path / store.shard_key(spec.name, layout.validated_asset(spec.name), "00001")
     path.write_bytes(torn(path.read_bytes()))
-    with pytest.raises(pipeline.exports.ExportError) as err:
-        pipeline.export([spec], store, {spec.name: Admission(("00001",))}, seed=0)
+    with pytest.raises(exports.ExportError) as err:
+        export([spec], store, {spec.name: Admission(("00001",))}, seed=0)
     message = str(err.value)
     assert "e.g. b92_beta 00001: " in message and f"`mv {path} {path}.corrupt`" in message
     assert "hold no row fit for training" not in message and "\n" not in message

@@ -17,8 +17,9 @@ import torch
 
 from eagle_data import layout
 from eagle_data.catalog import CatalogError, load_catalog
-from eagle_data.drafter.outputs import write_draft_vocab, write_hidden_states
 from eagle_data.drafter.settings import CaptureSettings, load_drafter_settings
+from eagle_data.stages.draft_vocab import write_draft_vocab
+from eagle_data.stages.hidden_states import write_hidden_states
 from eagle_data.storage import ShardStore
 
 GROUPS = {  # one capture each: the targets in a group share their layers and last state

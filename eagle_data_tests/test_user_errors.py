@@ -12,10 +12,10 @@ from eagle_data.catalog import load_catalog
 from eagle_data.defs.drafter import build_drafter_assets
 from eagle_data.defs.messages import user_failure
 from eagle_data.defs.resources import StorageResource
-from eagle_data.pipeline import PreflightError
 from eagle_data.runner.breaker import BreakerTripped
 from eagle_data.runner.lease import LeaseLost
 from eagle_data.runner.run import LeaseHeld, NothingAnswered
+from eagle_data.stages.preflight import PreflightError
 
 RAISED = [
     PreflightError("b7_sharegpt: before any request: cannot fetch tokenizer 'Qwen/Qwen3-8B'; set "

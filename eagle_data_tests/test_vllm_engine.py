@@ -13,6 +13,8 @@ from eagle_data import pipeline
 from eagle_data.catalog import DatasetSpec, Generation, load_catalog
 from eagle_data.engines import make_engine
 from eagle_data.runner import RunnerSettings, run_generation
+from eagle_data.stages.estimate import estimate
+from eagle_data.stages.preflight import PreflightError
 from eagle_data.storage import ShardStore
 from eagle_data.targets.vocab import qwen_tokenizer
 from eagle_data.types import Engine, FatalError, Message
@@ -91,14 +93,14 @@ def test_a_server_with_another_chat_template_stops_generation_and_the_estimate_a
     match = (r"^b7_sharegpt: the server renders prompts with another chat template than target qwen3-test: first "
              r"difference at token \d+ of \d+ \(server '[^']*Cutting[^']*', ours '.+'\); set `target` to the served "
              r"model's profile or fix the server's template \(check_server_template = false")  # fmt: skip
-    with pytest.raises(pipeline.PreflightError, match=match) as err:
+    with pytest.raises(PreflightError, match=match) as err:
         pipeline.generate(spec, store, ["00000", "00001"], engine, **QUIET)
     assert "\n" not in str(err.value)
     assert server.received == 1 and dict(server.requests) == {"template-check#1": 1}  # one request, before any prompt
     assert server.settings["template-check#1"]["max_tokens"] == 1 and server.billed_usd > 0
-    with pytest.raises(pipeline.PreflightError, match=match):
-        pipeline.estimate(spec, store, engine, canary_prompts=4, usd_per_prompt_token=0.0,
-                          usd_per_completion_token=0.0, **QUIET)  # fmt: skip
+    with pytest.raises(PreflightError, match=match):
+        estimate(spec, store, engine, canary_prompts=4, usd_per_prompt_token=0.0,
+                 usd_per_completion_token=0.0, **QUIET)  # fmt: skip
     assert server.received == 2 and not store.shard_exists(spec.name, spec.name, "00000")
 
 
@@ -137,6 +139,6 @@ def test_a_server_that_reports_no_prompt_ids_stops_generation_at_the_check(serve
     store = ShardStore(str(tmp_path))
     spec = demo_dataset(store)
     match = r"^b7_sharegpt: the server's chat template could not be checked: the server answered without token_ids"
-    with pytest.raises(pipeline.PreflightError, match=match) as err:
+    with pytest.raises(PreflightError, match=match) as err:
         pipeline.generate(spec, store, ["00000"], vllm(server), **QUIET)
     assert "\n" not in str(err.value) and server.received == 1

@@ -3,7 +3,7 @@ plan and capture (partitioned by capture shard, with blocking checks judged shar
 benchmark-decontamination check of every `{ds}_validated`.
 
 The draft vocabulary is downstream of `training_mix`, so a failed blocking check upstream stops it in
-the same run. The bodies only call `eagle_data.drafter`.
+the same run. The bodies only call `eagle_data.stages`.
 """
 
 from typing import Any
@@ -25,16 +25,11 @@ from eagle_data.drafter.capture import CaptureError, resolve_target
 from eagle_data.drafter.decontam import BenchmarkIndex
 from eagle_data.drafter.evalsets import benchmark_index, unread
 from eagle_data.drafter.layers import LayerError
-from eagle_data.drafter.outputs import (
-    PLAN_ASSET,
-    DecontamReport,
-    decontamination_report,
-    write_draft_vocab,
-    write_hidden_state_plan,
-    write_hidden_states,
-)
 from eagle_data.drafter.settings import load_drafter_settings
 from eagle_data.quality import registry
+from eagle_data.stages.decontamination import DecontamReport, decontamination_report
+from eagle_data.stages.draft_vocab import write_draft_vocab
+from eagle_data.stages.hidden_states import PLAN_ASSET, write_hidden_state_plan, write_hidden_states
 
 # quality.registry's `decontamination`, judged by decontamination_report in decontamination_check below.
 DECONTAMINATION = registry.implemented("decontamination", ("decontamination",))[0].name

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import dagster as dg
 
-from eagle_data import exports, pipeline
+from eagle_data import exports, layout
 from eagle_data.catalog import DatasetSpec
 from eagle_data.defs.assets import catalog_labels
 from eagle_data.defs.checks import validated_key
@@ -28,6 +28,7 @@ from eagle_data.defs.resources import StorageResource
 from eagle_data.exports.check import PARITY_CHECK, check_exports
 from eagle_data.exports.parity import ParityError
 from eagle_data.exports.settings import ExportSettings, export_settings
+from eagle_data.stages.export import export, export_keys, shards_written
 from eagle_data.storage import ShardStore
 
 
@@ -39,7 +40,7 @@ def admission(
     instance: dg.DagsterInstance, store: ShardStore, spec: DatasetSpec, blocking: Sequence[dg.AssetCheckKey]
 ) -> exports.Admission:
     """Which validated shards of `spec` the export may read, gated by the `blocking` checks."""
-    on_storage = pipeline.shards_written(store, spec.name, pipeline.validated_asset(spec))
+    on_storage = shards_written(store, spec.name, layout.validated_asset(spec.name))
     return exports.admit(gate_records(instance, validated_key(spec), on_storage, blocking))
 
 
@@ -65,7 +66,7 @@ def build_exports(specs: Sequence[DatasetSpec], checks: Sequence[dg.AssetChecksD
     @dg.asset(
         name="training_mix",
         group_name="exports",
-        deps=[pipeline.validated_asset(spec) for spec in specs],
+        deps=[layout.validated_asset(spec.name) for spec in specs],
         kinds={"parquet", "json"},
         check_specs=check_specs("parity", "training_mix"),
         code_version=settings_version(1, {spec.name: [spec.mix_weight, spec.target] for spec in specs}),
@@ -84,14 +85,14 @@ def build_exports(specs: Sequence[DatasetSpec], checks: Sequence[dg.AssetChecksD
         store, settings = storage.store(), export_settings()
         gate = {spec.name: admission(context.instance, store, spec, gated_by[spec.name]) for spec in specs}
         try:
-            figures = pipeline.export(list(specs), store, gate, seed=config.seed, log=leveled(context.log),
-                                      formats=settings.formats)  # fmt: skip
+            figures = export(list(specs), store, gate, seed=config.seed, log=leveled(context.log),
+                             formats=settings.formats)  # fmt: skip
         except exports.ExportError as exc:
             raise dg.Failure(description=str(exc), allow_retries=False) from None
         if "excluded" in figures:
             figures["excluded"] = dg.MetadataValue.md(figures["excluded"])
         files = {f"{spec.name}_{kind}": key for spec in specs if f"{spec.name}_rows" in figures
-                 for kind, key in pipeline.export_keys(spec, settings.formats).items()}  # fmt: skip
+                 for kind, key in export_keys(spec, settings.formats).items()}  # fmt: skip
         figures.update({**uri_locations(store, figures), **file_locations(store, files)})
         figures["capture_shards"] = len(follow_the_mix(context.instance, figures["mix_rows"]))
         return dg.MaterializeResult(metadata=figures, check_results=[parity_result(store, specs, settings)])

@@ -4,7 +4,7 @@ Choosing entries in the catalog (`[drafter.capture] formats`) picks the layers, 
 supervised-token floor, the files and their keys, dtypes and shapes, and the vocabulary mapping files:
 `resolve` derives the capture from them and refuses, in one line naming the setting, a capture setting a
 chosen trainer cannot use. The writers and readers (`formats.py`), the set-aside rows (`capture.py`), the
-plan's bytes (`hidden_states.py`) and the draft vocabulary files (`outputs.py`) all read these entries;
+plan's bytes (`hidden_states.py`) and the draft vocabulary files (`stages/draft_vocab.py`) all read these entries;
 docs/hidden-states.md has them as one table, and each entry is loaded by its trainer's own released code in
 eagle_data_tests/test_trainers_load.py.
 

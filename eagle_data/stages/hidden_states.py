@@ -1,0 +1,158 @@
+"""The hidden states of the mix: the plan that sizes their capture (`hidden_state_plan`), and the capture
+itself, shard by shard, verified before its record stands (`hidden_states`)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from eagle_data import layout
+from eagle_data.catalog import DatasetSpec
+from eagle_data.drafter import capture, hidden_states, layers, verify
+from eagle_data.drafter.mixfile import local_mix, mix_target
+from eagle_data.drafter.settings import CaptureSettings, HiddenStateRecipe
+from eagle_data.report import Log
+from eagle_data.storage import ShardStore
+from eagle_data.targets import load_target
+
+PLAN_ASSET = "hidden_state_plan"
+
+
+def write_hidden_state_plan(store: ShardStore, recipe: HiddenStateRecipe) -> tuple[hidden_states.Plan, str]:
+    """Size the hidden-state capture of the mix for a recipe; writes the plan as JSON and returns it with
+    its markdown table."""
+    with local_mix(store, layout.mix()) as path:
+        sized = hidden_states.plan(hidden_states.mix_token_counts(path), recipe)
+    record = {"recipe": recipe.model_dump(), **sized.figures(), "per_dataset_bytes": sized.per_dataset_bytes}
+    store.write_bytes(layout.drafter_file(PLAN_ASSET, "plan.json"), json.dumps(record, indent=1).encode())
+    return sized, sized.markdown(recipe)
+
+
+@dataclass
+class CapturedShard:
+    """One capture shard in a run: its own figures and what verification found in it."""
+
+    figures: dict[str, Any]
+    found: verify.Findings
+
+
+@dataclass(frozen=True)
+class Capture:
+    """What every shard of one capture run shares: the model, its layer plan and the capture's provenance."""
+
+    settings: CaptureSettings
+    backend: capture.TransformersBackend
+    plan: layers.LayerPlan
+    base: dict[str, Any]  # the provenance every shard's record carries
+    cid: str  # the capture id: the hash of `base`
+
+
+def write_hidden_states(
+    specs: list[DatasetSpec],
+    store: ShardStore,
+    partitions: Sequence[str],
+    settings: CaptureSettings,
+    checkpoint: str,
+    device: str,
+    log: Log = print,
+) -> tuple[dict[str, Any], dict[str, CapturedShard]]:
+    """Capture (or skip, when unchanged) and verify the hidden states of the mix's capture shards
+    `partitions`; returns the capture's figures (the same for every shard: provenance, layers, path) and
+    each shard's own. A shard that fails verification loses its record, so the next run captures it again.
+    Refuses, before loading the model, a shard past the end of the mix."""
+    with local_mix(store, layout.mix()) as path:
+        total = refuse_past_the_mix(path, partitions, settings.shard_rows)
+        run = load_capture(specs, path, settings, checkpoint, device)
+        log(f"hidden states: capture {run.cid}, {run.plan.record()}, {run.backend.dtype} on {device}, "
+            f"{total:,} mix rows")  # fmt: skip
+        shards = {partition: capture_one(store, run, path, partition, log) for partition in partitions}
+    figures = {
+        "capture_id": run.cid,
+        "path": store.uri(layout.capture_dir(run.cid)),
+        **{k: run.base[k] for k in ("checkpoint", "checkpoint_sha256", "dtype", "fp8", "tokenizer_hash", "formats")},
+        **run.plan.record(),
+    }
+    return figures, shards
+
+
+def refuse_past_the_mix(path: Path, partitions: Sequence[str], shard_rows: int) -> int:
+    """The mix's row count, after refusing capture shards that start past its end."""
+    total = pl.scan_parquet(path).select(pl.len()).collect().item()
+    filled = -(-total // shard_rows)
+    past = [p for p in partitions if int(p) >= filled]
+    if past:
+        raise capture.CaptureError(
+            f"capture shard(s) {', '.join(past[:3])} start past the mix's {total:,} rows: materialize shards "
+            f"00000...{filled - 1:05d} only ({shard_rows:,} rows each; [drafter.capture] max_rows sets "
+            "how many partitions exist)"
+        )
+    return total
+
+
+def load_capture(
+    specs: list[DatasetSpec], path: Path, settings: CaptureSettings, checkpoint: str, device: str
+) -> Capture:
+    """Load the checkpoint and resolve its layers: the run's model and the provenance of every shard."""
+    target = load_target(mix_target(path, specs))
+    folder = capture.checkpoint_folder(checkpoint)
+    backend = capture.TransformersBackend(folder, device, capture.resolve_dtype(settings.dtype, device))
+    plan = layers.resolve(settings, backend.num_layers)
+    base = {
+        "checkpoint": str(folder),
+        "checkpoint_sha256": capture.checkpoint_hash(folder),
+        "num_layers": backend.num_layers,
+        "hidden_size": backend.hidden_size,
+        "layers": plan.record(),
+        "dtype": backend.dtype,
+        "fp8": settings.fp8,
+        "target": target.name,
+        "tokenizer_hash": target.tokenizer_hash,
+        "formats": list(settings.formats),
+    }
+    return Capture(settings, backend, plan, base, capture.capture_id(base))
+
+
+def capture_one(store: ShardStore, run: Capture, path: Path, partition: str, log: Log) -> CapturedShard:
+    """Capture (or skip) and verify one shard; a shard that fails verification has its record withdrawn."""
+    settings, backend, cid = run.settings, run.backend, run.cid
+    frame = capture.shard_frame(path, int(partition), settings.shard_rows)
+    top = frame.select(pl.col("input_ids").list.max().max()).item()
+    if top is not None and top >= backend.vocab_size:
+        raise capture.CaptureError(
+            f"mix row in shard {partition} holds token id {top}, past the checkpoint's vocabulary of "
+            f"{backend.vocab_size}: the checkpoint {run.base['checkpoint']} is not the mix's target "
+            f"{run.base['target']}"
+        )
+    rows = frame["row"]
+    provenance = {**run.base, "mix_shard_sha256": capture.shard_hash(frame), "mix_rows": [rows.min(), rows.max() + 1]}
+    result = capture.capture_shard(store, cid, partition, frame, provenance, backend, run.plan, settings, log)
+    record = result.record
+    found = verify.verify_shard(
+        store, layout.capture_dir(cid), record, frame, run.plan, backend, settings.recapture_rows, settings.seed
+    )
+    if not found.data_ok():  # withdraw the record: the next run captures this shard again
+        store.delete(layout.capture_record(cid, capture.SHARDS, partition))
+        log(f"hidden states {partition}: failed verification; it will be captured again on the next run")
+    rate = f", {result.tokens_run / result.seconds:,.0f} tokens/s" if result.seconds else ""
+    log(f"hidden states {partition}: {'captured' if result.captured else 'unchanged, skipped'}, "
+        f"{record['captured_rows']} rows, {record['tokens']:,} tokens{rate}")  # fmt: skip
+    return CapturedShard(shard_figures(result), found)
+
+
+def shard_figures(result: capture.ShardResult) -> dict[str, Any]:
+    """A shard's own figures: what it holds, and what this run did for it."""
+    record = result.record
+    return {
+        "captured": result.captured,
+        **{name: record[name] for name in ("rows", "captured_rows", "tokens", "set_aside")},
+        "tokens_run": result.tokens_run,
+        "seconds": round(result.seconds, 3),
+        "tokens_per_s": round(result.tokens_run / result.seconds, 1) if result.seconds else 0.0,
+        "batches_run": result.batches_run,
+        "batches_resumed": result.batches_resumed,
+    }
