@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 from eagle_data import settings
-from eagle_data.types import ConfigError, Engine
+from eagle_data.types import ConfigError, Engine, SamplingRefused
 
 if TYPE_CHECKING:
     from eagle_data.catalog import DatasetSpec
@@ -257,14 +257,5 @@ def build_engine(settings: EngineSettings, spec: DatasetSpec) -> Engine:
         spec = spec.model_copy(update={"target": resolve_target(spec.target, [settings.model])})
     engine = kind.build(settings, spec)
     if spec.generation.mixture and not engine.takes_sampling:
-        raise sampling_refused(kind.name, spec.name)
+        raise SamplingRefused(kind.name, spec.name)
     return engine
-
-
-def sampling_refused(kind: str, dataset: str = "") -> ConfigError:
-    """The one-line error for a per-request sampling setting (a catalog sampling mixture) given to an engine
-    that cannot honour it."""
-    return ConfigError(
-        f"{dataset + ': ' if dataset else ''}engine {kind} takes no per-request sampling settings; remove the "
-        "catalog entry's generation.mixture or use an OpenAI-compatible engine (openai, openrouter, vllm)"
-    )
