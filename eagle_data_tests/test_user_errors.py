@@ -69,14 +69,16 @@ def test_every_exception_class_of_eagle_data_is_a_user_error_or_a_listed_bug() -
     assert not [c for c in BUGS if issubclass(c, UserError)]
 
 
-def fail_in_a_real_step(body, instance: dg.DagsterInstance) -> dg.DagsterEvent:
-    @dg.asset
+def fail_in_a_real_step(body, instance: dg.DagsterInstance) -> tuple[dg.DagsterEvent, int]:
+    """The step's failure, and how many times a retry policy of 2 retried it."""
+
+    @dg.asset(retry_policy=dg.RetryPolicy(max_retries=2))
     def step() -> None:
         body()
 
     result = dg.materialize([step], instance=instance, raise_on_error=False)
     [failure] = result.get_step_failure_events()
-    return failure
+    return failure, sum(e.event_type == dg.DagsterEventType.STEP_UP_FOR_RETRY for e in result.all_events)
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +98,9 @@ def test_a_user_error_in_a_real_step_is_its_one_line_without_class_path(
     def body() -> None:
         raise error
 
-    data = fail_in_a_real_step(body, instance).step_failure_data
+    failure, retries = fail_in_a_real_step(body, instance)
+    data = failure.step_failure_data
+    assert retries == 0  # it names something to fix: retrying would only repeat it
     assert data.user_failure_data is not None and data.user_failure_data.description == str(error)
     assert data.error is not None and data.error.cls_name == "Failure" and data.error.cause is None
     assert readable(data.error.message) == str(error)  # the alerts' and the CLI's line
@@ -124,8 +128,9 @@ def test_a_bug_keeps_its_class_and_its_traceback(instance: dg.DagsterInstance) -
     def body() -> None:
         raise KeyError("num_turns")
 
-    data = fail_in_a_real_step(body, instance).step_failure_data
-    assert data.user_failure_data is None
+    failure, retries = fail_in_a_real_step(body, instance)
+    data = failure.step_failure_data
+    assert data.user_failure_data is None and retries == 2  # a bug may be a passing fault: the policy applies
     error = data.error.cause or data.error
     assert error.cls_name == "KeyError" and error.stack
 

@@ -53,9 +53,9 @@ def user_failure(fn: F) -> F:
 def _as_failure() -> Iterator[None]:
     try:
         yield
-    except UserError as exc:
+    except UserError as exc:  # it names something to fix: a step retry policy would only repeat it
         line = " ".join(str(exc).split())  # one line, whatever the message held
-        raise dg.Failure(description=line, metadata={"error": type(exc).__name__}) from None
+        raise dg.Failure(description=line, metadata={"error": type(exc).__name__}, allow_retries=False) from None
 
 
 WARNING_PREFIX = "WARNING "
