@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from eagle_data import settings
+from eagle_data.types import UserError
 
 WEBHOOK_ENV = "EAGLE_DATA_ALERT_WEBHOOK"
 DEFAULT_TIMEOUT_S = 10.0
@@ -26,7 +27,7 @@ _MAX_HEADER = 150  # and header text over 150
 Payload = dict[str, Any]
 
 
-class AlertError(RuntimeError):
+class AlertError(UserError, RuntimeError):
     """The webhook could not be reached or refused the message; the message never holds the URL."""
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from eagle_data import settings
+from eagle_data.alerts import readable
 
 DEMO_DATASET = "b7_sharegpt"
 
@@ -53,12 +54,14 @@ class RunView:
     failed_steps: list[str] = field(default_factory=list)
     notes: int = 0
     last_heartbeat: float = -math.inf
+    failing: str = ""  # the step whose STEP_FAILURE came last: its error's first line follows the event line
 
     def note(self, line: str, now: float) -> str | None:
         """The progress note for one log line, or None when the line only belongs in the log."""
         m = LOG_LINE.match(line)
         if not m:
-            return None
+            return self._failure(line)
+        self.failing = ""  # a new log line: the failed step's error, if any, was not printed below it
         if event := EVENT.match(m["rest"]):
             text = self._event(event["step"] or "run", event["event"], event["message"])
         elif m["level"] != "DEBUG" and (user := USER_LOG.match(m["rest"])):
@@ -71,6 +74,10 @@ class RunView:
             text = f"{level}{message}" if message.startswith(user["step"]) else f"{user['step']}: {level}{message}"
         else:
             return None
+        return self._shown(text)
+
+    def _shown(self, text: str | None) -> str | None:
+        """The note as printed, within the budget of MAX_NOTES lines (then one "the rest is in the log")."""
         if text is None or self.notes > MAX_NOTES:
             return None
         self.notes += 1
@@ -82,13 +89,22 @@ class RunView:
         if event == "STEP_SUCCESS":
             took = re.search(r" in (\S+?)\.?$", message)
             return f"{step}: done" + (f" in {took[1]}" if took else "")
-        if event == "STEP_FAILURE":
+        if event == "STEP_FAILURE":  # 'Execution of step "x" failed.': the why is on the next lines
             self.failed_steps.append(step)
-            return f"{step}: FAILED: {message.splitlines()[0] if message else ''}"
+            self.failing = step
+            return None
         if event == "ASSET_CHECK_EVALUATION" and (check := CHECK.match(message)):
             self.checks.setdefault(check["name"], []).append(check["outcome"] == "passed")
             return None if check["outcome"] == "passed" else f"check {check['name']}: FAILED"
         return None
+
+    def _failure(self, line: str) -> str | None:
+        """The failed step's note from the first line of its error (Dagster prints it below the event line):
+        without the class path, as the alerts show it (a user error is then its own one line)."""
+        if not self.failing or not line.strip():
+            return None
+        step, self.failing = self.failing, ""
+        return self._shown(f"{step}: FAILED: {readable(line)}")
 
 
 def run_quietly(

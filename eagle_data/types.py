@@ -6,8 +6,9 @@ import from here, and nothing here imports them back.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, TypedDict
+from typing import Any, Literal, Protocol, Self, TypedDict
 
 Role = Literal["system", "user", "assistant"]
 PROMPT_ID_HEADER = "X-Eagle-Prompt-Id"  # sent with every request (a content hash, no text): servers can log per prompt
@@ -60,19 +61,29 @@ class UserError(Exception):
 
 
 class EngineError(UserError):
-    """An engine call failed. `kind` is a short label used in error counts (e.g. "http_429"); the class, not
-    the label, says what the runner does with it."""
+    """An engine call failed. The class says what the runner does with it (retry, give up on the prompt, stop
+    sending); `kind` is the short label it is counted under (`errors_by_kind`, "first http_429 error: ..."):
+    each class names its own, and an instance may give a finer one (the HTTP status, the shape of a bad body)."""
 
-    def __init__(self, message: str, *, kind: str = "error") -> None:
+    kind = "error"
+
+    def __init__(self, message: str, *, kind: str | None = None) -> None:
         super().__init__(message)
-        self.kind = kind
+        if kind:
+            self.kind = kind
+
+    def restated(self, message: str) -> Self:
+        """The same error (class, kind) with another line, e.g. the runner's stop line naming the dataset."""
+        again = copy.copy(self)
+        again.args = (" ".join(message.splitlines()),)
+        return again
 
 
 class RetryableError(EngineError):
     """Worth another attempt: rate limits, 5xx, timeouts, resets, errors inside a 200 body."""
 
     def __init__(
-        self, message: str, *, kind: str = "error", retry_after: float | None = None, throttle: bool = False
+        self, message: str, *, kind: str | None = None, retry_after: float | None = None, throttle: bool = False
     ) -> None:
         super().__init__(message, kind=kind)
         self.retry_after = retry_after
@@ -83,16 +94,37 @@ class FatalError(EngineError):
     """Retrying cannot help this request (a bad request, a reply that cannot be stored)."""
 
 
+class Unreachable(FatalError):
+    """Before any prompt: the server (or its key endpoint) cannot be reached or does not answer."""
+
+    kind = "unreachable"
+
+
 class AbortError(FatalError):
     """Every later request would fail the same way (a missing or refused key, no budget left, a model or
     setting the server does not take): the runner stops sending, keeps what landed, and fails with this line."""
 
 
 class ConfigError(AbortError):
-    """A setting is wrong or missing (`kind` "config")."""
+    """A setting is wrong or missing."""
 
-    def __init__(self, message: str, *, kind: str = "config") -> None:
-        super().__init__(message, kind=kind)
+    kind = "config"
+
+
+class SamplingRefused(ConfigError):
+    """A per-request sampling setting (a catalog sampling mixture) given to an engine that cannot honour it."""
+
+    def __init__(self, engine: str, dataset: str = "") -> None:
+        super().__init__(
+            f"{dataset + ': ' if dataset else ''}engine {engine} takes no per-request sampling settings; remove the "
+            "catalog entry's generation.mixture or use an OpenAI-compatible engine (openai, openrouter, vllm)"
+        )
+
+
+class KeyMissing(AbortError):
+    """The variable that should hold the API key is empty."""
+
+    kind = "auth_missing"
 
 
 class Sampling(Protocol):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -113,3 +114,16 @@ def test_a_run_that_fails_before_any_step_shows_its_cause(demo_env: dict[str, st
     assert code != 0 and closing[0].startswith("[eagle-data] FAILED (exit ")
     assert any("no_such_asset" in c for c in closing[1:-1]), closing
     assert len(closing) <= 7
+
+
+def test_a_user_error_in_a_step_is_printed_as_its_one_line(demo_env: dict[str, str], tmp_path: Path):
+    """The CLI printed 'FAILED: Execution of step "b7_sharegpt_prompts" failed.' and never why."""
+    config = {"ops": {"b7_sharegpt_prompts": {"config": {"source_path": str(tmp_path / "nowhere.jsonl")}}}}
+    cmd = [sys.executable, "-m", "dagster", "asset", "materialize", "-m", "eagle_data.definitions",
+           "--select", "b7_sharegpt_prompts", "--partition", "00000", "--config-json", json.dumps(config)]  # fmt: skip
+    printed: list[str] = []
+    code, view = run_quietly(cmd, demo_env, tmp_path / "demo.log", printed.append)
+    [failed] = [p for p in printed if "FAILED" in p]
+    assert code != 0 and view.failed_steps == ["b7_sharegpt_prompts"]
+    assert failed.startswith("  b7_sharegpt_prompts: FAILED: ") and "nowhere.jsonl" in failed, printed
+    assert "dagster._core" not in failed and "Error:" not in failed and "Execution of step" not in failed

@@ -8,7 +8,7 @@ import pytest
 from eagle_data.engines import EngineSettings, build_engine, make_engine
 from eagle_data.runner import RunnerSettings, run_generation
 from eagle_data.storage import ShardStore
-from eagle_data.types import FatalError
+from eagle_data.types import ConfigError, FatalError
 from eagle_data_tests.conftest import free_port
 from eagle_data_tests.servers.openai_fake import prompt_shards, spec_for_tests
 
@@ -60,5 +60,5 @@ def test_provider_routing_and_reasoning_from_the_environment_reach_the_request(m
     assert config["provider"] == {"ignore": ["Fireworks", "BaseTen"], "quantizations": ["fp8", "bf16"]}
     assert config["reasoning"] == {"effort": "high"} and config["model"] == "qwen/qwen3-8b"
     monkeypatch.setenv("EAGLE_DATA_PROVIDER", "{ignore: Fireworks}")
-    with pytest.raises(ValueError, match="EAGLE_DATA_PROVIDER is not JSON"):
+    with pytest.raises(ConfigError, match="EAGLE_DATA_PROVIDER is not JSON"):
         EngineResource().settings()

@@ -11,14 +11,12 @@ from eagle_data.catalog import PROFILE_ENV, SamplingSetting, load_catalog
 from eagle_data.defs.assets import build_dataset_assets
 from eagle_data.defs.resources import ENGINE_ENV, POOL_ENV, EngineResource, StorageResource
 from eagle_data.demo import DEMO_MODEL_ENV
-from eagle_data.engines import EngineKind, EngineSettings, build_engine, kinds, lookup, register
+from eagle_data.engines import SETTINGS, EngineKind, EngineSettings, build_engine, kinds, lookup, register
 from eagle_data.runner import RunnerSettings
 from eagle_data.types import Completion, Engine, FatalError, Message
 from eagle_data_tests.servers.openai_fake import FakeOpenAI, spec_for_tests
 
-ENV = (ENGINE_ENV, POOL_ENV, PROFILE_ENV, DEMO_MODEL_ENV, "EAGLE_DATA_MODEL", "EAGLE_DATA_BASE_URL",
-       "EAGLE_DATA_TIMEOUT_S", "EAGLE_DATA_CONNECT_TIMEOUT_S", "EAGLE_DATA_MAX_IN_FLIGHT", "EAGLE_DATA_PROVIDER",
-       "EAGLE_DATA_REASONING")  # fmt: skip
+ENV = (POOL_ENV, PROFILE_ENV, DEMO_MODEL_ENV, *(s.env for s in SETTINGS.values() if s.env))
 
 
 class EchoEngine(Engine):

@@ -17,7 +17,7 @@ from eagle_data.runner import RunnerSettings, run_generation
 from eagle_data.runner.progress import ProgressBar, Tally
 from eagle_data.runner.run import NothingAnswered
 from eagle_data.storage import ShardStore
-from eagle_data.types import FatalError
+from eagle_data.types import AbortError
 from eagle_data_tests.servers.openai_fake import FakeOpenAI, Faults, prompt_shards, spec_for_tests
 
 # The acceptance at full scale: a 429 burst over the first 2,000 requests, a client allowed 2,000
@@ -90,8 +90,9 @@ def test_a_fatal_answer_stops_sending_keeps_what_landed_and_fails_the_call_with_
 ) -> None:
     server.faults = Faults(force_status=status)
     lines: list[str] = []
-    with pytest.raises(FatalError, match=f"^b7_sharegpt: {kind}: HTTP {status}: forced {status}$"):
+    with pytest.raises(AbortError, match=f"^b7_sharegpt: {kind}: HTTP {status}: forced {status}$") as err:
         _run(server, tmp_path, prompt_shards(2, 500), RunnerSettings(**FAST_RETRY), lines)
+    assert err.value.kind == kind  # the call's error keeps the answer's class and label (it was a bare FatalError)
     assert server.received <= RunnerSettings().initial_in_flight
     assert any(kind in line and "stopped sending" in line for line in lines)
     store = ShardStore(str(tmp_path))

@@ -13,9 +13,11 @@ from a web page, so a local file gets no link.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import inspect
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
 import dagster as dg
@@ -27,17 +29,33 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def user_failure(fn: F) -> F:
-    """Wraps an asset body: a user-caused error becomes a one-line `dg.Failure` (no class path, no trace)."""
+    """Wraps a step's body (an asset's, or an asset check's generator): every `UserError` becomes a one-line
+    `dg.Failure` (the line as its description, no cause, no class path in it); any other exception is a bug
+    and keeps its class and traceback."""
+    if inspect.isgeneratorfunction(fn):
+
+        @functools.wraps(fn)
+        def steps(*args: Any, **kwargs: Any) -> Any:
+            with _as_failure():
+                yield from fn(*args, **kwargs)
+
+        return steps  # type: ignore[return-value]
 
     @functools.wraps(fn)
     def body(*args: Any, **kwargs: Any) -> Any:
-        try:
+        with _as_failure():
             return fn(*args, **kwargs)
-        except UserError as exc:
-            line = " ".join(str(exc).split())  # one line, whatever the message held
-            raise dg.Failure(description=line, metadata={"error": type(exc).__name__}) from None
 
     return body  # type: ignore[return-value]
+
+
+@contextlib.contextmanager
+def _as_failure() -> Iterator[None]:
+    try:
+        yield
+    except UserError as exc:  # it names something to fix: a step retry policy would only repeat it
+        line = " ".join(str(exc).split())  # one line, whatever the message held
+        raise dg.Failure(description=line, metadata={"error": type(exc).__name__}, allow_retries=False) from None
 
 
 WARNING_PREFIX = "WARNING "

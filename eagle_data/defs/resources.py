@@ -4,27 +4,34 @@ config as given (the run's record, its events) before any step could refuse it."
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, get_type_hints
 
 import dagster as dg
 from dagster_aws.s3 import S3Resource
-from pydantic import Field
+from pydantic import Field, create_model
 
 from eagle_data import settings
 from eagle_data.catalog import PROFILE_ENV, DatasetSpec
 from eagle_data.demo import demo_model_path
-from eagle_data.engines import EngineSettings, build_engine, demo_kind, kinds, lookup
+from eagle_data.engines import (
+    ENGINE_ENV,
+    SETTINGS,
+    EngineSettings,
+    Setting,
+    build_engine,
+    demo_kind,
+    from_environment,
+    kinds,
+    lookup,
+)
 from eagle_data.runner import RunnerSettings
 from eagle_data.storage import ShardStore, default_root
-from eagle_data.types import Engine, FatalError
+from eagle_data.types import ConfigError, Engine
 
-ENGINE_ENV = "EAGLE_DATA_ENGINE"
 POOL_ENV = "EAGLE_DATA_POOL"
 DEMO_PROFILE = "demo"
 NO_ENGINE_POOL = "generation"  # the pool while no engine is chosen (a run then fails before any request)
-ENGINE_VARIABLES = {"kind": ENGINE_ENV, "model": "EAGLE_DATA_MODEL", "base_url": "EAGLE_DATA_BASE_URL"}
 
 
 class S3ClientResource(dg.ConfigurableResource):
@@ -61,36 +68,11 @@ class StorageResource(dg.ConfigurableResource):
         return store
 
 
-class EngineResource(dg.ConfigurableResource):
-    """The generation backend, kind-neutral: every field is optional and resolved at run time, field by
-    field: a value given in run config wins, else the environment's (`engine_environment`), else the
-    kind's default. The kind is always the environment's: run config may repeat it, never change it."""
-
-    kind: str | None = Field(
-        None,
-        description="Engine kind: set by EAGLE_DATA_ENGINE where the code location starts; run config may "
-        "only repeat it.",
-    )
-    model: str | None = Field(None, description="Served model name (EAGLE_DATA_MODEL); local: a checkpoint folder.")
-    base_url_env: str | None = Field(
-        None,
-        description="Name of the variable holding the API base URL or comma-separated server URLs (default "
-        "EAGLE_DATA_BASE_URL). Never the URL: Dagster stores run config as given, and a URL may carry a password.",
-    )
-    api_key_env: str | None = Field(
-        None, description="Name of the variable holding the API key (never the key); default the kind's; '' for none."
-    )
-    timeout_s: float | None = Field(None, description="Whole-request timeout, seconds (EAGLE_DATA_TIMEOUT_S).")
-    connect_timeout_s: float | None = Field(
-        None, description="Connect timeout, seconds (EAGLE_DATA_CONNECT_TIMEOUT_S): a dead host fails fast."
-    )
-    max_in_flight: int | None = Field(None, description="Ceiling of concurrent requests (EAGLE_DATA_MAX_IN_FLIGHT).")
-    provider: dict[str, Any] | None = Field(
-        None, description="OpenRouter provider routing (EAGLE_DATA_PROVIDER), e.g. {ignore: [Fireworks]}."
-    )
-    reasoning: dict[str, Any] | None = Field(
-        None, description="OpenRouter reasoning request (EAGLE_DATA_REASONING), e.g. {effort: high}."
-    )
+class _EngineResolver(dg.ConfigurableResource):
+    """The resolution of `EngineResource`'s fields (which are derived from `EngineSettings`, below): every
+    field is optional and resolved at run time, field by field: a value given in run config wins, else the
+    environment's (`engine_environment`), else the kind's default. The kind is always the environment's:
+    run config may repeat it, never change it."""
 
     def settings(self) -> EngineSettings:
         """The resolved settings; a one-line error when no engine was chosen, or when run config names
@@ -100,32 +82,21 @@ class EngineResource(dg.ConfigurableResource):
         kind = environment_kind()
         given = {name: value for name, value in self.model_dump().items() if value is not None}
         if (asked := given.pop("kind", None)) and asked != kind:
-            raise FatalError(
+            raise ConfigError(
                 f"run config asks for engine {asked}, but this code location runs {kind or 'none'}: set "
-                f"{ENGINE_ENV}={asked} and restart the code server, or remove kind from the run config",
-                kind="config",
+                f"{ENGINE_ENV}={asked} and restart the code server, or remove kind from the run config"
             )
         if not kind:
-            raise FatalError(
+            raise ConfigError(
                 f"no engine chosen: set {ENGINE_ENV} to one of {', '.join(kinds())} "
-                f"(or {PROFILE_ENV}=demo for the local demo model)",
-                kind="config",
+                f"(or {PROFILE_ENV}=demo for the local demo model)"
             )
-        if (url_env := given.pop("base_url_env", None)) is not None:
-            if env.demo and kind == demo_kind().name:
-                raise FatalError(
-                    f"run config sets base_url_env, but the {kind} engine of the demo profile serves in this "
-                    f"process and takes no URL: remove it, or set {ENGINE_ENV} to a served kind",
-                    kind="config",
-                )
-            given["base_url"] = settings.get(url_env)
-            if not given["base_url"]:
-                raise FatalError(
-                    f"run config base_url_env names {url_env}, which is empty: export the server's URL there",
-                    kind="config",
-                )
+        demo = env.demo and kind == demo_kind().name
+        for name, setting in SETTINGS.items():
+            if setting.by_name and (variable := given.pop(setting.config_name(name), None)) is not None:
+                given[name] = _named_value(setting.config_name(name), variable, kind if demo else "")
         values = {**{k: v for k, v in env.settings.items() if v is not None}, **given, "kind": kind}
-        if env.demo and kind == demo_kind().name and not values.get("model"):
+        if demo and not values.get("model"):
             values["model"] = str(demo_model_path())
         return EngineSettings(**values)
 
@@ -136,6 +107,42 @@ class EngineResource(dg.ConfigurableResource):
         settings = self.settings()
         kind = lookup(settings.kind)
         return RunnerSettings.in_flight(settings.max_in_flight or kind.max_in_flight, ramp=kind.ramp)
+
+
+def _named_value(field_name: str, variable: str, demo_kind_name: str) -> str:
+    """The value of the variable a by-name field (`base_url_env`) names; a one-line error when it is empty,
+    or when the demo profile's in-process engine is asked to take it."""
+    if demo_kind_name:
+        raise ConfigError(
+            f"run config sets {field_name}, but the {demo_kind_name} engine of the demo profile serves in this "
+            f"process and takes no URL: remove it, or set {ENGINE_ENV} to a served kind"
+        )
+    if not (value := settings.get(variable)):
+        raise ConfigError(f"run config {field_name} names {variable}, which is empty: export the server's URL there")
+    return value
+
+
+def _engine_field(name: str, setting: Setting, hint: Any) -> tuple[Any, Any]:
+    """The resource's pydantic field for one declared setting: optional, with the declaration's description."""
+    if setting.by_name:
+        description = (
+            f"Name of the variable holding {setting.description} (default {setting.env}). Never the value: "
+            "Dagster stores run config as given, and it may carry a password."
+        )
+        return str | None, Field(None, description=description)
+    where = f" ({setting.env})" if setting.env else ""
+    return hint | None, Field(None, description=f"{setting.description}{where}.")
+
+
+_HINTS = get_type_hints(EngineSettings)
+EngineResource = create_model(
+    "EngineResource",
+    __base__=_EngineResolver,
+    __module__=__name__,
+    __doc__="The generation backend, kind-neutral: one optional field per `EngineSettings` field, built from its "
+    "declaration (engines/__init__.py); resolved as `_EngineResolver` says.",
+    **{s.config_name(name): _engine_field(name, s, _HINTS[name]) for name, s in SETTINGS.items()},
+)
 
 
 @dataclass(frozen=True)
@@ -149,19 +156,9 @@ class EngineEnvironment:
 
 
 def engine_environment() -> EngineEnvironment:
-    """The one place the engine's environment variables are read (at run time, never at import)."""
-    text = {name: settings.get(var) or None for name, var in ENGINE_VARIABLES.items()}
+    """What the environment says about the engine, read at run time (never at import)."""
     return EngineEnvironment(
-        settings={
-            **text,
-            "timeout_s": _number_env("EAGLE_DATA_TIMEOUT_S", float),
-            "connect_timeout_s": _number_env("EAGLE_DATA_CONNECT_TIMEOUT_S", float),
-            "max_in_flight": _number_env("EAGLE_DATA_MAX_IN_FLIGHT", int),
-            "provider": _json_env("EAGLE_DATA_PROVIDER"),
-            "reasoning": _json_env("EAGLE_DATA_REASONING"),
-        },
-        demo=settings.get(PROFILE_ENV) == DEMO_PROFILE,
-        pool=settings.get(POOL_ENV),
+        settings=from_environment(), demo=settings.get(PROFILE_ENV) == DEMO_PROFILE, pool=settings.get(POOL_ENV)
     )
 
 
@@ -177,31 +174,3 @@ def generation_pool() -> str:
     `EngineResource.settings` refuses a run whose kind is not the environment's."""
     kind = environment_kind()
     return engine_environment().pool or (lookup(kind).pool_name if kind else NO_ENGINE_POOL)
-
-
-def _number_env(name: str, kind: type[int] | type[float]) -> Any:
-    text = settings.get(name)
-    if not text:
-        return None
-    try:
-        value = kind(text)
-    except ValueError:
-        raise ValueError(f"{name}={text!r} is not a number: give e.g. {name}=120") from None
-    if value <= 0:
-        raise ValueError(f"{name} must be > 0, got {text}")
-    return value
-
-
-def _json_env(name: str) -> dict[str, Any] | None:
-    text = settings.get(name)
-    if not text:
-        return None
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(
-            f'{name} is not JSON ({exc.msg} at char {exc.pos}): give an object like {{"sort": "price"}}'
-        ) from None
-    if not isinstance(value, dict):
-        raise ValueError(f'{name} must be a JSON object, e.g. {{"sort": "price"}}')
-    return value

@@ -18,13 +18,15 @@ from dataclasses import dataclass
 from itertools import pairwise
 from typing import Literal
 
+from eagle_data.types import UserError
+
 Source = Literal["input_ids", "loss_mask", "aux", "last", "layers"]
 Norm = Literal["after_norm", "before_norm"]
 _NORM_WORDS = {"after_norm": "after the final norm", "before_norm": "before the final norm (it applies it itself)"}
 TORCH, SAFETENSORS, NATIVE_FILES = "torch", "safetensors", "native"
 
 
-class TrainerError(ValueError):
+class TrainerError(UserError, ValueError):
     """The capture settings and the chosen trainers disagree; the message names the setting to change."""
 
 

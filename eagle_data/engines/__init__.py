@@ -1,20 +1,23 @@
 """The engine registry: one `EngineKind` record per kind, declared in the kind's own module.
 
-This package holds only the registry and its lookup. Each backend module registers its kinds with
-`register(EngineKind(...))` when it is imported; the built-in modules are imported on the first
-lookup, so importing this package never pulls torch or aiohttp. Everything else (the Dagster
-resource, the pool of the generation asset, runner defaults, error messages) reads the records, so
-adding a kind is one record in one module.
+This package holds only the registry, its lookup and the kind-neutral settings. Each backend module
+registers its kinds with `register(EngineKind(...))` when it is imported; the built-in modules are
+imported on the first lookup, so importing this package never pulls torch or aiohttp. Everything else
+(the Dagster resource, the pool of the generation asset, runner defaults, error messages) reads the
+records, so adding a kind is one record in one module; and each setting is declared once, on its
+`EngineSettings` field, so adding a setting is one field here (and the kinds that take it).
 """
 
 from __future__ import annotations
 
 import importlib
+import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
-from eagle_data.types import ConfigError, Engine, FatalError
+from eagle_data import settings
+from eagle_data.types import ConfigError, Engine, SamplingRefused
 
 if TYPE_CHECKING:
     from eagle_data.catalog import DatasetSpec
@@ -27,36 +30,101 @@ BUILTIN_MODULES = (
 )
 
 
+ENGINE_ENV = "EAGLE_DATA_ENGINE"
+
+
+def _text(variable: str, text: str) -> str:
+    return text
+
+
+def _positive(number: type[int] | type[float]) -> Callable[[str, str], Any]:
+    """A parser of a number > 0 (a timeout, a ceiling)."""
+
+    def parse(variable: str, text: str) -> Any:
+        try:
+            value = number(text)
+        except ValueError:
+            raise ConfigError(f"{variable}={text!r} is not a number: give e.g. {variable}=120") from None
+        if value <= 0:
+            raise ConfigError(f"{variable} must be > 0, got {text}")
+        return value
+
+    return parse
+
+
+def _json_object(variable: str, text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(
+            f'{variable} is not JSON ({exc.msg} at char {exc.pos}): give an object like {{"sort": "price"}}'
+        ) from None
+    if not isinstance(value, dict):
+        raise ConfigError(f'{variable} must be a JSON object, e.g. {{"sort": "price"}}')
+    return value
+
+
+@dataclass(frozen=True)
+class Setting:
+    """How one `EngineSettings` field is given: its one declaration, from which the Dagster resource's field
+    (defs/resources.py), the environment's reading (`from_environment`) and the refusals derive.
+
+    Attributes:
+        description: what it is, for the UI's config schema and the docs.
+        env: the environment variable it is read from ("": run config only).
+        parse: (variable, text) -> value; a one-line ConfigError for a bad value.
+        optional: a kind takes it only if its record lists it (`EngineKind.takes`); False: every kind does.
+        by_name: it may hold a secret (a URL with a password), so run config carries the NAME of a variable
+            holding it (`<name>_env`), never the value: Dagster stores run config as given.
+    """
+
+    description: str
+    env: str = ""
+    parse: Callable[[str, str], Any] = _text
+    optional: bool = True
+    by_name: bool = False
+
+    def config_name(self, name: str) -> str:
+        """The run config field that gives setting `name`."""
+        return f"{name}_env" if self.by_name else name
+
+
+def _declares(setting: Setting) -> dict[str, Setting]:
+    """An `EngineSettings` field's metadata: its one declaration."""
+    return {"setting": setting}
+
+
 @dataclass(frozen=True)
 class EngineSettings:
     """Kind-neutral engine settings, resolved at run time (run config over the environment, field by field).
 
-    Attributes:
-        kind: the registry name of the engine kind.
-        model: served model name (for a local kind, a checkpoint folder; empty: its default).
-        base_url: API base URL, or comma-separated server URLs for a fleet kind.
-        api_key_env: name of the environment variable holding the API key; None: the kind's own
-            (`EngineKind.key_env`); "": send no key (a local server without auth).
-        timeout_s: seconds one request may take, whole answer included, before the attempt fails (a server
-            dripping bytes cannot stretch it); None: the kind's default.
-        connect_timeout_s: seconds to open a connection, so a dead host fails fast; None: the kind's default.
-        max_in_flight: ceiling of concurrent requests; None: the kind's default.
-        provider: OpenRouter-style provider routing, for kinds that take it.
-        reasoning: OpenRouter-style reasoning request, for kinds that take it.
-
-    `kind`, `model` and `max_in_flight` mean something to every kind; each other field only to the kinds
-    whose record lists it in `EngineKind.takes` (given to another kind, it is refused, never dropped).
+    Each field declares itself once (a `Setting`, in its metadata). `kind`, `model` and `max_in_flight` mean
+    something to every kind; each other field only to the kinds whose record lists it in `EngineKind.takes`
+    (given to another kind, it is refused, never dropped). None: the kind's default.
     """
 
-    kind: str
-    model: str = ""
-    base_url: str = ""
-    api_key_env: str | None = None
-    timeout_s: float | None = None
-    connect_timeout_s: float | None = None
-    max_in_flight: int | None = None
-    provider: dict[str, Any] | None = None
-    reasoning: dict[str, Any] | None = None
+    # fmt: off
+    kind: str = field(metadata=_declares(Setting(
+        "Engine kind: set where the code location starts; run config may only repeat it", ENGINE_ENV,
+        optional=False)))
+    model: str = field(default="", metadata=_declares(Setting(
+        "Served model name; local: a checkpoint folder", "EAGLE_DATA_MODEL", optional=False)))
+    base_url: str = field(default="", metadata=_declares(Setting(
+        "the API base URL or comma-separated server URLs", "EAGLE_DATA_BASE_URL", by_name=True)))
+    api_key_env: str | None = field(default=None, metadata=_declares(Setting(
+        "Name of the variable holding the API key (never the key); default the kind's; '' for none")))
+    timeout_s: float | None = field(default=None, metadata=_declares(Setting(
+        "Whole-request timeout, seconds: a server dripping bytes cannot stretch it", "EAGLE_DATA_TIMEOUT_S",
+        _positive(float))))
+    connect_timeout_s: float | None = field(default=None, metadata=_declares(Setting(
+        "Connect timeout, seconds: a dead host fails fast", "EAGLE_DATA_CONNECT_TIMEOUT_S", _positive(float))))
+    max_in_flight: int | None = field(default=None, metadata=_declares(Setting(
+        "Ceiling of concurrent requests", "EAGLE_DATA_MAX_IN_FLIGHT", _positive(int), optional=False)))
+    provider: dict[str, Any] | None = field(default=None, metadata=_declares(Setting(
+        "OpenRouter provider routing, e.g. {ignore: [Fireworks]}", "EAGLE_DATA_PROVIDER", _json_object)))
+    reasoning: dict[str, Any] | None = field(default=None, metadata=_declares(Setting(
+        "OpenRouter reasoning request, e.g. {effort: high}", "EAGLE_DATA_REASONING", _json_object)))
+    # fmt: on
 
     def key_env(self) -> str:
         """The variable the key is read from ("" for none)."""
@@ -68,13 +136,16 @@ class EngineSettings:
         return {name: value for name, value in given.items() if value is not None}
 
 
-# The EngineSettings fields a kind may or may not take, with the environment variable each is read from
-# ("" : run config only).
-OPTIONAL_SETTINGS = {
-    "base_url": "EAGLE_DATA_BASE_URL", "api_key_env": "", "timeout_s": "EAGLE_DATA_TIMEOUT_S",
-    "connect_timeout_s": "EAGLE_DATA_CONNECT_TIMEOUT_S", "provider": "EAGLE_DATA_PROVIDER",
-    "reasoning": "EAGLE_DATA_REASONING",
-}  # fmt: skip
+SETTINGS: dict[str, Setting] = {f.name: f.metadata["setting"] for f in fields(EngineSettings)}
+# The settings a kind may or may not take, with the variable each is read from ("" : run config only).
+OPTIONAL_SETTINGS = {name: s.env for name, s in SETTINGS.items() if s.optional}
+
+
+def from_environment() -> dict[str, Any]:
+    """Every setting as the environment gives it (None where unset), parsed: the one reader of the engine's
+    variables (at run time, never at import); a one-line ConfigError for a value that does not parse."""
+    texts = {name: settings.get(s.env) if s.env else "" for name, s in SETTINGS.items()}
+    return {name: SETTINGS[name].parse(SETTINGS[name].env, text) if text else None for name, text in texts.items()}
 
 
 @dataclass(frozen=True)
@@ -127,8 +198,10 @@ class EngineKind:
         """One line naming a setting given that this kind does not take, or None."""
         for name in sorted(OPTIONAL_SETTINGS.keys() - self.takes):
             if getattr(settings, name) not in (None, ""):
-                where = f"unset {OPTIONAL_SETTINGS[name]} or " if OPTIONAL_SETTINGS[name] else ""
-                return f"engine {self.name} takes no {name} setting: {where}remove {name} from the engine's run config"
+                setting = SETTINGS[name]
+                where = f"unset {setting.env} or " if setting.env else ""
+                return (f"engine {self.name} takes no {name} setting: {where}remove {setting.config_name(name)} "
+                        "from the engine's run config")  # fmt: skip
         return None
 
 
@@ -156,9 +229,7 @@ def lookup(name: str) -> EngineKind:
     """The record of kind `name`, or a one-line error listing the choices."""
     known = kinds()
     if name not in known:
-        raise FatalError(
-            f"unknown engine kind {name!r}: set EAGLE_DATA_ENGINE to one of {', '.join(known)}", kind="config"
-        )
+        raise ConfigError(f"unknown engine kind {name!r}: set {ENGINE_ENV} to one of {', '.join(known)}")
     return known[name]
 
 
@@ -179,21 +250,12 @@ def build_engine(settings: EngineSettings, spec: DatasetSpec) -> Engine:
     honour."""
     kind = lookup(settings.kind)
     if problem := kind.missing(settings) or kind.refused(settings):
-        raise FatalError(problem, kind="config")
+        raise ConfigError(problem)
     if spec.target == "auto":  # the profile the model maps to, before any kind reads the target's markers
         from eagle_data.targets.profile import resolve_target  # here: importing this package loads no tokenizer
 
         spec = spec.model_copy(update={"target": resolve_target(spec.target, [settings.model])})
     engine = kind.build(settings, spec)
     if spec.generation.mixture and not engine.takes_sampling:
-        raise sampling_refused(kind.name, spec.name)
+        raise SamplingRefused(kind.name, spec.name)
     return engine
-
-
-def sampling_refused(kind: str, dataset: str = "") -> ConfigError:
-    """The one-line error for a per-request sampling setting (a catalog sampling mixture) given to an engine
-    that cannot honour it."""
-    return ConfigError(
-        f"{dataset + ': ' if dataset else ''}engine {kind} takes no per-request sampling settings; remove the "
-        "catalog entry's generation.mixture or use an OpenAI-compatible engine (openai, openrouter, vllm)"
-    )

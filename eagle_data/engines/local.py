@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from eagle_data.catalog import Generation
-from eagle_data.engines import EngineKind, EngineSettings, register, sampling_refused
+from eagle_data.engines import EngineKind, EngineSettings, register
 from eagle_data.engines.replies import split_ids
 from eagle_data.targets.reasoning import THINK_TAGS, ReasoningMarkers, reasoning_markers
-from eagle_data.types import Completion, Engine, FatalError, Message, Sampling
+from eagle_data.types import Completion, ConfigError, Engine, Message, Sampling, SamplingRefused
 
 if TYPE_CHECKING:
     from eagle_data.catalog import DatasetSpec
@@ -50,10 +50,9 @@ class LocalEngine(Engine):
         """`markers`: the target's think-block markers (None: its format has none)."""
         self.model_path = Path(model_path).expanduser().resolve()
         if not (self.model_path / "config.json").is_file():
-            raise FatalError(
+            raise ConfigError(
                 f"local engine: no checkpoint at {self.model_path}; run `eagle-data demo-model` to build the demo "
-                "checkpoint, or set EAGLE_DATA_MODEL to a transformers model folder",
-                kind="config",
+                "checkpoint, or set EAGLE_DATA_MODEL to a transformers model folder"
             )
         self.model = self.model_path.name  # the short label rows carry; config() names the whole path
         self.generation = generation
@@ -109,7 +108,7 @@ class LocalEngine(Engine):
         self, messages: list[Message], *, prompt_id: str, sampling: Sampling | None = None
     ) -> Completion:
         if sampling is not None:
-            raise sampling_refused(self.name)
+            raise SamplingRefused(self.name)
         return await asyncio.to_thread(self._generate, messages, prompt_id)
 
     async def aclose(self) -> None:

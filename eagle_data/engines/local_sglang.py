@@ -24,10 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from eagle_data.catalog import Generation
-from eagle_data.engines import sampling_refused
 from eagle_data.engines.local import DEMO_NOTE, _to_completion
 from eagle_data.targets.reasoning import THINK_TAGS, ReasoningMarkers
-from eagle_data.types import Completion, Engine, Message, Sampling
+from eagle_data.types import Completion, Engine, Message, Sampling, SamplingRefused
 
 PROVIDER = "sglang-offline"  # the rows' `provider`: which path of the local kind made them
 
@@ -126,7 +125,7 @@ class SGLangLocalEngine(Engine):
         self, messages: list[Message], *, prompt_id: str, sampling: Sampling | None = None
     ) -> Completion:
         if sampling is not None:
-            raise sampling_refused(self.name)
+            raise SamplingRefused(self.name)
         runtime = await asyncio.to_thread(_runtime, self.model_path)
         g = self.generation
         prompt = runtime.tokenizer.apply_chat_template(

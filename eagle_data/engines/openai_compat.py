@@ -27,15 +27,16 @@ from eagle_data.secrets import mask_url, redact, strip_credentials, url_parts
 from eagle_data.targets.reasoning import THINK_TAGS, ReasoningMarkers, reasoning_markers
 from eagle_data.types import (
     PROMPT_ID_HEADER,
-    AbortError,
     Completion,
     ConfigError,
     Engine,
     EngineError,
     FatalError,
+    KeyMissing,
     Message,
     RetryableError,
     Sampling,
+    Unreachable,
 )
 
 if TYPE_CHECKING:
@@ -158,8 +159,7 @@ class OpenAICompatEngine(Engine):
                 )
             return {"Authorization": self._basic}
         if self.api_key_env and not key:
-            raise AbortError(f"environment variable {self.api_key_env} is empty: export the API key",
-                             kind="auth_missing")  # fmt: skip
+            raise KeyMissing(f"environment variable {self.api_key_env} is empty: export the API key")
         return {"Authorization": f"Bearer {key}"} if key else {}
 
     def _secrets(self) -> list[str]:
@@ -209,21 +209,19 @@ class OpenAICompatEngine(Engine):
             raise FatalError(f"{info.line()}: add credit or raise the key's limit before running", kind="no_credit")
         return info.line()
 
-    def _unreachable(self, exc: BaseException, waited_s: float) -> FatalError:
+    def _unreachable(self, exc: BaseException, waited_s: float) -> Unreachable:
         """A refused or failed connection asks for a server or a URL; a server that took the connection and
         never answered (hung, still loading, a black hole) says so and names the timeout that bounded it."""
         if not isinstance(exc, TimeoutError) or isinstance(exc, aiohttp.ConnectionTimeoutError):
-            return FatalError(
+            return Unreachable(
                 f"cannot reach the {self.name} engine at {self.shown} ({type(exc).__name__}): start the server, "
                 "or fix EAGLE_DATA_BASE_URL (or the variable the run config's base_url_env names)",
-                kind="unreachable",
             )
         longer = f", or raise EAGLE_DATA_TIMEOUT_S above {waited_s:g}" if waited_s < CHECK_TIMEOUT_S else ""
-        return FatalError(
+        return Unreachable(
             f"the {self.name} engine at {self.shown} took the connection but sent no answer to GET /models within "
             f"{waited_s:g} s: restart the server or wait for it to finish loading, or point EAGLE_DATA_BASE_URL "
             f"at a live one{longer}",
-            kind="unreachable",
         )
 
     def _mismatch(self, served: list[str]) -> ModelMismatchError:

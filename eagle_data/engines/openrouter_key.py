@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from eagle_data import settings
 from eagle_data.engines.openai_protocol import http_error
 from eagle_data.secrets import mask_url
-from eagle_data.types import AbortError, FatalError
+from eagle_data.types import KeyMissing, Unreachable
 
 OPENROUTER_URL = "https://openrouter.ai/api/v1"
 OPENROUTER_KEY_ENV = "OPENROUTER_API_KEY"
@@ -38,7 +38,7 @@ def check_credit(
     """Pre-flight: how much credit the key has left, before anything is spent."""
     key = settings.get(api_key_env)
     if not key:
-        raise AbortError(f"environment variable {api_key_env} is empty: export the API key", kind="auth_missing")
+        raise KeyMissing(f"environment variable {api_key_env} is empty: export the API key")
     request = urllib.request.Request(base_url.rstrip("/") + "/key", headers={"Authorization": f"Bearer {key}"})
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as resp:
@@ -46,10 +46,9 @@ def check_credit(
     except urllib.error.HTTPError as exc:
         raise http_error(exc.code, exc.read(), exc.headers.get("Retry-After"), time.time()) from None
     except (urllib.error.URLError, TimeoutError, ValueError) as exc:  # no answer, or not the key's JSON
-        raise FatalError(
+        raise Unreachable(
             f"cannot read the key's credit at {mask_url(base_url.rstrip('/'))}/key ({type(exc).__name__}): "
             "check the base URL",
-            kind="unreachable",
         ) from None
     limit = data.get("limit")
     remaining = data.get("limit_remaining")

@@ -10,8 +10,7 @@ from eagle_data.types import AbortError
 class ModelMismatchError(AbortError):
     """The server serves another model than the one configured."""
 
-    def __init__(self, message: str) -> None:
-        super().__init__(message, kind="model_mismatch")
+    kind = "model_mismatch"
 
 
 def model_matches(served: str, wanted: str) -> bool:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import aiohttp
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
-from eagle_data.engines import EngineKind, EngineSettings, register, sampling_refused
+from eagle_data.engines import EngineKind, EngineSettings, register
 from eagle_data.engines.openai_protocol import ABORT_STATUSES
 from eagle_data.engines.replies import reply_text, split_ids
 from eagle_data.engines.sglang_fleet import (
@@ -46,6 +46,7 @@ from eagle_data.types import (
     Message,
     RetryableError,
     Sampling,
+    SamplingRefused,
 )
 
 if TYPE_CHECKING:
@@ -189,7 +190,7 @@ class SGLangEngine(Engine):
         self, messages: list[Message], *, prompt_id: str, sampling: Sampling | None = None
     ) -> Completion:
         if sampling is not None:
-            raise sampling_refused(self.name)
+            raise SamplingRefused(self.name)
         await self.start()
         assert self._fleet is not None
         path, payload = self._request(messages, prompt_id)

@@ -27,15 +27,13 @@ WHERE = "point EAGLE_DATA_BASE_URL at SGLang servers or one sglang-router (http:
 class NotSGLangError(FatalError):
     """The URL answers, but not as SGLang or sglang-router does (an HTML page, a proxy, another server)."""
 
-    def __init__(self, message: str) -> None:
-        super().__init__(message, kind="not_sglang")
+    kind = "not_sglang"
 
 
 class NoHealthyWorkerError(FatalError):
     """An sglang-router with no healthy worker behind it."""
 
-    def __init__(self, message: str) -> None:
-        super().__init__(message, kind="server_down")
+    kind = "server_down"
 
 
 async def probe(session: aiohttp.ClientSession, url: str, model: str, timeout_s: float) -> dict[str, Any]:
@@ -111,9 +109,7 @@ async def _json(
     except ValueError:
         body = None
     if not isinstance(body, dict):
-        raise NotSGLangError(
-            f"{shown} answered {resp.status} ({kind}) {_snippet(text)!r}, not SGLang's JSON: {WHERE}"
-        )
+        raise NotSGLangError(f"{shown} answered {resp.status} ({kind}) {_snippet(text)!r}, not SGLang's JSON: {WHERE}")
     return body
 
 

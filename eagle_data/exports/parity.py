@@ -28,6 +28,7 @@ from typing import Any
 import polars as pl
 
 from eagle_data.exports.formats import ExportFormat
+from eagle_data.types import UserError
 
 SPECFORGE = "specforge==0.2.0"
 INSTALL = f"pip install --no-deps {SPECFORGE} (make setup does)"
@@ -50,7 +51,7 @@ CAUSES = {
 UNEXPLAINED = ("not_loaded", "other")  # block a text export: the trainer's data differs in a way not named
 
 
-class ParityError(RuntimeError):
+class ParityError(UserError, RuntimeError):
     """The parity run cannot start (trainer package or tokenizer missing); one line saying what to do."""
 
 

@@ -36,7 +36,7 @@ from eagle_data.runner.rows import Row, assistant_message, build_row, plan_turns
 from eagle_data.runner.settings import RunnerSettings
 from eagle_data.runner.writer import OpenShard, ShardWriter
 from eagle_data.storage import ShardStore, StorageError
-from eagle_data.types import Completion, Engine, FatalError, Message, Status, UserError
+from eagle_data.types import Completion, Engine, Message, SamplingRefused, Status, UserError
 
 GC_GEN0_THRESHOLD = 50_000  # see _fewer_gc_passes
 LEASE_POLL_S = 1.0  # how often a deferred shard's lease is tried again
@@ -129,11 +129,7 @@ class _Run:
         self.key = resume_key(engine.config(), spec)
         self.sampling = provenance.sampling(engine.config())
         if spec.generation.mixture and not engine.takes_sampling:
-            raise FatalError(
-                f"{spec.name}: engine {engine.name} takes no per-request sampling settings; remove the catalog "
-                "entry's generation.mixture or use an OpenAI-compatible engine (openai, openrouter, vllm)",
-                kind="config",
-            )
+            raise SamplingRefused(engine.name, spec.name)
         # Exact once a shard is read; until then a lazily read shard counts as a full one.
         known = {p: f.height for p, f in shards.items()} if isinstance(shards, dict) else {}
         self.expected = {p: known.get(p, spec.shard_size) for p in shards}
@@ -182,7 +178,7 @@ class _Run:
         if d.stop_reason:
             self.say(d.stop_reason)
         if d.fatal is not None:
-            raise FatalError(d.stop_reason, kind=d.fatal.kind)
+            raise d.fatal.restated(d.stop_reason)  # its class: an AbortError or a ConfigError stays one
         if d.breaker.tripped:
             raise BreakerTripped(d.breaker.tripped)
         if unwritable := self.writer.unwritable_line():
