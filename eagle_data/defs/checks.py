@@ -25,6 +25,7 @@ from eagle_data import pipeline, quality, report
 from eagle_data.catalog import DatasetSpec
 from eagle_data.defs.assets import CANARY, SHARD_DIGEST, WITHIN_BUDGET, partitions
 from eagle_data.defs.instance import latest_materializations, target
+from eagle_data.defs.messages import user_failure
 from eagle_data.defs.registry import check_outcome, check_specs
 from eagle_data.defs.resources import StorageResource
 from eagle_data.quality import registry
@@ -120,6 +121,7 @@ def dataset_checks(spec: DatasetSpec) -> dg.AssetChecksDefinition:
     @dg.multi_asset_check(
         name=f"{spec.name}_quality_checks", specs=specs, can_subset=True, description=f"{spec.title}: quality gates."
     )
+    @user_failure
     def checks(context: dg.AssetCheckExecutionContext, storage: StorageResource):
         judge = stored_results(spec, storage.store(), context.log.warning)
         yield from report_shards(context, key, judged_partitions(context, key), judge)

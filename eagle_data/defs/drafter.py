@@ -12,7 +12,7 @@ import dagster as dg
 from pydantic import Field
 
 from eagle_data import layout, settings
-from eagle_data.catalog import PROFILE_ENV, CatalogError, DatasetSpec, shard_key
+from eagle_data.catalog import PROFILE_ENV, DatasetSpec, shard_key
 from eagle_data.defs.assets import SHARD_DIGEST, catalog_labels, partitions
 from eagle_data.defs.checks import judged_partitions, report_shards
 from eagle_data.defs.messages import file_locations, uri_locations, user_failure
@@ -21,10 +21,9 @@ from eagle_data.defs.pools import tie_to_run_worker
 from eagle_data.defs.registry import check_outcome, check_specs
 from eagle_data.defs.resources import StorageResource
 from eagle_data.drafter import verify
-from eagle_data.drafter.capture import CaptureError, resolve_target
+from eagle_data.drafter.capture import resolve_target
 from eagle_data.drafter.decontam import BenchmarkIndex
 from eagle_data.drafter.evalsets import benchmark_index, unread
-from eagle_data.drafter.layers import LayerError
 from eagle_data.drafter.settings import load_drafter_settings
 from eagle_data.quality import registry
 from eagle_data.stages.decontamination import DecontamReport, decontamination_report
@@ -145,15 +144,13 @@ def build_capture_asset(owners: list[str], specs: list[DatasetSpec]) -> dg.Asset
             "the mix, a re-capture and the plan.",
         ),
     )
+    @user_failure
     def hidden_states(context: dg.AssetExecutionContext, storage: StorageResource, capture: CaptureResource):
         tie_to_run_worker(context)  # a killed run stops capturing (GPU time nobody records), as generation does
         keys = list(context.partition_keys)
-        try:
-            figures, shards = write_hidden_states(
-                specs, storage.store(), keys, load_drafter_settings().capture, *capture.resolved(), log=context.log.info
-            )
-        except (CaptureError, LayerError, CatalogError) as exc:  # CatalogError: a setting a chosen trainer refuses
-            raise dg.Failure(description=str(exc), allow_retries=False) from None
+        figures, shards = write_hidden_states(
+            specs, storage.store(), keys, load_drafter_settings().capture, *capture.resolved(), log=context.log.info
+        )
         for key, shard in shards.items():  # each partition's materialization: its own shard's figures
             own = {name: _metadata_value(value) for name, value in shard.figures.items()}
             context.add_asset_metadata({**own, SHARD_DIGEST: shard.found.shard_sha256}, partition_key=key)
@@ -200,6 +197,7 @@ def decontamination_check(spec: DatasetSpec) -> dg.AssetChecksDefinition:
     specs = check_specs("decontamination", key, partitions(spec))
 
     @dg.multi_asset_check(name=f"{spec.name}_decontamination", specs=specs, can_subset=True)
+    @user_failure
     def check(context: dg.AssetCheckExecutionContext, storage: StorageResource):
         index, sources = benchmark_index(load_drafter_settings().decontamination)
         store, missing = storage.store(), unread(sources)

@@ -84,11 +84,7 @@ def build_exports(specs: Sequence[DatasetSpec], checks: Sequence[dg.AssetChecksD
     ) -> dg.MaterializeResult:
         store, settings = storage.store(), export_settings()
         gate = {spec.name: admission(context.instance, store, spec, gated_by[spec.name]) for spec in specs}
-        try:
-            figures = export(list(specs), store, gate, seed=config.seed, log=leveled(context.log),
-                             formats=settings.formats)  # fmt: skip
-        except exports.ExportError as exc:
-            raise dg.Failure(description=str(exc), allow_retries=False) from None
+        figures = export(list(specs), store, gate, seed=config.seed, log=leveled(context.log), formats=settings.formats)
         if "excluded" in figures:
             figures["excluded"] = dg.MetadataValue.md(figures["excluded"])
         files = {f"{spec.name}_{kind}": key for spec in specs if f"{spec.name}_rows" in figures
