@@ -18,7 +18,7 @@ from eagle_data.alerts import (
     run_alert,
     webhook_url,
 )
-from eagle_data_tests.fixtures_quality import Receiver
+from eagle_data.standins.webhook import Receiver
 
 BASE = "http://dagster.local:3000/"
 MESSAGE = "87.0% of rows have loss-mask sum 6 (limit 20%)"

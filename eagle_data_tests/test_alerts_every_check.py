@@ -10,7 +10,7 @@ import pytest
 from eagle_data.alerts import WEBHOOK_ENV
 from eagle_data.catalog import load_catalog
 from eagle_data.definitions import build_definitions
-from eagle_data_tests.fixtures_quality import Receiver
+from eagle_data.standins.webhook import Receiver
 from eagle_data_tests.test_quality_defs import FROM_START, tick
 
 

@@ -13,10 +13,10 @@ import pytest
 from pydantic import ValidationError
 
 from eagle_data.engines.launcher import LaunchConfig, Launcher, LaunchError
-from eagle_data_tests.servers.sglang_fake import free_port_block
+from eagle_data.standins.sglang_fake import free_port_block
 
 REPO = Path(__file__).resolve().parents[1]
-FAKE = (sys.executable, "-m", "eagle_data_tests.servers.sglang_fake")
+FAKE = (sys.executable, "-m", "eagle_data.standins.sglang_fake")
 
 
 def stand_in(tmp_path: Path, **overrides: object) -> LaunchConfig:

@@ -20,10 +20,10 @@ from eagle_data.engines.served import ModelMismatchError
 from eagle_data.runner import RunnerSettings, run_generation
 from eagle_data.runner.run import NothingAnswered
 from eagle_data.secrets import mask_url, redact
+from eagle_data.standins.local import free_port
+from eagle_data.standins.openai_fake import FakeOpenAI, Faults, prompt_shards, spec_for_tests
 from eagle_data.storage import ShardStore
 from eagle_data.types import AbortError, Completion, FatalError, RetryableError, UserError
-from eagle_data_tests.conftest import free_port
-from eagle_data_tests.servers.openai_fake import FakeOpenAI, Faults, prompt_shards, spec_for_tests
 
 SECRET = "sk-or-v1-TEST-SECRET-7f3a9c"
 

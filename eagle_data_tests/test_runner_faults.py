@@ -16,9 +16,9 @@ from eagle_data.engines import make_engine
 from eagle_data.runner import RunnerSettings, run_generation
 from eagle_data.runner.progress import ProgressBar, Tally
 from eagle_data.runner.run import NothingAnswered
+from eagle_data.standins.openai_fake import FakeOpenAI, Faults, prompt_shards, spec_for_tests
 from eagle_data.storage import ShardStore
 from eagle_data.types import FatalError
-from eagle_data_tests.servers.openai_fake import FakeOpenAI, Faults, prompt_shards, spec_for_tests
 
 # The acceptance at full scale: a 429 burst over the first 2,000 requests, a client allowed 2,000
 # in flight, 10% random 5xx and resets; the server takes at most 48 at once during the burst.
