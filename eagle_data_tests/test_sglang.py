@@ -366,4 +366,4 @@ def test_the_timeout_bounds_the_whole_request_even_when_the_server_drips_bytes()
         return type(None), 0.0
 
     kind, took = asyncio.run(run())
-    assert kind is RetryableError and took < 3
+    assert kind is RetryableError and took < 5  # the 1-s timeout, not the answer's 6 s, with room for a loaded box
