@@ -22,6 +22,7 @@ FLOORS = (
 FLOOR = {room: level for level, rooms in enumerate(FLOORS) for room in rooms}
 WIRING = {"defs", "definitions"}  # the only rooms that know Dagster
 DAGSTER = "dagster"
+TESTS = "eagle_data_tests"
 
 
 def room_of(module: str) -> str:
@@ -129,3 +130,16 @@ def test_only_one_module_of_the_dagster_layer_imports_dagsters_private_api() -> 
 
 def _imported(node: ast.Import | ast.ImportFrom) -> list[str]:
     return [node.module or ""] if isinstance(node, ast.ImportFrom) else [alias.name for alias in node.names]
+
+
+def test_the_benchmarks_need_nothing_of_the_test_package() -> None:
+    """A benchmark imports its stand-in servers from eagle_data.standins, never from the tests (an import, or a
+    `python -m eagle_data_tests...` it starts)."""
+    uses = sorted(
+        f"{path.name}:{node.lineno}"
+        for path in (PACKAGE.parent / "benchmarks").glob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if (isinstance(node, ast.ImportFrom | ast.Import) and any(n.startswith(TESTS) for n in _imported(node)))
+        or (isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith(TESTS))
+    )
+    assert not uses
