@@ -103,7 +103,7 @@ def wait_until(what: str, predicate: Any, timeout_s: float, poll_s: float = 0.5)
 @contextlib.contextmanager
 def dagster_dev(env: dict[str, str], log: Path) -> Iterator[Graphql]:
     """`dagster dev` on a free port; stopped (SIGINT, then SIGKILL of its process group) on the way out."""
-    from eagle_data_tests.conftest import free_port, stop_process_group
+    from eagle_data.standins.local import free_port, stop_process_group
 
     port = free_port()
     with log.open("w") as sink:
@@ -230,7 +230,7 @@ def main() -> None:
     args = parser.parse_args()
     from eagle_data.alerts import WEBHOOK_ENV
     from eagle_data.demo import DEMO_MODEL_ENV, ensure_demo_model
-    from eagle_data_tests.fixtures_quality import Receiver
+    from eagle_data.standins.webhook import Receiver
 
     work = Path(tempfile.mkdtemp(prefix="bench-backfill-"))
     home = work / "home"

@@ -25,8 +25,8 @@ import pytest
 from eagle_data.catalog import Breaker
 from eagle_data.engines import make_engine
 from eagle_data.runner import RunnerSettings, run_generation
+from eagle_data.standins.openai_fake import prompt_shards, spec_for_tests
 from eagle_data.storage import ShardStore
-from eagle_data_tests.servers.openai_fake import prompt_shards, spec_for_tests
 
 COST_PER_TOKEN = 1e-4
 FAULTS = {"latency_s": 0.2, "latency_jitter_s": 0.1, "reply_tokens": [20, 60], "cost_per_token": COST_PER_TOKEN}
@@ -35,7 +35,7 @@ USD_BUDGET, TOKEN_BUDGET = 15.0, 150_000
 
 def start_server() -> tuple[subprocess.Popen[str], str]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "eagle_data_tests.servers.openai_fake", "--faults", json.dumps(FAULTS)],
+        [sys.executable, "-m", "eagle_data.standins.openai_fake", "--faults", json.dumps(FAULTS)],
         stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1],
     )  # fmt: skip
     assert proc.stdout is not None

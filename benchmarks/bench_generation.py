@@ -39,7 +39,7 @@ PROMPT = [{"role": "user", "content": "Write a haiku about speculative decoding.
 def start_server(latency_s: float) -> tuple[subprocess.Popen[str], str]:
     faults = json.dumps({"latency_s": latency_s, "reply_tokens": [150, 200]})  # replies of many lengths: no repeat
     proc = subprocess.Popen(
-        [sys.executable, "-m", "eagle_data_tests.servers.openai_fake", "--faults", faults],
+        [sys.executable, "-m", "eagle_data.standins.openai_fake", "--faults", faults],
         stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1],
     )  # fmt: skip
     assert proc.stdout is not None

@@ -108,7 +108,7 @@ def populate(instance: dg.DagsterInstance, keys: list[str]) -> None:
 
 def graphql_seconds(home: Path, partitions: int, repeats: int) -> tuple[float, int]:
     """Time of the asset's partition statuses through dagster-webserver; returns (seconds, partitions seen)."""
-    from eagle_data_tests.conftest import free_port
+    from eagle_data.standins.local import free_port
 
     defs_file = home / "bench_defs.py"
     defs_file.write_text(DEFS_FILE.format(partitions=partitions))

@@ -19,8 +19,8 @@ import tempfile
 
 from eagle_data.engines import make_engine
 from eagle_data.runner import RunnerSettings, run_generation
+from eagle_data.standins.openai_fake import FakeOpenAI, Faults, prompt_shards, spec_for_tests
 from eagle_data.storage import ShardStore
-from eagle_data_tests.servers.openai_fake import FakeOpenAI, Faults, prompt_shards, spec_for_tests
 
 BURST = Faults(latency_s=0.02, latency_jitter_s=0.02, rate_limit_first=2000, rate_limit_cap=48, retry_after="0.5")
 FAST_RETRY = {"backoff_base_s": 0.01, "backoff_cap_s": 0.1, "progress_bar": False}

@@ -74,7 +74,7 @@ def write_source(path: Path, prompts: int, seed: int = 0) -> Path:
 def start_server() -> tuple[subprocess.Popen[str], str]:
     faults = json.dumps({"reply_tokens": [40, 160]})
     proc = subprocess.Popen(
-        [sys.executable, "-m", "eagle_data_tests.servers.openai_fake", "--faults", faults],
+        [sys.executable, "-m", "eagle_data.standins.openai_fake", "--faults", faults],
         stdout=subprocess.PIPE, text=True, cwd=REPO, env=_env(),
     )  # fmt: skip
     assert proc.stdout is not None

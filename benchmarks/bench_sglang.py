@@ -28,10 +28,10 @@ import pytest
 
 from eagle_data.engines.launcher import LaunchConfig, Launcher
 from eagle_data.engines.sglang import Codec, SGLangEngine, SGLangSettings
+from eagle_data.standins.sglang_fake import THINK_END, THINK_START, free_port_block
 from eagle_data.targets.reasoning import ReasoningMarkers
 from eagle_data.targets.vocab import qwen_tokenizer
 from eagle_data.types import Message
-from eagle_data_tests.servers.sglang_fake import THINK_END, THINK_START, free_port_block
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = "Qwen/Qwen3-8B"
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> float:
     with tempfile.TemporaryDirectory() as logs:
         config = LaunchConfig(
             model_path=MODEL, num_servers=3, base_port=free_port_block(3), log_dir=logs,
-            command=(sys.executable, "-m", "eagle_data_tests.servers.sglang_fake"),
+            command=(sys.executable, "-m", "eagle_data.standins.sglang_fake"),
             extra_args=("--delay", str(args.latency)), env={"PYTHONPATH": str(REPO)}, health_timeout_s=30,
         )
         bare, eng = [], []

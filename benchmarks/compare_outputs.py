@@ -8,7 +8,7 @@ write_prompts, generate, validate, export (training mix, seed 0). Signatures tha
 
 Default: a synthetic ShareGPT-schema JSONL source (bench_scale.write_source, `--prompts` rows) read as
 b7_sharegpt (mix weight 1) and, capped at a fifth of it, b8_perfectblend (mix weight 0.5, so the mix also
-samples), answered by one shared fake OpenAI server (eagle_data_tests/servers/openai_fake.py of this tree,
+samples), answered by one shared fake OpenAI server (eagle_data/standins/openai_fake.py of this tree,
 no faults). Its replies are a function of the prompt id and turn only (crc32 of "id#turn" sets the length;
 its random draws decide faults and latency, both off), which the run also probes.
 `--demo`: the demo profile's datasets (bundled samples) on the embedded local engine (the random-weight
@@ -150,7 +150,7 @@ def run_checkout(checkout: Path, out: Path, source: str, prompts: int, url: str)
 
 def start_server() -> tuple[subprocess.Popen[str], str]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-m", "eagle_data_tests.servers.openai_fake", "--faults", '{"reply_tokens": [40, 160]}']
+    cmd = [sys.executable, "-m", "eagle_data.standins.openai_fake", "--faults", '{"reply_tokens": [40, 160]}']
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=REPO, env=env)
     assert proc.stdout is not None
     return proc, f"http://127.0.0.1:{int(proc.stdout.readline().split()[1])}/v1"

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import uuid
@@ -17,18 +14,13 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from eagle_data.standins.cut_proxy import CutProxy
+from eagle_data.standins.local import free_port
+from eagle_data.standins.openai_fake import FakeOpenAI
 from eagle_data.storage import ShardStore
 from eagle_data_tests.fixtures_postgres import pg_database  # noqa: F401 (a fixture of every test module)
-from eagle_data_tests.servers.cut_proxy import CutProxy
-from eagle_data_tests.servers.openai_fake import FakeOpenAI
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def materialize_cli(
@@ -45,18 +37,6 @@ def materialize_cli(
     command = ["asset", "materialize", *module, *args, "--config-json", json.dumps(config)]
     return subprocess.run([sys.executable, "-m", "dagster", *command], env=env, capture_output=True, text=True,
                           timeout=timeout_s, cwd=cwd)  # fmt: skip
-
-
-def stop_process_group(proc: subprocess.Popen, grace_s: float = 15) -> None:
-    """SIGINT lets `dagster dev` stop its webserver, daemon and code servers; SIGKILL takes what is left of
-    its process group (started with start_new_session=True)."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=grace_s)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=10)
 
 
 @pytest.fixture(scope="session")

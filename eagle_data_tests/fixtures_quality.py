@@ -1,4 +1,4 @@
-"""Validated-shaped frames for the quality tests, with real Qwen3 token ids, and a webhook receiver.
+"""Validated-shaped frames for the quality tests, with real Qwen3 token ids.
 
 Each row is a one-turn ChatML conversation. The loss mask starts after the `<think>` that ends the
 generation prompt (as in templates whose prompt ends in `<think>`), so the empty reply
@@ -7,13 +7,8 @@ generation prompt (as in templates whose prompt ends in `<think>`), so the empty
 
 from __future__ import annotations
 
-import json
 import random
-import threading
-import time
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
 
 import polars as pl
 
@@ -159,43 +154,3 @@ def regression_frame(n: int = 200, empty_share: float = 0.87, seed: int = 0, dat
     empty = round(n * empty_share)
     replies[:empty] = [Reply(r.question, "", "OK.") for r in replies[:empty]]
     return validated_frame(replies, dataset)
-
-
-class Receiver:
-    """A real webhook receiver on 127.0.0.1: records each POSTed JSON body; answers `status` after `delay`."""
-
-    def __init__(self, status: int = 200, delay: float = 0.0) -> None:
-        self.status, self.delay = status, delay
-        self.bodies: list[dict[str, Any]] = []
-        self.headers: list[dict[str, str]] = []
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                receiver.bodies.append(json.loads(body))
-                receiver.headers.append(dict(self.headers))
-                time.sleep(receiver.delay)
-                self.send_response(receiver.status)
-                self.end_headers()
-                self.wfile.write(b"ok")
-
-            def log_message(self, *args: object) -> None:  # keep test output quiet
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
-
-    @property
-    def url(self) -> str:
-        """Shaped like a Slack webhook, with a secret-looking path that must never leak."""
-        return f"http://127.0.0.1:{self.server.server_port}/services/T000/B000/s3cr3tT0ken"
-
-    def __enter__(self) -> Receiver:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()

@@ -22,10 +22,11 @@ from eagle_data.alerts import WEBHOOK_ENV
 from eagle_data.catalog import load_catalog
 from eagle_data.defs.checks import check_keys
 from eagle_data.defs.sensors import build_sensors
+from eagle_data.standins.webhook import Receiver
 from eagle_data.storage import ShardStore
 from eagle_data_tests.conftest import materialize_cli
 from eagle_data_tests.fixtures_postgres import postgres_storage
-from eagle_data_tests.fixtures_quality import Receiver, generation_frame
+from eagle_data_tests.fixtures_quality import generation_frame
 from eagle_data_tests.test_exports_defs import definitions, run, shard_frame, spec
 from eagle_data_tests.test_quality_defs import tick
 

@@ -22,7 +22,7 @@ from eagle_data.defs.resources import StorageResource
 from eagle_data.defs.schedules import repaired_checks
 from eagle_data.defs.sensors import build_sensors
 from eagle_data.quality import registry
-from eagle_data_tests.fixtures_quality import Receiver
+from eagle_data.standins.webhook import Receiver
 from eagle_data_tests.test_capture_checks import KEY, RANGE, capture_asset  # noqa: F401 (a fixture)
 from eagle_data_tests.test_quality_defs import EXPORT, FROM_START, SPEC, stand_in_assets, tick
 

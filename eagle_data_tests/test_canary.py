@@ -20,9 +20,9 @@ from eagle_data.defs.assets import CANARY, build_dataset_assets
 from eagle_data.defs.resources import ENGINE_ENV, POOL_ENV, EngineResource, StorageResource
 from eagle_data.quality.canary import draw, judge, rank
 from eagle_data.runner.resultlog import ResultLog
+from eagle_data.standins.openai_fake import FakeOpenAI, Faults
 from eagle_data.storage import ShardStore
 from eagle_data_tests.fixtures_quality import set_rows, validated_frame, varied_replies
-from eagle_data_tests.servers.openai_fake import FakeOpenAI, Faults
 
 SAMPLE = 16  # canary prompts drawn of the demo's 36
 EMPTY_RETRIES = 1  # the runner's default: an empty reply is asked again this many times, then the row fails

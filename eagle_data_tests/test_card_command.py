@@ -18,8 +18,9 @@ import dagster._cli.asset as asset_cli
 import polars as pl
 import pytest
 
-from eagle_data_tests.conftest import free_port, materialize_cli, stop_process_group
-from eagle_data_tests.servers.openai_fake import FakeOpenAI
+from eagle_data.standins.local import free_port, stop_process_group
+from eagle_data.standins.openai_fake import FakeOpenAI
+from eagle_data_tests.conftest import materialize_cli
 
 REPO = Path(__file__).resolve().parent.parent
 DS = "b7_sharegpt"

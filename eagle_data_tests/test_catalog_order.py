@@ -18,8 +18,8 @@ from eagle_data.defs.assets import CANARY, WITHIN_BUDGET, build_dataset_assets
 from eagle_data.defs.catalog_order import ORDER_TAG, catalog_order_sensor, waits_on
 from eagle_data.defs.checks import build_checks
 from eagle_data.defs.resources import EngineResource, StorageResource
+from eagle_data.standins.openai_fake import FakeOpenAI, Faults
 from eagle_data.storage import ShardStore
-from eagle_data_tests.servers.openai_fake import FakeOpenAI, Faults
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -11,9 +11,9 @@ from eagle_data import layout
 from eagle_data.engines import make_engine
 from eagle_data.runner import RunnerSettings, run_generation
 from eagle_data.runner.resultlog import ResultLog, resume_key, turn_record
+from eagle_data.standins.openai_fake import FakeOpenAI, prompt_shards, spec_for_tests
 from eagle_data.storage import CorruptFile, ShardStore
 from eagle_data.types import Completion
-from eagle_data_tests.servers.openai_fake import FakeOpenAI, prompt_shards, spec_for_tests
 
 DS = "b7_sharegpt"
 FAST = RunnerSettings(backoff_base_s=0.01, backoff_cap_s=0.1, progress_bar=False)

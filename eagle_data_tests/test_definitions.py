@@ -17,9 +17,9 @@ from eagle_data.catalog import load_catalog
 from eagle_data.defs.assets import build_dataset_assets
 from eagle_data.defs.resources import EngineResource, S3ClientResource, StorageResource
 from eagle_data.quality import KEPT
+from eagle_data.standins.openai_fake import FakeOpenAI, Faults
 from eagle_data.storage import ShardStore
 from eagle_data_tests.conftest import materialize_cli
-from eagle_data_tests.servers.openai_fake import FakeOpenAI, Faults
 
 DATASETS = ["b3_magicoder", "b4_mixturethoughts", "b5_openthoughts", "b6_ultrachat", "b7_sharegpt", "b8_perfectblend"]
 GENERATION_COLUMNS = {

@@ -14,8 +14,8 @@ import pytest
 
 from eagle_data.engines import make_engine
 from eagle_data.runner import RunnerSettings, run_generation
+from eagle_data.standins.openai_fake import FakeOpenAI, Faults, prompt_shards, spec_for_tests
 from eagle_data.storage import ShardStore, StorageError, UnwritableRoot
-from eagle_data_tests.servers.openai_fake import FakeOpenAI, Faults, prompt_shards, spec_for_tests
 
 PROMPTS, TURNS, FILL_AT = 60, 2, 15  # the disk fills once 15 turns were answered
 

@@ -16,8 +16,8 @@ from typing import Any
 import polars as pl
 import pytest
 
+from eagle_data.standins.openai_fake import FakeOpenAI, Faults
 from eagle_data_tests.conftest import materialize_cli
-from eagle_data_tests.servers.openai_fake import FakeOpenAI, Faults
 
 DS = "b7_sharegpt"
 SELECT = f"{DS}_prompts,{DS}"

@@ -7,10 +7,10 @@ import pytest
 
 from eagle_data.engines import EngineSettings, build_engine, make_engine
 from eagle_data.runner import RunnerSettings, run_generation
+from eagle_data.standins.local import free_port
+from eagle_data.standins.openai_fake import prompt_shards, spec_for_tests
 from eagle_data.storage import ShardStore
 from eagle_data.types import ConfigError, FatalError
-from eagle_data_tests.conftest import free_port
-from eagle_data_tests.servers.openai_fake import prompt_shards, spec_for_tests
 
 
 @pytest.mark.parametrize("kind", ["openai", "openrouter", "sglang"])

@@ -13,8 +13,8 @@ from eagle_data.defs.resources import ENGINE_ENV, POOL_ENV, EngineResource, Stor
 from eagle_data.demo import DEMO_MODEL_ENV
 from eagle_data.engines import SETTINGS, EngineKind, EngineSettings, build_engine, kinds, lookup, register
 from eagle_data.runner import RunnerSettings
+from eagle_data.standins.openai_fake import FakeOpenAI, spec_for_tests
 from eagle_data.types import Completion, Engine, FatalError, Message
-from eagle_data_tests.servers.openai_fake import FakeOpenAI, spec_for_tests
 
 ENV = (POOL_ENV, PROFILE_ENV, DEMO_MODEL_ENV, *(s.env for s in SETTINGS.values() if s.env))
 

@@ -17,11 +17,11 @@ from eagle_data.runner import RunnerSettings, run_generation
 from eagle_data.runner.resultlog import ResultLog, resume_key
 from eagle_data.runner.rows import build_row, to_frame
 from eagle_data.runner.run import NothingAnswered
+from eagle_data.standins.openai_fake import FakeOpenAI, Faults, prompt_shards, spec_for_tests
 from eagle_data.storage import ShardStore
 from eagle_data.targets import profile, reasoning, reasoning_markers
 from eagle_data.targets.reasoning import THINK_TAGS
 from eagle_data.targets.vocab import qwen_tokenizer
-from eagle_data_tests.servers.openai_fake import FakeOpenAI, Faults, prompt_shards, spec_for_tests
 
 DS = "b7_sharegpt"
 FAST = RunnerSettings(backoff_base_s=0.0, backoff_cap_s=0.0, max_attempts=3, progress_bar=False)

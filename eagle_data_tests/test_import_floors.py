@@ -10,6 +10,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "eagle_data"
 # Top to bottom; a room may import its own floor or any floor below, never one above.
 FLOORS = (
+    {"standins"},  # servers the tests and benchmarks start: above everything, so nothing imports them
     {"cli", "definitions"},
     {"defs"},
     {"stages", "pipeline"},  # stages: pure functions in, plain records out (never Dagster, never defs)
@@ -23,6 +24,7 @@ WIRING = {"defs", "definitions"}  # the only rooms that know Dagster
 # pipeline.py is being emptied into stages/ (issue 33); until it is gone the two call each other.
 MOVING = {("pipeline", "stages"), ("stages", "pipeline")}
 DAGSTER = "dagster"
+TESTS = "eagle_data_tests"
 
 
 def room_of(module: str) -> str:
@@ -157,3 +159,16 @@ def test_dagsters_internals_are_reached_only_from_defs_instance() -> None:
 
 def _imported(node: ast.Import | ast.ImportFrom) -> list[str]:
     return [node.module or ""] if isinstance(node, ast.ImportFrom) else [alias.name for alias in node.names]
+
+
+def test_the_benchmarks_need_nothing_of_the_test_package() -> None:
+    """A benchmark imports its stand-in servers from eagle_data.standins, never from the tests (an import, or a
+    `python -m eagle_data_tests...` it starts)."""
+    uses = sorted(
+        f"{path.name}:{node.lineno}"
+        for path in (PACKAGE.parent / "benchmarks").glob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if (isinstance(node, ast.ImportFrom | ast.Import) and any(n.startswith(TESTS) for n in _imported(node)))
+        or (isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith(TESTS))
+    )
+    assert not uses

@@ -13,10 +13,10 @@ import pytest
 from pydantic import ValidationError
 
 from eagle_data.engines.launcher import LaunchConfig, Launcher, LaunchError
-from eagle_data_tests.servers.sglang_fake import free_port_block
+from eagle_data.standins.sglang_fake import free_port_block
 
 REPO = Path(__file__).resolve().parents[1]
-FAKE = (sys.executable, "-m", "eagle_data_tests.servers.sglang_fake")
+FAKE = (sys.executable, "-m", "eagle_data.standins.sglang_fake")
 
 
 def stand_in(tmp_path: Path, **overrides: object) -> LaunchConfig:
@@ -98,7 +98,7 @@ def test_a_server_that_never_becomes_healthy_is_a_clear_error_within_the_timeout
     start = time.monotonic()
     with pytest.raises(LaunchError) as err:
         launcher.start()
-    assert time.monotonic() - start < 4 + 3
+    assert time.monotonic() - start < 4 + 20  # the health timeout bounds the wait, with room for a loaded box
     message = str(err.value)
     assert "did not become healthy within 4s" in message and config.urls()[0] in message
     assert "loading weights (never finishes)" in message  # the tail of its log

@@ -13,10 +13,10 @@ import pytest
 from eagle_data.engines import make_engine
 from eagle_data.runner import RunnerSettings, run_generation
 from eagle_data.runner.lease import LeaseLost
+from eagle_data.standins.cut_proxy import CutProxy
+from eagle_data.standins.openai_fake import FakeOpenAI, Faults, prompt_shards, spec_for_tests
 from eagle_data.storage import RETRY_ENV, ShardStore
 from eagle_data_tests.conftest import store_behind
-from eagle_data_tests.servers.cut_proxy import CutProxy
-from eagle_data_tests.servers.openai_fake import FakeOpenAI, Faults, prompt_shards, spec_for_tests
 
 DS = "b7_sharegpt"
 PROMPTS, TURNS = 300, 2

@@ -7,8 +7,8 @@ from eagle_data.catalog import Generation
 from eagle_data.engines import make_engine
 from eagle_data.engines.local import LocalEngine, _fingerprint, _to_completion
 from eagle_data.runner.resultlog import resume_key
+from eagle_data.standins.openai_fake import spec_for_tests
 from eagle_data.types import FatalError
-from eagle_data_tests.servers.openai_fake import spec_for_tests
 
 GEN = Generation(max_tokens=40, min_tokens=8, temperature=0.8, top_p=0.95, thinking=False)
 CHAT = [{"role": "user", "content": "Write a haiku about compilers."}]

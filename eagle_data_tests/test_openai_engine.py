@@ -20,10 +20,10 @@ from eagle_data.engines.served import ModelMismatchError
 from eagle_data.runner import RunnerSettings, run_generation
 from eagle_data.runner.run import NothingAnswered
 from eagle_data.secrets import mask_url, redact
+from eagle_data.standins.local import free_port
+from eagle_data.standins.openai_fake import FakeOpenAI, Faults, prompt_shards, spec_for_tests
 from eagle_data.storage import ShardStore
 from eagle_data.types import AbortError, Completion, FatalError, RetryableError, UserError
-from eagle_data_tests.conftest import free_port
-from eagle_data_tests.servers.openai_fake import FakeOpenAI, Faults, prompt_shards, spec_for_tests
 
 SECRET = "sk-or-v1-TEST-SECRET-7f3a9c"
 
@@ -223,7 +223,7 @@ def test_a_host_that_never_completes_the_handshake_fails_within_the_connect_time
         finally:
             for filler in fillers:
                 filler.close()
-    assert kind == "connect_timeout" and time.monotonic() - started < 10
+    assert kind == "connect_timeout" and time.monotonic() - started < 30  # the read timeout is 60
 
 
 @pytest.mark.parametrize("url", ["127.0.0.1:30000/v1", "ftp://host/v1", "http:///v1", "http://host:port/v1"])
@@ -379,7 +379,7 @@ def test_openrouter_takes_routing_variants_its_model_list_leaves_out(
 
 def test_the_timeout_bounds_the_whole_request_even_when_the_server_drips_bytes(server: FakeOpenAI) -> None:
     """#20: a reply sent one byte at a time (never a long gap between reads) used to run past the timeout."""
-    server.faults = Faults(drip_s=0.02)  # a ~600-byte reply takes ~12 s
+    server.faults = Faults(drip_s=0.05)  # a ~600-byte reply takes ~30 s
     started = time.monotonic()
     assert error_kind(f"http://127.0.0.1:{server.port}/v1", timeout_s=1) == "timeout"
-    assert time.monotonic() - started < 3
+    assert time.monotonic() - started < 10  # far below the reply's 30 s: a loaded box cannot make it fail

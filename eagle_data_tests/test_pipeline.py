@@ -11,8 +11,8 @@ from eagle_data.engines import make_engine
 from eagle_data.runner import RunnerSettings
 from eagle_data.stages.estimate import estimate
 from eagle_data.stages.preflight import PreflightError
+from eagle_data.standins.openai_fake import FakeOpenAI, Faults, prompt_shards, spec_for_tests
 from eagle_data.storage import ShardStore
-from eagle_data_tests.servers.openai_fake import FakeOpenAI, Faults, prompt_shards, spec_for_tests
 
 
 def test_generate_sums_shard_counts_and_warns_when_replies_hit_max_tokens(tmp_path: Path):

@@ -13,7 +13,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from eagle_data_tests.servers.openai_fake import FakeOpenAI, Faults
+from eagle_data.standins.openai_fake import FakeOpenAI, Faults
 
 REPO = Path(__file__).resolve().parents[1]
 COMMAND = ["asset", "materialize", "-m", "eagle_data.definitions", "--select", "b7_sharegpt_prompts,b7_sharegpt",

@@ -13,9 +13,9 @@ from eagle_data.engines import make_engine
 from eagle_data.exports import Admission
 from eagle_data.runner import RunnerSettings
 from eagle_data.stages.export import export
+from eagle_data.standins.openai_fake import FakeOpenAI, Faults, prompt_shards, spec_for_tests
 from eagle_data.storage import ShardStore
 from eagle_data.targets import load_target
-from eagle_data_tests.servers.openai_fake import FakeOpenAI, Faults, prompt_shards, spec_for_tests
 
 
 def test_every_row_of_every_stage_carries_its_provenance(tmp_path: Path) -> None:

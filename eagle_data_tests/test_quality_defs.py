@@ -26,9 +26,10 @@ from eagle_data.defs.resources import EngineResource, StorageResource
 from eagle_data.defs.schedules import build_schedules, consecutive_ranges
 from eagle_data.defs.sensors import UI_URL_ENV, build_sensors
 from eagle_data.report import inputs_for, write_shard_report
+from eagle_data.standins.webhook import Receiver
 from eagle_data.storage import ShardStore
 from eagle_data.targets.rows import MESSAGE_DTYPE
-from eagle_data_tests.fixtures_quality import Receiver, clean_frame, generation_frame, regression_frame
+from eagle_data_tests.fixtures_quality import clean_frame, generation_frame, regression_frame
 
 SPEC = DatasetSpec(
     name="b9_fixture", title="Fixture", adapter=Adapter(prompt_field="q", response_field="r"), max_prompts=40,

@@ -18,9 +18,9 @@ from eagle_data.quality.reply import reply_verdict
 from eagle_data.quality.summary import wilson_lower
 from eagle_data.runner import RunnerSettings, run_generation
 from eagle_data.runner.breaker import Breaker, BreakerTripped
+from eagle_data.standins.openai_fake import FakeOpenAI, Faults, prompt_shards, spec_for_tests
 from eagle_data.storage import ShardStore
 from eagle_data.types import Completion
-from eagle_data_tests.servers.openai_fake import FakeOpenAI, Faults, prompt_shards, spec_for_tests
 
 DS = "b7_sharegpt"
 SETTINGS = RunnerSettings(backoff_base_s=0.0, backoff_cap_s=0.0, progress_bar=False)

@@ -13,9 +13,9 @@ from eagle_data.catalog import Breaker
 from eagle_data.engines import make_engine
 from eagle_data.runner import RunnerSettings, run_generation
 from eagle_data.runner.budget import Budget
+from eagle_data.standins.openai_fake import FakeOpenAI, Faults, prompt_shards, spec_for_tests
 from eagle_data.storage import ShardStore
 from eagle_data.types import Completion
-from eagle_data_tests.servers.openai_fake import FakeOpenAI, Faults, prompt_shards, spec_for_tests
 
 DS = "b7_sharegpt"
 IN_FLIGHT = 64

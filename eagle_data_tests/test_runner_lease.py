@@ -17,8 +17,8 @@ from eagle_data.engines import make_engine
 from eagle_data.runner import RunnerSettings, run_generation
 from eagle_data.runner.lease import LeaseLost, Leases
 from eagle_data.runner.run import LeaseHeld
+from eagle_data.standins.openai_fake import FakeOpenAI, Faults, prompt_shards, spec_for_tests
 from eagle_data.storage import ShardStore
-from eagle_data_tests.servers.openai_fake import FakeOpenAI, Faults, prompt_shards, spec_for_tests
 
 DS = "b7_sharegpt"
 SHARDS, PER_SHARD = 4, 100

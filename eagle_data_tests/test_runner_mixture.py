@@ -11,8 +11,8 @@ from eagle_data import pipeline
 from eagle_data.catalog import Generation, SamplingSetting
 from eagle_data.engines import make_engine
 from eagle_data.runner import RunnerSettings, mixture
+from eagle_data.standins.openai_fake import FakeOpenAI, Faults, prompt_shards, spec_for_tests
 from eagle_data.storage import ShardStore
-from eagle_data_tests.servers.openai_fake import FakeOpenAI, Faults, prompt_shards, spec_for_tests
 
 MIX = (
     SamplingSetting(name="cold", weight=0.5, temperature=0.2),

@@ -13,9 +13,9 @@ from eagle_data.runner.progress import Tally
 from eagle_data.runner.reporter import Reporter
 from eagle_data.runner.resultlog import resume_key, turn_record
 from eagle_data.runner.writer import OpenShard, ShardWriter
+from eagle_data.standins.openai_fake import FakeOpenAI, Faults, spec_for_tests
 from eagle_data.storage import ShardStore
 from eagle_data.types import Completion, Message
-from eagle_data_tests.servers.openai_fake import FakeOpenAI, Faults, spec_for_tests
 
 SETTINGS = RunnerSettings(backoff_base_s=0.0, backoff_cap_s=0.0, progress_bar=False, progress_every=1)
 ASKED: list[Message] = [{"role": "user", "content": "a question"}]

@@ -19,8 +19,8 @@ from eagle_data.runner.resultlog import resume_key, reusable
 from eagle_data.runner.retry import backoff_delay, retry_delay, should_retry
 from eagle_data.runner.rows import plan_turns, to_frame
 from eagle_data.runner.settings import RunnerSettings
+from eagle_data.standins.openai_fake import spec_for_tests
 from eagle_data.types import FatalError, RetryableError
-from eagle_data_tests.servers.openai_fake import spec_for_tests
 
 S = RunnerSettings(max_attempts=3, max_throttle_waits=2, backoff_base_s=1.0, backoff_cap_s=8.0)
 

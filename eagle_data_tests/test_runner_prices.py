@@ -13,9 +13,9 @@ from eagle_data.engines import make_engine
 from eagle_data.runner import RunnerSettings
 from eagle_data.runner.estimate import estimate_generation
 from eagle_data.runner.prices import PRICE_ENV, PriceUnknown
+from eagle_data.standins.openai_fake import FakeOpenAI, Faults, prompt_shards, spec_for_tests
 from eagle_data.storage import ShardStore
 from eagle_data.types import UserError
-from eagle_data_tests.servers.openai_fake import FakeOpenAI, Faults, prompt_shards, spec_for_tests
 
 
 def test_a_dollar_budget_on_a_server_that_reports_no_cost_is_refused_before_the_first_request(

@@ -18,8 +18,8 @@ import pytest
 from eagle_data.engines import make_engine
 from eagle_data.runner import RunnerSettings, run_generation
 from eagle_data.runner.resultlog import ResultLog
+from eagle_data.standins.openai_fake import FakeOpenAI, Faults, prompt_shards, spec_for_tests
 from eagle_data.storage import ShardStore
-from eagle_data_tests.servers.openai_fake import FakeOpenAI, Faults, prompt_shards, spec_for_tests
 
 DS = "b7_sharegpt"
 KILL_SHARDS, KILL_PER_SHARD = 3, 400
@@ -99,7 +99,7 @@ def test_sigkill_at_random_points_under_load_repays_at_most_one_second_of_answer
     url, root = server.start(), str(tmp_path / "killed")
     shards, per_shard = 4, 600
     flush = RunnerSettings().flush_every_s
-    code = (f"from eagle_data_tests.test_runner_resume import generate; from eagle_data_tests.servers.openai_fake "
+    code = (f"from eagle_data_tests.test_runner_resume import generate; from eagle_data.standins.openai_fake "
             f"import prompt_shards; generate({url!r}, {root!r}, shards=prompt_shards({shards}, {per_shard}, turns=2), "
             f"flush_every_s={flush}, max_in_flight=50, initial_in_flight=50)")  # fmt: skip
     rng, allowance = random.Random(), 0.0

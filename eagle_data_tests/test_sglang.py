@@ -27,10 +27,7 @@ from eagle_data.engines.sglang import (
     normalize_finish,
 )
 from eagle_data.engines.sglang_fleet import stats_line
-from eagle_data.targets import load_target
-from eagle_data.targets.vocab import qwen_tokenizer
-from eagle_data.types import FatalError, Message, RetryableError
-from eagle_data_tests.servers.sglang_fake import (
+from eagle_data.standins.sglang_fake import (
     IM_END,
     THINK_END,
     THINK_START,
@@ -38,10 +35,13 @@ from eagle_data_tests.servers.sglang_fake import (
     free_port_block,
     reply_ids,
 )
+from eagle_data.targets import load_target
+from eagle_data.targets.vocab import qwen_tokenizer
+from eagle_data.types import FatalError, Message, RetryableError
 
 MODEL = "Qwen/Qwen3-8B"
 REPO = Path(__file__).resolve().parents[1]
-FAKE = (sys.executable, "-m", "eagle_data_tests.servers.sglang_fake")
+FAKE = (sys.executable, "-m", "eagle_data.standins.sglang_fake")
 
 
 def chatml_prompt_ids(messages: list[Message], thinking: bool) -> list[int]:
@@ -366,4 +366,4 @@ def test_the_timeout_bounds_the_whole_request_even_when_the_server_drips_bytes()
         return type(None), 0.0
 
     kind, took = asyncio.run(run())
-    assert kind is RetryableError and took < 3
+    assert kind is RetryableError and took < 5  # the 1-s timeout, not the answer's 6 s, with room for a loaded box

@@ -20,7 +20,7 @@ from eagle_data.catalog import Generation
 from eagle_data.engines import make_engine
 from eagle_data.engines.local import LocalEngine
 from eagle_data.engines.local_sglang import PROVIDER, SGLangLocalEngine, _started, _tokenizer
-from eagle_data_tests.servers.sglang_fake import reply_ids
+from eagle_data.standins.sglang_fake import reply_ids
 
 GEN = Generation(max_tokens=40, min_tokens=8, temperature=0.8, top_p=0.95, thinking=False)
 CHAT = [{"role": "user", "content": "Write a haiku about compilers."}]

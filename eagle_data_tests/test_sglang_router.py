@@ -27,10 +27,10 @@ from eagle_data.engines import EngineSettings, build_engine, make_engine
 from eagle_data.engines.launcher import LaunchConfig, Launcher
 from eagle_data.engines.sglang import SGLangEngine
 from eagle_data.runner import RunnerSettings, run_generation
+from eagle_data.standins.openai_fake import prompt_shards, spec_for_tests
+from eagle_data.standins.sglang_fake import free_port_block
 from eagle_data.storage import ShardStore
 from eagle_data.types import FatalError
-from eagle_data_tests.servers.openai_fake import prompt_shards, spec_for_tests
-from eagle_data_tests.servers.sglang_fake import free_port_block
 from eagle_data_tests.test_sglang import FAKE, MODEL, REPO
 
 pytest.importorskip("sglang_router", reason="sglang-router is in the test extra: pip install -e '.[test]'")

@@ -18,8 +18,8 @@ from eagle_data.defs.assets import build_dataset_assets
 from eagle_data.defs.resources import EngineResource, StorageResource
 from eagle_data.engines.launcher import LaunchConfig, Launcher
 from eagle_data.sources import load_index
+from eagle_data.standins.sglang_fake import free_port_block
 from eagle_data.storage import ShardStore
-from eagle_data_tests.servers.sglang_fake import free_port_block
 from eagle_data_tests.test_sglang import FAKE, MODEL, REPO
 
 

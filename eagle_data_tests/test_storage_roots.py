@@ -13,7 +13,7 @@ import pytest
 from eagle_data.catalog import load_catalog
 from eagle_data.defs.assets import build_dataset_assets
 from eagle_data.defs.resources import EngineResource, S3ClientResource, StorageResource
-from eagle_data_tests.servers.openai_fake import FakeOpenAI
+from eagle_data.standins.openai_fake import FakeOpenAI
 
 DS = "b7_sharegpt"
 

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from eagle_data.engines import EngineSettings, build_engine
+from eagle_data.standins.openai_fake import spec_for_tests
 from eagle_data.targets.reasoning import reasoning_markers
 from eagle_data.types import FatalError
-from eagle_data_tests.servers.openai_fake import spec_for_tests
 
 MODEL = "Qwen/Qwen3-8B"  # targets.toml [served_models]: "*qwen/qwen3-*" = "qwen3"
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from eagle_data.targets import TargetError, load_target, reasoning_markers, resolve_target, target_for_model
-from eagle_data.targets.profile import Profile, build_target, read_profiles
+from eagle_data.targets.profile import Profile, read_profiles
+from eagle_data.targets.target import build_target
 from eagle_data.targets.vocab import KIMI_SPECIALS, kimi_test_tokenizer, qwen_ranks_file, qwen_tokenizer
 
 

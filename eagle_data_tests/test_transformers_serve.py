@@ -28,7 +28,7 @@ import pytest
 from eagle_data.catalog import load_catalog
 from eagle_data.defs.assets import CANARY, build_dataset_assets
 from eagle_data.defs.resources import ENGINE_ENV, POOL_ENV, EngineResource, StorageResource
-from eagle_data_tests.conftest import free_port
+from eagle_data.standins.local import free_port
 
 SAMPLE = 4  # canary prompts of the demo's 36
 MAX_TOKENS = 12

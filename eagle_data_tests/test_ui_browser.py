@@ -35,7 +35,7 @@ from selenium.webdriver.support import expected_conditions as ec
 from selenium.webdriver.support.ui import WebDriverWait
 
 from eagle_data.catalog import load_catalog
-from eagle_data_tests.conftest import free_port, stop_process_group
+from eagle_data.standins.local import free_port, stop_process_group
 
 pytestmark = pytest.mark.browser
 

@@ -15,10 +15,10 @@ from eagle_data.engines import make_engine
 from eagle_data.runner import RunnerSettings, run_generation
 from eagle_data.stages.estimate import estimate
 from eagle_data.stages.preflight import PreflightError
+from eagle_data.standins.openai_fake import FakeOpenAI, Faults, prompt_shards, spec_for_tests
 from eagle_data.storage import ShardStore
 from eagle_data.targets.vocab import qwen_tokenizer
 from eagle_data.types import Engine, FatalError, Message
-from eagle_data_tests.servers.openai_fake import FakeOpenAI, Faults, prompt_shards, spec_for_tests
 
 DS = "b7_sharegpt"
 FAST = RunnerSettings(backoff_base_s=0.0, backoff_cap_s=0.0, max_attempts=2, progress_bar=False)

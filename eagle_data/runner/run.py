@@ -3,7 +3,7 @@
 A single producer walks the partitions in order. For each it takes the shard's lease (one writer per
 shard; a shard another live run holds is deferred and waited for at the end), reads the prompts only
 then (a range over 1,800 partitions holds just the shards in flight), and replays what the result log
-already holds. Each remaining prompt is admitted by the dispatcher (`dispatch.py`: in-flight limit,
+already holds. Each remaining prompt (`conversation.py`) is admitted by the dispatcher (`dispatch.py`: in-flight limit,
 budget, retries, the breaker) and walks its user turns; every answered turn goes to the shard writer
 (`writer.py`: durable within `flush_every_s`); a finished shard is written whole, its lease released and
 its rows dropped from memory. `reporter.py` says how it goes.
@@ -17,7 +17,7 @@ import gc
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import polars as pl
 
@@ -26,17 +26,17 @@ from eagle_data.catalog import DatasetSpec
 from eagle_data.quality.truncation import ReplyLengths
 from eagle_data.runner import mixture
 from eagle_data.runner.breaker import BreakerTripped
-from eagle_data.runner.budget import Hold
+from eagle_data.runner.conversation import Conversation
 from eagle_data.runner.dispatch import Dispatcher
 from eagle_data.runner.lease import Holder, LeaseLost
 from eagle_data.runner.progress import ShardFigures, Tally
 from eagle_data.runner.reporter import Reporter
-from eagle_data.runner.resultlog import Turn, completion_of, replayable, resume_key, reusable, stored_usage, turn_record
-from eagle_data.runner.rows import Row, assistant_message, build_row, plan_turns
+from eagle_data.runner.resultlog import replayable, resume_key, reusable, stored_usage, turn_record
+from eagle_data.runner.rows import Row, plan_turns
 from eagle_data.runner.settings import RunnerSettings
 from eagle_data.runner.writer import OpenShard, ShardWriter
 from eagle_data.storage import ShardStore, StorageError
-from eagle_data.types import Completion, Engine, Message, SamplingRefused, Status, UserError
+from eagle_data.types import Engine, SamplingRefused, UserError
 
 GC_GEN0_THRESHOLD = 50_000  # see _fewer_gc_passes
 LEASE_POLL_S = 1.0  # how often a deferred shard's lease is tried again
@@ -59,52 +59,6 @@ class ShardReport:
     partition: str
     uri: str
     figures: ShardFigures
-
-
-@dataclass
-class _Conversation:
-    """One prompt's walk through its user turns: stored turns replayed first, then this run's."""
-
-    prompt_id: str
-    segments: list[list[Message]]
-    turns: list[Turn] = field(default_factory=list)  # the records of every reply so far
-    messages: list[Message] = field(default_factory=list)
-    replies: list[Completion] = field(default_factory=list)
-    attempts: int = 0
-    latency_s: float = 0.0
-    held: Hold | None = None  # the budget held for its first request at admission
-
-    def add(self, done: Completion, turn: Turn) -> None:
-        self.messages.extend(self.segments[len(self.replies)])
-        self.replies.append(done)
-        self.messages.append(assistant_message(done))
-        self.turns.append(turn)
-        self.attempts += turn["attempts"]
-        self.latency_s += turn["latency_s"]
-
-    def replay(self, stored: list[Turn]) -> None:
-        for turn in stored[: len(self.segments)]:
-            if self.ended:
-                break
-            self.add(completion_of(turn), turn)
-
-    @property
-    def ended(self) -> bool:
-        """Every turn answered, or the last one hit max_tokens (the conversation stops there)."""
-        return bool(self.replies) and (len(self.replies) == len(self.segments) or self.replies[-1].truncated)
-
-    def row(self, status: Status, error: str, finished_at: float | None = None) -> Row:
-        status = "truncated" if status == "ok" and self.replies and self.replies[-1].truncated else status
-        return build_row(
-            self.prompt_id,
-            status,
-            self.messages,
-            self.replies,
-            attempts=self.attempts,
-            latency_s=self.latency_s,
-            error=error,
-            finished_at=time.time() if finished_at is None else finished_at,
-        )
 
 
 def _held_line(dataset: str, wait_s: float, held: dict[str, Holder]) -> str:
@@ -257,7 +211,7 @@ class _Run:
             task.add_done_callback(self.tasks.discard)
         self._maybe_finalize(shard)
 
-    def _open(self, partition: str) -> tuple[OpenShard, list[_Conversation], int]:
+    def _open(self, partition: str) -> tuple[OpenShard, list[Conversation], int]:
         """Read the shard's prompts and what its result log holds (blocking; the lease is ours); returns
         the shard, its conversations to generate and its number of prompts."""
         prompts = self.frames[partition]
@@ -271,7 +225,7 @@ class _Run:
         for prompt in prompts.select("prompt_id", "messages").iter_rows(named=True):
             if prompt["prompt_id"] in shard.rows:
                 continue
-            conversation = _Conversation(
+            conversation = Conversation(
                 prompt["prompt_id"], plan_turns(prompt["messages"], self.spec.regenerate, self.spec.max_turns)
             )
             conversation.replay(turns.get(conversation.prompt_id, []))
@@ -285,7 +239,7 @@ class _Run:
         return shard, todo, prompts.height
 
     # ---- one prompt -------------------------------------------------------------------------------
-    async def _prompt(self, shard: OpenShard, conversation: _Conversation) -> None:
+    async def _prompt(self, shard: OpenShard, conversation: Conversation) -> None:
         try:
             row = await self._generate(shard, conversation)
         finally:
@@ -293,7 +247,7 @@ class _Run:
             conversation.held = None
         self._finish(shard, row, conversation)
 
-    async def _generate(self, shard: OpenShard, conversation: _Conversation) -> Row:
+    async def _generate(self, shard: OpenShard, conversation: Conversation) -> Row:
         if not conversation.segments:
             return conversation.row("failed", "bad_prompt: no user turn to answer")
         while not conversation.ended:
@@ -330,7 +284,7 @@ class _Run:
         )
         return row
 
-    def _finish(self, shard: OpenShard, row: Row, conversation: _Conversation) -> None:
+    def _finish(self, shard: OpenShard, row: Row, conversation: Conversation) -> None:
         shard.rows[row["prompt_id"]] = self._stamp(row)
         if row["status"] not in ("ok", "truncated"):
             shard.carry.extend(conversation.turns)  # paid turns of an unfinished conversation stay

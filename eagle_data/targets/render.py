@@ -12,7 +12,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from eagle_data.targets.profile import Part, Target, TargetError, Template
+from eagle_data.targets.profile import TargetError
+from eagle_data.targets.target import Part, Target, Template
 
 
 @dataclass(frozen=True, slots=True)

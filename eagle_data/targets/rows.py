@@ -11,8 +11,9 @@ from typing import Any
 
 import polars as pl
 
-from eagle_data.targets.profile import Target, TargetError
+from eagle_data.targets.profile import TargetError
 from eagle_data.targets.render import Rendered, render
+from eagle_data.targets.target import Target
 
 MESSAGE_DTYPE = pl.Struct(
     {"role": pl.String, "content": pl.String, "reasoning": pl.String, "output_ids": pl.List(pl.Int32)}

@@ -6,7 +6,7 @@ fixed by its id, so raising max_tokens un-truncates exactly the rows that hit th
 are counted per prompt and turn (prompt id from the `X-Eagle-Prompt-Id` header, else `user`), and
 successful answers separately, so a test can prove no finished prompt was paid for twice.
 
-Subprocess: `python -m eagle_data_tests.servers.openai_fake --faults '{"latency_s": 1}'` prints
+Subprocess: `python -m eagle_data.standins.openai_fake --faults '{"latency_s": 1}'` prints
 `READY <port>` and serves until killed.
 """
 
@@ -28,9 +28,9 @@ import polars as pl
 from aiohttp import web
 
 from eagle_data.catalog import DatasetSpec, load_catalog
+from eagle_data.standins.drip import drip
 from eagle_data.targets.vocab import qwen_tokenizer
 from eagle_data.types import PROMPT_ID_HEADER
-from eagle_data_tests.servers.drip import drip
 
 # Reply shapes servers use. "split": OpenRouter's `reasoning` string beside `content`; "details": only
 # OpenRouter's typed `reasoning_details` parts (with an encrypted part that has no text); "reasoning_content":

@@ -14,6 +14,8 @@ async def drip(request: web.Request, body: bytes, every_s: float, status: int = 
     await stream.prepare(request)
     for i in range(len(body)):
         await asyncio.sleep(every_s)
+        if request.transport is None or request.transport.is_closing():
+            return stream  # the client hung up: a server shutting down need not wait for the rest
         await stream.write(body[i : i + 1])
     await stream.write_eof()
     return stream

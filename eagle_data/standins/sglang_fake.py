@@ -15,7 +15,7 @@ different seeds give different tokens, so a test can tell which server answered.
 Every answered request is appended to `--log` (one JSON line, flushed before the reply is sent), so a
 test can count answers per prompt even for a server it SIGKILLed.
 
-Run as SGLang would be: `python -m eagle_data_tests.servers.sglang_fake --model-path M --port N`;
+Run as SGLang would be: `python -m eagle_data.standins.sglang_fake --model-path M --port N`;
 unknown SGLang flags are accepted and ignored, so the launcher can start it in place of sglang.
 """
 
@@ -37,7 +37,7 @@ from typing import Any
 
 from aiohttp import web
 
-from eagle_data_tests.servers.drip import drip
+from eagle_data.standins.drip import drip
 
 THINK_START, THINK_END, IM_END = 151667, 151668, 151645
 NEWLINE, DOUBLE_NEWLINE = 198, 271
