@@ -21,6 +21,7 @@ from eagle_data.storage import ShardStore
 from eagle_data.targets import profile, reasoning, reasoning_markers
 from eagle_data.targets.reasoning import THINK_TAGS
 from eagle_data.targets.vocab import qwen_tokenizer
+from eagle_data_tests import fixtures_stages as stage
 from eagle_data_tests.servers.openai_fake import FakeOpenAI, Faults, prompt_shards, spec_for_tests
 
 DS = "b7_sharegpt"
@@ -155,14 +156,14 @@ def test_retry_rejected_re_requests_only_rows_rejected_for_engine_side_reasons(
     prompts = prompt_shards(1, 6)["00000"]
     store.write_shard(DS, pipeline.prompts_asset(spec), "00000", prompts)
     engine = make_engine("openai", base_url=f"http://127.0.0.1:{server.port}/v1", model="m", max_tokens=64)
-    pipeline.generate(spec, store, ["00000"], engine, log=lambda _: None, settings=FAST)
+    stage.generate(spec, store, ["00000"], engine, log=lambda _: None, settings=FAST)
     verdicts = ["short_loss", "empty_completion", "bad_structure", "pass", "truncated", "failed"]
     store.write_shard(DS, pipeline.validated_asset(spec), "00000", prompts.select("prompt_id").with_columns(
         pl.Series("verdict", verdicts)))  # fmt: skip
     assert server.received == 6
-    pipeline.generate(spec, store, ["00000"], engine, log=lambda _: None, settings=FAST)
+    stage.generate(spec, store, ["00000"], engine, log=lambda _: None, settings=FAST)
     assert server.received == 6  # without the switch every usable row is reused
-    pipeline.generate(spec, store, ["00000"], engine, log=lambda _: None, settings=FAST, retry_rejected=True)
+    stage.generate(spec, store, ["00000"], engine, log=lambda _: None, settings=FAST, retry_rejected=True)
     assert server.received == 8
     again = {turn.split("#")[0] for turn, n in server.requests.items() if n == 2}
     assert again == set(prompts["prompt_id"][:2])

@@ -9,7 +9,9 @@ from eagle_data import pipeline
 from eagle_data.catalog import Breaker, DatasetSpec, load_catalog
 from eagle_data.engines import make_engine
 from eagle_data.runner import RunnerSettings
+from eagle_data.stages.prompts import PromptShards
 from eagle_data.storage import ShardStore
+from eagle_data_tests import fixtures_stages as stage
 from eagle_data_tests.servers.openai_fake import FakeOpenAI, Faults, prompt_shards, spec_for_tests
 
 
@@ -24,7 +26,7 @@ def test_generate_sums_shard_counts_and_warns_when_replies_hit_max_tokens(tmp_pa
             store.write_shard(spec.name, pipeline.prompts_asset(spec), key, frame)
         engine = make_engine("openai", base_url=f"http://127.0.0.1:{server.port}/v1", model="m", max_tokens=40)
         lines: list[str] = []
-        figures, per_partition = pipeline.generate(
+        figures, per_partition = stage.generate(
             spec, store, list(shards), engine, log=lines.append, settings=RunnerSettings(progress_bar=False)
         )
     finally:
@@ -47,7 +49,7 @@ def test_a_range_runs_error_counts_are_the_sum_of_its_shards(tmp_path: Path):
     engine = make_engine("openai", base_url=f"http://127.0.0.1:{server.port}/v1", model="m")
     settings = RunnerSettings(progress_bar=False, backoff_base_s=0.0, backoff_cap_s=0.0, max_attempts=2)
     try:
-        figures, per_partition = pipeline.generate(spec, store, sorted(shards), engine, log=lambda _: None,
+        figures, per_partition = stage.generate(spec, store, sorted(shards), engine, log=lambda _: None,
                                                    settings=settings)  # fmt: skip
     finally:
         server.stop()
@@ -67,7 +69,7 @@ def test_generate_reads_each_prompt_shard_only_when_the_runner_reaches_it(tmp_pa
         store.write_shard(spec.name, pipeline.prompts_asset(spec), key, frame)
     reads: list[tuple[str, set[str]]] = []
 
-    class Watched(pipeline.PromptShards):
+    class Watched(PromptShards):
         def __getitem__(self, key: str):
             reads.append((key, {p for p in shards if store.shard_exists(spec.name, spec.name, p)}))
             return super().__getitem__(key)
@@ -90,13 +92,13 @@ def test_the_estimate_projects_from_this_configs_sample_not_from_rows_of_an_earl
     config's sample (replies of 50): the budget check would be judged on another model's lengths."""
     spec = load_catalog(profile="demo")["b7_sharegpt"].model_copy(update={"token_budget": 0, "cost_budget_usd": 0.0})
     store, settings = ShardStore(str(tmp_path)), RunnerSettings(progress_bar=False)
-    pipeline.write_prompts(spec, store, ["00000"], warn=lambda _: None)
+    stage.write_prompts(spec, store, ["00000"], warn=lambda _: None)
     server = FakeOpenAI(Faults(reply_tokens=(10, 10)))
     server.start()
     try:
         url = f"http://127.0.0.1:{server.port}/v1"
         earlier = make_engine("openai", base_url=url, model="earlier")
-        pipeline.generate(spec, store, ["00000"], earlier, log=lambda _: None, settings=settings)
+        stage.generate(spec, store, ["00000"], earlier, log=lambda _: None, settings=settings)
         server.faults = Faults(reply_tokens=(50, 50))
         estimate = pipeline.estimate(
             spec, store, make_engine("openai", base_url=url, model="now"), canary_prompts=4,
@@ -114,7 +116,7 @@ def _refused_before_any_request(store: ShardStore, spec: DatasetSpec, match: str
         engine = make_engine("openai", base_url=f"http://127.0.0.1:{server.port}/v1", model="m")
         quiet = {"log": lambda _: None, "settings": RunnerSettings(progress_bar=False)}
         with pytest.raises(pipeline.PreflightError, match=match) as err:
-            pipeline.generate(spec, store, ["00000"], engine, **quiet)
+            stage.generate(spec, store, ["00000"], engine, **quiet)
         assert "\n" not in str(err.value)
         with pytest.raises(pipeline.PreflightError, match=match):
             pipeline.estimate(spec, store, engine, canary_prompts=2, usd_per_prompt_token=0.0,

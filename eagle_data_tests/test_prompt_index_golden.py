@@ -21,6 +21,7 @@ import pytest
 from eagle_data import pipeline
 from eagle_data.catalog import DatasetSpec, load_catalog
 from eagle_data.storage import ShardStore
+from eagle_data_tests import fixtures_stages as stage
 
 GOLDEN = Path(__file__).parent / "golden" / "prompt_index.json"
 SPECS = load_catalog(profile="demo")
@@ -82,7 +83,7 @@ def cases(tmp_path: Path) -> dict[str, DatasetSpec]:
 def observe(spec: DatasetSpec, root: Path) -> dict[str, Any]:
     """What the prompts stage writes for every partition of `spec`, in comparable form."""
     store = ShardStore(str(root))
-    written = pipeline.write_prompts(spec, store, spec.partition_keys)
+    written = stage.write_prompts(spec, store, spec.partition_keys)
     shards = {}
     for key in spec.partition_keys:
         frame = store.read_shard(spec.name, pipeline.prompts_asset(spec), key)

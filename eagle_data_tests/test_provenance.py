@@ -14,6 +14,7 @@ from eagle_data.exports import Admission
 from eagle_data.runner import RunnerSettings
 from eagle_data.storage import ShardStore
 from eagle_data.targets import load_target
+from eagle_data_tests import fixtures_stages as stage
 from eagle_data_tests.servers.openai_fake import FakeOpenAI, Faults, prompt_shards, spec_for_tests
 
 
@@ -27,9 +28,9 @@ def test_every_row_of_every_stage_carries_its_provenance(tmp_path: Path) -> None
             store.write_shard(spec.name, pipeline.prompts_asset(spec), key, frame)
         engine = make_engine("openai", base_url=f"http://127.0.0.1:{server.port}/v1", model="qwen/qwen3-8b",
                              max_tokens=200, temperature=0.6)  # fmt: skip
-        pipeline.generate(spec, store, list(shards), engine, log=lambda _: None,
+        stage.generate(spec, store, list(shards), engine, log=lambda _: None,
                           settings=RunnerSettings(progress_bar=False))  # fmt: skip
-        pipeline.validate(spec, store, list(shards))
+        stage.validate(spec, store, list(shards))
         pipeline.export([spec], store, {spec.name: Admission(tuple(shards))}, seed=0, log=lambda _: None)
     finally:
         server.stop()

@@ -21,11 +21,13 @@ from eagle_data.catalog import Adapter, DatasetSpec
 from eagle_data.defs.assets import build_dataset_assets
 from eagle_data.defs.checks import build_checks
 from eagle_data.defs.exports import build_exports
+from eagle_data.defs.io_managers import shard_resources
 from eagle_data.defs.resources import EngineResource, StorageResource
 from eagle_data.quality import ShardRecord
 from eagle_data.report import SHARD_TABLE_ROWS
 from eagle_data.storage import ShardStore
 from eagle_data.targets import load_target
+from eagle_data_tests import fixtures_stages as stage
 from eagle_data_tests.fixtures_quality import generation_frame
 
 MAX_TOKENS = 64
@@ -57,7 +59,7 @@ def stripped_replies(n: int, dataset: str) -> pl.DataFrame:
 def test_stripped_replies_are_lost_text_and_none_is_kept(tmp_path: Path) -> None:
     spec, store = spec_for("b9_strip"), ShardStore(str(tmp_path))
     store.write_shard(spec.name, spec.name, "00000", stripped_replies(20, spec.name))
-    records = pipeline.validate(spec, store, ["00000"], workers=1).records
+    records = stage.validate(spec, store, ["00000"], workers=1).records
     rows = store.read_shard(spec.name, pipeline.validated_asset(spec), "00000")
     assert rows["verdict"].unique().to_list() == ["lost_text"]
     # reported 64; rebuilt 2 (the think block the template opens: "<think>", "\n"); 4 tokens of slack
@@ -80,7 +82,7 @@ def test_healthy_replies_account_for_what_the_engine_reported(tmp_path: Path) ->
         for r, c in zip(frame["reasoning"], frame["content"], strict=True)
     ]
     store.write_shard(spec.name, spec.name, "00000", frame.with_columns(completion_tokens=pl.Series(counts)))
-    records = pipeline.validate(spec, store, ["00000"], workers=1).records
+    records = stage.validate(spec, store, ["00000"], workers=1).records
     rows = store.read_shard(spec.name, pipeline.validated_asset(spec), "00000")
     assert rows["verdict"].unique().to_list() == ["pass"]
     assert rows["token_ratio"].min() == pytest.approx(1.0, abs=0.02)
@@ -97,7 +99,7 @@ def test_the_special_token_regression_fails_blocking_checks_and_stops_the_traini
     defs = dg.Definitions(
         assets=[*build_dataset_assets(spec), build_exports([spec], checks)],
         asset_checks=checks,
-        resources={"storage": StorageResource(root=str(tmp_path)), "engine": EngineResource()},
+        resources={**shard_resources(StorageResource(root=str(tmp_path))), "engine": EngineResource()},
     )
     selection = {dg.AssetKey(pipeline.validated_asset(spec)), dg.AssetKey("training_mix")}
     with dg.instance_for_test() as instance:
@@ -125,7 +127,7 @@ def test_one_worker_and_two_workers_write_the_same_ids_masks_verdicts_and_record
     for store in stores.values():
         for i, key in enumerate(keys):
             store.write_shard(spec.name, spec.name, key, generation_frame(20, empty_share=0.1 * i, dataset=key))
-    records = {n: pipeline.validate(spec, store, keys, workers=n).records for n, store in stores.items()}
+    records = {n: stage.validate(spec, store, keys, workers=n).records for n, store in stores.items()}
     assert records[1] == records[2]
     one, two = (_validated_bytes(stores[n], spec, keys) for n in (1, 2))
     for a, b in zip(one, two, strict=True):
@@ -161,7 +163,7 @@ def test_event_metadata_does_not_grow_with_the_number_of_partitions_in_the_range
     shard = generation_frame(8, empty_share=0.0, dataset=spec.name)
     for key in spec.partition_keys:
         store.write_shard(spec.name, spec.name, key, shard)  # identical shards: identical figures
-    resources = {"storage": StorageResource(root=str(tmp_path)), "engine": EngineResource()}
+    resources = {**shard_resources(StorageResource(root=str(tmp_path))), "engine": EngineResource()}
     defs = dg.Definitions(assets=build_dataset_assets(spec), resources=resources)
     two, six = _event_sizes(defs, spec, spec.partition_keys[:2]), _event_sizes(defs, spec, spec.partition_keys)
     assert len(set(two + six)) == 1, (two, six)

@@ -15,6 +15,7 @@ from eagle_data.runner.estimate import estimate_generation
 from eagle_data.runner.prices import PRICE_ENV, PriceUnknown
 from eagle_data.storage import ShardStore
 from eagle_data.types import UserError
+from eagle_data_tests import fixtures_stages as stage
 from eagle_data_tests.servers.openai_fake import FakeOpenAI, Faults, prompt_shards, spec_for_tests
 
 
@@ -31,7 +32,7 @@ def test_a_dollar_budget_on_a_server_that_reports_no_cost_is_refused_before_the_
     engine = make_engine("openai", base_url=f"http://127.0.0.1:{server.port}/v1", model="qwen3-8b")
     try:
         with pytest.raises(UserError) as refused:
-            pipeline.generate(spec, store, list(shards), engine, log=lambda _: None,
+            stage.generate(spec, store, list(shards), engine, log=lambda _: None,
                               settings=RunnerSettings(progress_bar=False))  # fmt: skip
     finally:
         server.stop()

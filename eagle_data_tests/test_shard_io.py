@@ -15,10 +15,10 @@ import pytest
 
 from eagle_data import layout
 from eagle_data.catalog import DatasetSpec, load_catalog
+from eagle_data.definitions import build_definitions
 from eagle_data.defs.assets import build_dataset_assets
 from eagle_data.defs.io_managers import SHARD_DIGEST, SHARD_IO, URI, ShardIOManager, shard_resources
 from eagle_data.defs.resources import EngineResource, S3ClientResource, StorageResource
-from eagle_data.definitions import build_definitions
 from eagle_data.storage import ShardStore, parquet_bytes
 from eagle_data_tests.servers.cut_proxy import CutProxy
 from eagle_data_tests.servers.openai_fake import FakeOpenAI, Faults
@@ -80,7 +80,7 @@ def test_the_shards_of_a_run_are_the_ones_the_io_manager_wrote_with_their_uri_an
     the IO manager's, none under the assets', and each partition's event names its file and its bytes' sha256."""
     assets_root, shards_root = tmp_path / "assets", tmp_path / "shards"
     shards = StorageResource(root=str(shards_root))
-    resources = {"storage": StorageResource(root=str(assets_root)), SHARD_IO: ShardIOManager(storage=shards)}
+    resources = {**shard_resources(StorageResource(root=str(assets_root))), SHARD_IO: ShardIOManager(storage=shards)}
     result = materialize({**resources, "engine": engine})
     assert result.success
     for asset in SHARD_ASSETS:
