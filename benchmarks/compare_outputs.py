@@ -70,11 +70,7 @@ def child(checkout: Path, root: Path, dump: Path, source: str, prompts: int, url
         engine = EngineResource(kind="openai", model=MODEL, api_key_env="OPENAI_API_KEY")
     quiet = {"log": lambda line: None}
     for spec in specs:
-        keys = spec.partition_keys
-        pipeline.write_prompts(spec, store, keys)
-        pipeline.generate(spec, store, keys, engine.make(spec), settings=engine.runner_settings(), **quiet)
-        logs = "log" in inspect.signature(pipeline.validate).parameters
-        pipeline.validate(spec, store, keys, **(quiet if logs else {}))
+        run_stages(spec, store, engine, quiet)
     validated = {spec.name: pipeline.shards_written(store, spec.name, pipeline.validated_asset(spec)) for spec in specs}
     if "admissions" in inspect.signature(pipeline.export).parameters:
         from eagle_data.exports import Admission
@@ -105,6 +101,33 @@ def child(checkout: Path, root: Path, dump: Path, source: str, prompts: int, url
               not str(getattr(m, "__file__", None) or checkout).startswith(str(checkout))]  # fmt: skip
     if strays:
         raise SystemExit(f"imported eagle_data modules from outside {checkout}: {strays[:3]}")
+
+
+def run_stages(spec: Any, store: Any, engine: Any, quiet: dict[str, Any]) -> None:
+    """prompts, generation and validation over every partition: the stage functions and the shard writer the
+    IO manager uses where the checkout has them (eagle_data/stages), else the pipeline functions that wrote
+    their own shards."""
+    import importlib.util
+    import inspect
+
+    from eagle_data import pipeline
+
+    keys, backend, settings = spec.partition_keys, engine.make(spec), engine.runner_settings()
+    if importlib.util.find_spec("eagle_data.stages") is None:
+        pipeline.write_prompts(spec, store, keys)
+        pipeline.generate(spec, store, keys, backend, settings=settings, **quiet)
+        logs = "log" in inspect.signature(pipeline.validate).parameters
+        pipeline.validate(spec, store, keys, **(quiet if logs else {}))
+        return
+    from eagle_data.stages import generation, prompts, validation
+    from eagle_data.storage.shards import StoredShards, write_shards
+
+    write_shards(store, spec.name, pipeline.prompts_asset(spec), prompts.make_prompts(spec, store, keys).shards)
+    inputs = prompts.PromptShards(spec, store, keys)
+    write_shards(store, spec.name, spec.name, generation.generate(spec, store, inputs, backend, settings=settings,
+                                                                  **quiet).shards)  # fmt: skip
+    done = validation.validate(spec, store, StoredShards(store, spec.name, spec.name, keys), **quiet)
+    write_shards(store, spec.name, pipeline.validated_asset(spec), done.shards)
 
 
 def neutral(frame: pl.DataFrame) -> pl.DataFrame:
