@@ -19,9 +19,15 @@ from eagle_data.definitions import build_definitions
 from eagle_data.defs.assets import build_dataset_assets
 from eagle_data.defs.io_managers import SHARD_DIGEST, SHARD_IO, URI, ShardIOManager, shard_resources
 from eagle_data.defs.resources import EngineResource, S3ClientResource, StorageResource
+from eagle_data.engines import make_engine
+from eagle_data.runner import RunnerSettings
+from eagle_data.runner.resultlog import ResultLog, stored_usage
+from eagle_data.stages import generation
+from eagle_data.stages.prompts import PromptShards
 from eagle_data.storage import ShardStore, parquet_bytes
+from eagle_data.storage.shards import LazyShards, write_shards
 from eagle_data_tests.servers.cut_proxy import CutProxy
-from eagle_data_tests.servers.openai_fake import FakeOpenAI, Faults
+from eagle_data_tests.servers.openai_fake import FakeOpenAI, Faults, prompt_shards, spec_for_tests
 
 DS = "b7_sharegpt"
 KEYS = ("00000", "00001", "00002")
@@ -135,3 +141,31 @@ def test_a_folder_moto_and_moto_behind_another_endpoint_store_the_same_shards(
                 assert other[asset, key] == data, (name, asset, key)
             else:
                 assert stable(other[asset, key]) == stable(data), (name, asset, key)
+
+
+def test_a_generation_step_stopped_before_the_io_manager_stored_its_shards_pays_nothing_again(tmp_path: Path):
+    """The runner hands finished shards over as HANDED result-log parts; a step killed before its IO manager
+    ran leaves no shard file, and the next run re-sends nothing, stores every row, and counts the spend once."""
+    server = FakeOpenAI()
+    server.start()
+    spec, store, prompts = spec_for_tests(), ShardStore(str(tmp_path)), prompt_shards(2, 10)
+    for key, frame in prompts.items():
+        store.write_shard(spec.name, layout.prompts_asset(spec.name), key, frame)
+    engine = make_engine("openai", base_url=f"http://127.0.0.1:{server.port}/v1", model="m")
+    settings = RunnerSettings(progress_bar=False)
+
+    def run() -> LazyShards:
+        inputs = PromptShards(spec, store, list(prompts))
+        return generation.generate(spec, store, inputs, engine, log=lambda _: None, settings=settings).shards
+
+    try:
+        run()  # the step ends here, as if killed before handle_output
+        sent, spent = server.received, stored_usage(store, spec.name)
+        assert not any(store.shard_exists(spec.name, spec.name, key) for key in prompts)
+        written = write_shards(store, spec.name, spec.name, run())
+    finally:
+        server.stop()
+    assert server.received == sent > 0
+    assert {key: s.rows for key, s in written.items()} == {key: 10 for key in prompts}
+    assert all(ResultLog(store, spec.name, key).handed() is None for key in prompts)
+    assert stored_usage(store, spec.name) == spent
