@@ -126,7 +126,8 @@ def _run(setup: dict[str, Any], spec: DatasetSpec, steps: tuple[str, ...], **con
     run_config = {"ops": {ops[step]: {"config": config[step]} for step in config}}
     engine = EngineResource(kind="openai", model="m", api_key_env="")
     return dg.materialize(
-        [assets[step] for step in steps], instance=setup["instance"], tags=RANGE, run_config=run_config,
+        list(assets.values()), selection=[assets[step].key for step in steps], instance=setup["instance"],
+        tags=RANGE, run_config=run_config,
         resources={**shard_resources(StorageResource(root=setup["root"])), "engine": engine}, raise_on_error=False,
     )  # fmt: skip
 

@@ -27,7 +27,8 @@ def generate(root: str, endpoint: str | None, server: FakeOpenAI, monkeypatch: p
     assets = {a.key.to_user_string(): a for a in build_dataset_assets(load_catalog(profile="demo")[DS])}
     resources = {**shard_resources(StorageResource(root=root, s3=S3ClientResource(endpoint_url=endpoint))),
                  "engine": EngineResource()}  # fmt: skip
-    result = dg.materialize([assets[DS]], partition_key="00000", resources=resources, raise_on_error=False)
+    result = dg.materialize(list(assets.values()), selection=[DS], partition_key="00000", resources=resources,
+                            raise_on_error=False)  # fmt: skip
     failures = [e for e in result.all_events if e.is_step_failure]
     assert not result.success and len(failures) == 1
     return failures[0].step_failure_data.user_failure_data.description

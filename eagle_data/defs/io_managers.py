@@ -16,6 +16,7 @@ from typing import Any
 
 import dagster as dg
 
+from eagle_data.defs.messages import user_failure
 from eagle_data.defs.resources import StorageResource
 from eagle_data.storage.shards import Shard, StoredShards, write_shards
 
@@ -30,20 +31,23 @@ class ShardIOManager(dg.ConfigurableIOManager):
 
     storage: StorageResource
 
+    @user_failure
     def handle_output(self, context: dg.OutputContext, obj: Mapping[str, Shard]) -> None:
-        store = self.storage.store()
+        store = self.storage.store(check=False)  # the asset's body checked it before making anything
         asset = context.asset_key.to_user_string()
         stored = write_shards(store, context.asset_spec.tags[DATASET_TAG], asset, obj, context.asset_partition_keys)
         for key, shard in stored.items():  # per partition: a range run's events each name their own file
             metadata = {URI: dg.MetadataValue.path(shard.uri), SHARD_DIGEST: shard.sha256}
             context.step_context.add_asset_metadata(metadata, asset_key=context.asset_key, partition_key=key)
 
+    @user_failure
     def load_input(self, context: dg.InputContext) -> StoredShards:
         upstream = context.upstream_output
         assert upstream is not None  # a shard input always comes from an asset output
         dataset = upstream.asset_spec.tags[DATASET_TAG]
         asset = context.asset_key.to_user_string()
-        return StoredShards(self.storage.store(), dataset, asset, context.asset_partition_keys)
+        # unchecked: nothing is read before the asset's body checks the root (a bad root is its one line)
+        return StoredShards(self.storage.store(check=False), dataset, asset, context.asset_partition_keys)
 
 
 def shard_resources(storage: StorageResource, **others: Any) -> dict[str, Any]:
