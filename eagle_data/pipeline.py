@@ -1,7 +1,8 @@
-"""The three stages of a dataset as plain functions over shards: prompts, generation, validation.
+"""The stage functions not yet in eagle_data/stages/: the pre-flight checks, the estimate and the export.
 
-Dagster assets (defs/assets.py) call these, so the stage logic exists once and runs without Dagster.
-Each stage reads the previous stage's shards from the store and writes its own, one Parquet file per partition.
+Dagster assets (defs/assets.py) call these, so the stage logic exists once and runs without Dagster. The
+shard stages (prompts, generation, validation) live in eagle_data/stages/ and write no shard: the shard IO
+manager does.
 """
 
 from __future__ import annotations

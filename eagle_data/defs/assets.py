@@ -21,12 +21,7 @@ from eagle_data.defs.io_managers import SHARD_DIGEST as SHARD_DIGEST  # checks a
 from eagle_data.defs.messages import file_locations, leveled, user_failure
 from eagle_data.defs.metadata import ROW_COUNT, dataset_report_metadata, rounded_figures, settings_version
 from eagle_data.defs.pools import tie_to_run_worker
-from eagle_data.defs.resources import (
-    EngineResource,
-    StorageResource,
-    environment_kind,
-    generation_pool,
-)
+from eagle_data.defs.resources import EngineResource, StorageResource, environment_kind, generation_pool
 from eagle_data.runner.rows import GENERATION_SCHEMA
 from eagle_data.stages import generation as generation_stage
 from eagle_data.stages import prompts as prompts_stage
@@ -169,10 +164,6 @@ def shard_asset_args(spec: DatasetSpec) -> dict[str, Any]:
     }
 
 
-def shard_input(asset: str) -> dict[str, dg.AssetIn]:
-    return {"shards": dg.AssetIn(key=asset)}
-
-
 def build_prompts(spec: DatasetSpec) -> dg.AssetsDefinition:
     ds = spec.name
 
@@ -292,7 +283,7 @@ def build_generation(spec: DatasetSpec) -> dg.AssetsDefinition:
 
     @dg.asset(
         name=ds,
-        ins=shard_input(pipeline.prompts_asset(spec)),
+        ins={"shards": dg.AssetIn(key=pipeline.prompts_asset(spec))},
         deps=[estimate_asset(spec)],
         pool=generation_pool(),  # the environment's engine, read once: Dagster pools are fixed per asset
         code_version=code_version("generation", spec),
@@ -364,7 +355,7 @@ def build_validated(spec: DatasetSpec) -> dg.AssetsDefinition:
 
     @dg.asset(
         name=pipeline.validated_asset(spec),
-        ins=shard_input(ds),
+        ins={"shards": dg.AssetIn(key=ds)},
         code_version=code_version("validated", spec),
         kinds={"polars", "parquet"},
         **catalog_labels(
