@@ -35,6 +35,7 @@ from eagle_data.runner.rows import plan_turns
 from eagle_data.runner.run import NothingAnswered
 from eagle_data.stages.validation import target_name, validated_rows
 from eagle_data.storage import CorruptFile, ShardStore, StorageError, digest
+from eagle_data.storage.shards import shards_written as shards_written  # cli and defs/exports call it from here
 from eagle_data.targets import TargetError, load_target, prompt_difference, resolve_target
 from eagle_data.types import Engine, EngineError, RetryableError, UserError
 
@@ -191,12 +192,6 @@ def sample_rows(
         .unique("prompt_id", keep="last", maintain_order=True)
     )
     return pl.concat([kept, others], how="diagonal_relaxed")
-
-
-def shards_written(store: ShardStore, dataset: str, asset: str) -> list[str]:
-    """Partition keys of the shards an asset has written (its top-level .parquet files)."""
-    keys = (layout.parse(key) for key in store.list(layout.asset_prefix(dataset, asset)))
-    return [key.partition for key in keys if key is not None and key.kind == "shard" and key.asset == asset]
 
 
 EXCLUDED_SHOWN = 200  # excluded shards listed in the export's metadata table; the log lists every one

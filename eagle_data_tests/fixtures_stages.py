@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from eagle_data import layout
+from eagle_data import layout, pipeline
 from eagle_data.catalog import DatasetSpec
 from eagle_data.runner import ShardFigures
 from eagle_data.stages import generation, prompts, validation
@@ -23,7 +23,10 @@ def write_prompts(spec: DatasetSpec, store: ShardStore, partitions: list[str], *
 
 def generate(spec: DatasetSpec, store: ShardStore, partitions: list[str], engine: Engine, **kwargs: Any
              ) -> tuple[dict[str, Any], dict[str, ShardFigures]]:  # fmt: skip
-    made = generation.generate(spec, store, prompts.PromptShards(spec, store, partitions), engine, **kwargs)
+    inputs = prompts.PromptShards(spec, store, partitions)
+    pipeline.preflight(spec, store, engine.model, engine.name)
+    pipeline.check_server_template(spec, engine, inputs, kwargs.get("log", print))
+    made = generation.generate(spec, store, inputs, engine, **kwargs)
     write_shards(store, spec.name, layout.generation_asset(spec.name), made.shards)
     return made.figures, made.per_partition
 

@@ -13,6 +13,7 @@ FLOORS = (
     {"cli", "definitions"},
     {"defs"},
     {"pipeline"},
+    {"stages"},
     {"runner", "drafter", "exports", "report", "alerts"},
     {"engines", "quality"},
     {"targets", "sources", "storage", "catalog", "demo"},

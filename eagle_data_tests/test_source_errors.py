@@ -18,8 +18,8 @@ from eagle_data.catalog import load_catalog
 from eagle_data.defs.assets import build_dataset_assets
 from eagle_data.defs.io_managers import shard_resources
 from eagle_data.defs.resources import StorageResource
-from eagle_data.pipeline import shards_written
 from eagle_data.storage import ShardStore, StorageError
+from eagle_data.storage.shards import shards_written
 
 SPEC = load_catalog(profile="demo")["b7_sharegpt"]
 

@@ -310,6 +310,8 @@ def build_generation(spec: DatasetSpec) -> dg.AssetsDefinition:
         store = storage.store()
         canary_gate(context, spec, config, store, backend, engine)
         context.log.info(f"{ds}: engine {backend.describe()}")
+        pipeline.preflight(spec, store, backend.model, backend.name)
+        pipeline.check_server_template(spec, backend, shards, leveled(context.log))
         made = generation_stage.generate(
             spec,
             store,

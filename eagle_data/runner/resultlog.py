@@ -287,7 +287,6 @@ class ResultLog:
                 self.store.delete(key)
         return uri
 
-
     def handed(self) -> str | None:
         """The key of the latest HANDED part (a finished shard's rows not yet in its shard file), if any."""
         handed = f"-{HANDED:06d}.parquet"

@@ -16,7 +16,6 @@ import polars as pl
 
 from eagle_data import layout
 from eagle_data.catalog import DatasetSpec
-from eagle_data.pipeline import check_server_template, preflight
 from eagle_data.quality.truncation import ReplyLengths, truncation_report
 from eagle_data.quality.verdicts import ENGINE_SIDE_REJECTIONS
 from eagle_data.runner import RunnerSettings, ShardFigures, mixture, run_generation
@@ -48,7 +47,8 @@ def generate(
     retry_rejected: bool = False,
     run_id: str = "",
 ) -> Generated:
-    """Regenerate every reply of the `prompts` shards (partition -> frame, read when looked up). With
+    """Regenerate every reply of the `prompts` shards (partition -> frame, read when looked up), once the
+    pre-flight has passed (`pipeline.preflight`, `pipeline.check_server_template`: the caller's). With
     `retry_rejected`, rows the last validation rejected for engine-side reasons are requested again instead
     of reused. `run_id` names the run in shard leases.
 
@@ -56,8 +56,6 @@ def generate(
     have covered 95% of them, and adds the engine's own figures (e.g. per SGLang server) when it has any.
     """
     partitions = list(prompts)
-    preflight(spec, store, engine.model, engine.name)
-    check_server_template(spec, engine, prompts, log)
     redo = {key: engine_side_rejections(spec, store, key) for key in partitions} if retry_rejected else {}
     if redo:
         log(f"{spec.name}: re-requesting {sum(map(len, redo.values()))} rows rejected for engine-side reasons")

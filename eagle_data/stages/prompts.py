@@ -8,9 +8,8 @@ from typing import Any
 
 from eagle_data import layout, sources
 from eagle_data.catalog import DatasetSpec, shard_index, shard_key
-from eagle_data.pipeline import shards_written
 from eagle_data.storage import ShardStore
-from eagle_data.storage.shards import LazyShards, StoredShards
+from eagle_data.storage.shards import LazyShards, StoredShards, shards_written
 
 Log = Callable[[str], None]
 

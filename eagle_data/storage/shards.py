@@ -77,6 +77,12 @@ class StoredShards(LazyShards):
         return self.read(key)
 
 
+def shards_written(store: ShardStore, dataset: str, asset: str) -> list[str]:
+    """Partition keys of the shards an asset has written (its top-level .parquet files)."""
+    keys = (layout.parse(key) for key in store.list(layout.asset_prefix(dataset, asset)))
+    return [key.partition for key in keys if key is not None and key.kind == "shard" and key.asset == asset]
+
+
 def row_count(data: bytes) -> int:
     """A parquet file's rows, from its footer."""
     return pl.scan_parquet(io.BytesIO(data)).select(pl.len()).collect().item()
