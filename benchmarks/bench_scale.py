@@ -2,12 +2,13 @@
 
 A synthetic ShareGPT-schema JSONL source (1-2 user turns, plus ~1% bad rows), a local OpenAI-compatible server
 that answers at once (its own process), and the stages through the same stage functions the assets
-call, over every partition in one call (as a single-run backfill does):
-  prompts      pipeline.write_prompts (builds the prompt index, writes every prompts shard)
-  prompts_one  pipeline.write_prompts for one partition, with the index saved (a one-shard run)
+call, each stage's shards stored by the shard IO manager's writer (`write_shards`), over every partition in
+one call (as a single-run backfill does):
+  prompts      stages.prompts.make_prompts (builds the prompt index), every prompts shard stored
+  prompts_one  the same for one partition, with the index saved (a one-shard run)
   estimate     stages.estimate.estimate (8 sample prompts answered, every prompt's tokens counted)
-  generation   pipeline.generate with the engine and runner settings of the `engine` resource
-  validation   pipeline.validate (token ids, loss masks, verdicts, quality reports)
+  generation   stages.generation.generate with the engine and runner settings of the `engine` resource
+  validation   stages.validation.validate (token ids, loss masks, verdicts, quality reports)
   export       stages.export.export (SpecForge JSONL, tokenized parquet, the training mix)
   raw_encode   the baseline: the target tokenizer's encode_batch on all cores, over the validated texts
 Each stage runs in its own process; its peak RSS, user+system CPU seconds and wall seconds come from
@@ -100,15 +101,18 @@ def spec_for(source: str, prompts: int) -> Any:
 
 def run_stage(stage: str, root: str, source: str, prompts: int, url: str) -> dict[str, Any]:
     """Run one stage in this process; returns its figures (rows handled)."""
-    from eagle_data import layout, pipeline
+    from eagle_data import layout
+    from eagle_data.stages import generation, validation
+    from eagle_data.stages import prompts as prompts_stage
     from eagle_data.storage import ShardStore
+    from eagle_data.storage.shards import StoredShards, write_shards
 
     spec, store = spec_for(source, prompts), ShardStore(root)
     keys = spec.partition_keys
-    if stage == "prompts":
-        return {"rows": sum(pipeline.write_prompts(spec, store, keys).prompts.values())}
-    if stage == "prompts_one":
-        return {"rows": pipeline.write_prompts(spec, store, keys[:1]).prompts[keys[0]]}
+    if stage in ("prompts", "prompts_one"):
+        made = prompts_stage.make_prompts(spec, store, keys if stage == "prompts" else keys[:1])
+        return {"rows": sum(s.rows for s in write_shards(store, spec.name, layout.prompts_asset(spec.name),
+                                                         made.shards).values())}  # fmt: skip
     if stage in ("estimate", "generation"):
         from eagle_data.defs.resources import EngineResource
 
@@ -124,14 +128,18 @@ def run_stage(stage: str, root: str, source: str, prompts: int, url: str) -> dic
             ).estimate  # fmt: skip
             assert estimate is not None, "the bench server answered no canary prompt"
             return {"rows": estimate.prompts, "turns": estimate.turns}
-        figures, _ = pipeline.generate(spec, store, keys, engine.make(spec), log=lambda line: None, settings=settings)
-        return {"rows": figures.get("done", 0), "requests": figures.get("requests", 0)}
+        inputs = prompts_stage.PromptShards(spec, store, keys)
+        made = generation.generate(spec, store, inputs, engine.make(spec), log=lambda line: None, settings=settings)
+        write_shards(store, spec.name, spec.name, made.shards)
+        return {"rows": made.figures.get("done", 0), "requests": made.figures.get("requests", 0)}
     if stage == "validation":
-        pipeline.validate(spec, store, keys)
-        return {"rows": _rows_written(store, spec.name, layout.validated_asset(spec.name), keys)}
+        done = validation.validate(spec, store, StoredShards(store, spec.name, spec.name, keys))
+        return {"rows": sum(s.rows for s in write_shards(store, spec.name, layout.validated_asset(spec.name),
+                                                         done.shards).values())}  # fmt: skip
     if stage == "export":
         from eagle_data.exports import Admission
-        from eagle_data.stages.export import export, shards_written
+        from eagle_data.stages.export import export
+        from eagle_data.storage.shards import shards_written
 
         written = shards_written(store, spec.name, layout.validated_asset(spec.name))
         figures = export([spec], store, {spec.name: Admission(tuple(written))}, seed=0, log=lambda line: None)
@@ -139,14 +147,6 @@ def run_stage(stage: str, root: str, source: str, prompts: int, url: str) -> dic
     if stage == "raw_encode":
         return raw_encode(spec, store, keys)
     raise SystemExit(f"unknown stage {stage}")
-
-
-def _rows_written(store: Any, dataset: str, asset: str, keys: list[str]) -> int:
-    """Rows in an asset's shards, from the parquet footers (nothing else is read)."""
-    import polars as pl
-
-    return sum(pl.scan_parquet(store.uri(store.shard_key(dataset, asset, key))).select(pl.len()).collect().item()
-               for key in keys)  # fmt: skip
 
 
 def raw_encode(spec: Any, store: Any, keys: list[str]) -> dict[str, Any]:

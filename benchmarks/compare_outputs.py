@@ -72,11 +72,7 @@ def child(checkout: Path, root: Path, dump: Path, source: str, prompts: int, url
         engine = EngineResource(kind="openai", model=MODEL, api_key_env="OPENAI_API_KEY")
     quiet = {"log": lambda line: None}
     for spec in specs:
-        keys = spec.partition_keys
-        stage.write_prompts(spec, store, keys)
-        stage.generate(spec, store, keys, engine.make(spec), settings=engine.runner_settings(), **quiet)
-        logs = "log" in inspect.signature(stage.validate).parameters
-        stage.validate(spec, store, keys, **(quiet if logs else {}))
+        run_stages(stage, spec, store, engine, quiet)
     validated = {spec.name: stage.shards_written(store, spec.name, layout.validated_asset(spec.name)) for spec in specs}
     if "admissions" in inspect.signature(stage.export).parameters:
         from eagle_data.exports import Admission
@@ -111,17 +107,43 @@ def child(checkout: Path, root: Path, dump: Path, source: str, prompts: int, url
 
 def stage_functions(checkout: Path) -> dict[str, Any]:
     """The checkout's stage functions by name: those eagle_data/pipeline.py defines (every stage, in older
-    checkouts), then each eagle_data/stages/ module's own (where issue 33 moved them)."""
+    checkouts), then each eagle_data/stages/ module's own (where issue 33 moved them) and the shard writer's."""
     import importlib
 
     package = checkout / "eagle_data"
     modules = ["pipeline"] if (package / "pipeline.py").is_file() else []
     modules += [f"stages.{path.stem}" for path in sorted((package / "stages").glob("*.py")) if path.stem != "__init__"]
+    modules += ["storage.shards"] if (package / "storage" / "shards.py").is_file() else []
     found: dict[str, Any] = {}
     for name in modules:
         module = importlib.import_module(f"eagle_data.{name}")
         found.update({k: v for k, v in vars(module).items() if callable(v) and v.__module__ == module.__name__})
     return found
+
+
+def run_stages(stage: Any, spec: Any, store: Any, engine: Any, quiet: dict[str, Any]) -> None:
+    """prompts, generation and validation over every partition: the stage functions and the shard writer the
+    IO manager uses where the checkout has them (`make_prompts`, `write_shards`), else the older functions
+    that wrote their own shards."""
+    import inspect
+
+    from eagle_data import layout
+
+    keys, backend, settings = spec.partition_keys, engine.make(spec), engine.runner_settings()
+    if "make_prompts" not in vars(stage):
+        stage.write_prompts(spec, store, keys)
+        stage.generate(spec, store, keys, backend, settings=settings, **quiet)
+        logs = "log" in inspect.signature(stage.validate).parameters
+        stage.validate(spec, store, keys, **(quiet if logs else {}))
+        return
+    from eagle_data.stages.prompts import PromptShards
+    from eagle_data.storage.shards import StoredShards
+
+    stage.write_shards(store, spec.name, layout.prompts_asset(spec.name), stage.make_prompts(spec, store, keys).shards)
+    made = stage.generate(spec, store, PromptShards(spec, store, keys), backend, settings=settings, **quiet)
+    stage.write_shards(store, spec.name, spec.name, made.shards)
+    done = stage.validate(spec, store, StoredShards(store, spec.name, spec.name, keys), **quiet)
+    stage.write_shards(store, spec.name, layout.validated_asset(spec.name), done.shards)
 
 
 def neutral(frame: pl.DataFrame) -> pl.DataFrame:
@@ -248,8 +270,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         child(args.child, Path(args.root), Path(args.dump), args.source, args.prompts, args.url)
         return 0
-    if not args.old or not (args.old / "eagle_data" / "pipeline.py").is_file():
-        raise SystemExit("--old must name a checkout of this repo (a folder holding eagle_data/pipeline.py)")
+    if not args.old or not (args.old / "eagle_data" / "catalog.py").is_file():
+        raise SystemExit("--old must name a checkout of this repo (a folder holding eagle_data/catalog.py)")
     work = args.work or Path(tempfile.mkdtemp(prefix="compare-outputs-"))
     work.mkdir(parents=True, exist_ok=True)
     old_tree = args.old.resolve()

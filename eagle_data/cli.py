@@ -150,8 +150,8 @@ def demo(dataset: str = DEMO_DATASET) -> int:
     settings.set_default(PROFILE_ENV, "demo")
     from eagle_data import layout
     from eagle_data.demo import ensure_demo_model
-    from eagle_data.stages.export import shards_written
     from eagle_data.storage import ShardStore
+    from eagle_data.storage.shards import shards_written
 
     spec = get_dataset(dataset)
     model = ensure_demo_model()

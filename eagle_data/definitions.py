@@ -15,6 +15,7 @@ from eagle_data.defs.catalog_order import catalog_order_sensor
 from eagle_data.defs.checks import build_checks
 from eagle_data.defs.drafter import CaptureResource, build_decontamination_checks, build_drafter_assets
 from eagle_data.defs.exports import build_exports
+from eagle_data.defs.io_managers import shard_resources
 from eagle_data.defs.pools import dead_run_reaper, pool_watch_executor
 from eagle_data.defs.resources import EngineResource, StorageResource
 from eagle_data.defs.schedules import build_schedules
@@ -38,7 +39,7 @@ def build_definitions(specs: Sequence[DatasetSpec]) -> dg.Definitions:
         asset_checks=checks,
         sensors=[*build_sensors(specs), catalog_order_sensor(specs), dead_run_reaper(), *automation],
         schedules=build_schedules(specs),
-        resources={"storage": StorageResource(), "engine": EngineResource(), "capture": CaptureResource()},
+        resources=shard_resources(StorageResource(), engine=EngineResource(), capture=CaptureResource()),
         executor=pool_watch_executor,
     )
 

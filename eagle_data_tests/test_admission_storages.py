@@ -17,13 +17,14 @@ import polars as pl
 import pytest
 import yaml
 
-from eagle_data import exports, layout, pipeline
+from eagle_data import exports, layout
 from eagle_data.alerts import WEBHOOK_ENV
 from eagle_data.catalog import load_catalog
 from eagle_data.defs.checks import check_keys
 from eagle_data.defs.sensors import build_sensors
 from eagle_data.standins.webhook import Receiver
 from eagle_data.storage import ShardStore
+from eagle_data_tests import fixtures_stages as stage
 from eagle_data_tests.conftest import materialize_cli
 from eagle_data_tests.fixtures_postgres import postgres_storage
 from eagle_data_tests.fixtures_quality import generation_frame
@@ -134,7 +135,7 @@ def test_a_shard_rewritten_after_its_checks_is_left_out(instance: dg.DagsterInst
     ds = Dataset(tmp_path)
     ds.rerun(instance)
     ds.generate("00002", 0.87)
-    pipeline.validate(ds.spec, ds.store, ["00002"], log=lambda _: None)
+    stage.validate(ds.spec, ds.store, ["00002"], log=lambda _: None)
     result = run(instance, ds.defs, "training_mix")
     assert result.success
     assert ds.exported().height == ds.rows(("00000", "00001"))

@@ -17,6 +17,7 @@ import pytest
 from eagle_data import quality
 from eagle_data.catalog import Checks, DatasetSpec, load_catalog
 from eagle_data.defs.assets import CANARY, build_dataset_assets
+from eagle_data.defs.io_managers import shard_resources
 from eagle_data.defs.resources import ENGINE_ENV, POOL_ENV, EngineResource, StorageResource
 from eagle_data.quality.canary import draw, judge, rank
 from eagle_data.runner.resultlog import ResultLog
@@ -125,8 +126,9 @@ def _run(setup: dict[str, Any], spec: DatasetSpec, steps: tuple[str, ...], **con
     run_config = {"ops": {ops[step]: {"config": config[step]} for step in config}}
     engine = EngineResource(kind="openai", model="m", api_key_env="")
     return dg.materialize(
-        [assets[step] for step in steps], instance=setup["instance"], tags=RANGE, run_config=run_config,
-        resources={"storage": StorageResource(root=setup["root"]), "engine": engine}, raise_on_error=False,
+        list(assets.values()), selection=[assets[step].key for step in steps], instance=setup["instance"],
+        tags=RANGE, run_config=run_config,
+        resources={**shard_resources(StorageResource(root=setup["root"])), "engine": engine}, raise_on_error=False,
     )  # fmt: skip
 
 

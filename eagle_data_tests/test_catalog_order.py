@@ -17,6 +17,7 @@ from eagle_data.catalog import DatasetSpec, catalog
 from eagle_data.defs.assets import CANARY, WITHIN_BUDGET, build_dataset_assets
 from eagle_data.defs.catalog_order import ORDER_TAG, catalog_order_sensor, waits_on
 from eagle_data.defs.checks import build_checks
+from eagle_data.defs.io_managers import shard_resources
 from eagle_data.defs.resources import EngineResource, StorageResource
 from eagle_data.standins.openai_fake import FakeOpenAI, Faults
 from eagle_data.storage import ShardStore
@@ -75,7 +76,7 @@ def test_datasets_run_one_after_the_other_in_catalog_order(
         assets=[asset for spec in demo_specs for asset in build_dataset_assets(spec)],
         asset_checks=build_checks(demo_specs),
         sensors=[catalog_order_sensor(demo_specs)],
-        resources={"storage": StorageResource(root=str(tmp_path / "out")),
+        resources={**shard_resources(StorageResource(root=str(tmp_path / "out"))),
                    "engine": EngineResource(kind="openai", model="m", api_key_env="EAGLE_TEST_KEY")},
     )  # fmt: skip
     try:

@@ -15,6 +15,7 @@ from dagster_aws.s3 import S3Resource
 
 from eagle_data.catalog import load_catalog
 from eagle_data.defs.assets import build_dataset_assets
+from eagle_data.defs.io_managers import shard_resources
 from eagle_data.defs.resources import EngineResource, S3ClientResource, StorageResource
 from eagle_data.quality import KEPT
 from eagle_data.standins.openai_fake import FakeOpenAI, Faults
@@ -101,7 +102,7 @@ def _materialize_b3(storage: StorageResource) -> pl.DataFrame:
         build_dataset_assets(spec),
         selection=dg.AssetSelection.all() - dg.AssetSelection.assets("b3_magicoder_estimate"),
         partition_key="00000",
-        resources={"storage": storage, "engine": EngineResource(kind="openai", model="m", api_key_env="")},
+        resources={**shard_resources(storage), "engine": EngineResource(kind="openai", model="m", api_key_env="")},
         instance=dg.DagsterInstance.ephemeral(),
     )
     assert result.success

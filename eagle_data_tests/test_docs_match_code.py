@@ -25,6 +25,7 @@ from eagle_data.defs.automation import AutomationSettings
 from eagle_data.drafter import settings as drafter
 from eagle_data.runner.rows import GENERATION_SCHEMA
 from eagle_data.sources import PROMPTS_SCHEMA
+from eagle_data.stages.validation import validated_rows
 from eagle_data.targets.profile import read_profiles
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -313,7 +314,6 @@ def test_generations_contract_is_the_generation_schema():
 
 
 def test_validated_contract_lists_every_column_validation_adds():
-    from eagle_data import pipeline
 
     spec = catalog.catalog()[next(iter(catalog.catalog()))].model_copy(update={"target": "demo"})
     row: dict[str, Any] = dict.fromkeys(GENERATION_SCHEMA) | {
@@ -323,7 +323,7 @@ def test_validated_contract_lists_every_column_validation_adds():
             {"role": "assistant", "content": "Hi.", "reasoning": "", "output_ids": None},
         ],
     }  # fmt: skip
-    columns = set(pipeline.validated_rows(spec, pl.DataFrame([row], schema=GENERATION_SCHEMA), "00000").columns)
+    columns = set(validated_rows(spec, pl.DataFrame([row], schema=GENERATION_SCHEMA), "00000").columns)
     own = columns - set(GENERATION_SCHEMA) | {"prompt_id"}
     doc = contract_names("validated")
     assert own - doc == set(), "validation adds these columns; the validated contract omits them"

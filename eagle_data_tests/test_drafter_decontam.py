@@ -13,14 +13,16 @@ import dagster as dg
 import polars as pl
 import pytest
 
-from eagle_data import exports, layout, pipeline
+from eagle_data import exports, layout
 from eagle_data.catalog import CATALOG_PATH, SAMPLES_DIR, DatasetSpec, load_catalog
 from eagle_data.defs.assets import partitions
 from eagle_data.defs.drafter import DECONTAMINATION, decontamination_check
+from eagle_data.defs.io_managers import shard_resources
 from eagle_data.defs.resources import StorageResource
 from eagle_data.drafter import decontam, evalsets
 from eagle_data.drafter.settings import BenchmarkSource, Decontamination, load_drafter_settings
 from eagle_data.stages.decontamination import decontamination_report
+from eagle_data.stages.validation import validated_rows
 from eagle_data.storage import ShardStore
 from eagle_data.targets.rows import MESSAGE_DTYPE
 from eagle_data_tests.fixtures_quality import generation_frame, varied_replies
@@ -190,7 +192,7 @@ def check_in_dagster(spec: DatasetSpec, shard: pl.DataFrame, root: Path) -> dg.E
     return dg.materialize(
         [validated, decontamination_check(spec)],
         partition_key="00000",
-        resources={"storage": StorageResource(root=str(root))},
+        resources={**shard_resources(StorageResource(root=str(root)))},
         instance=dg.DagsterInstance.ephemeral(),
         raise_on_error=False,
     )
@@ -235,7 +237,7 @@ def test_validation_sets_overlapping_rows_aside_with_their_own_verdict() -> None
     messages = generations["messages"].to_list()
     messages[2][0]["content"] = planted
     generations = generations.with_columns(messages=pl.Series(messages, dtype=pl.List(MESSAGE_DTYPE)))
-    rows = pipeline.validated_rows(spec, generations, "00000")
+    rows = validated_rows(spec, generations, "00000")
     assert rows["contamination"].to_list() == [None, None, "humaneval", None, None, None]
     assert rows["verdict"][2] == "contaminated" and rows["verdict"][1] != "contaminated"
     assert generations["prompt_id"][2] not in exports.passed(rows)["prompt_id"].to_list()
@@ -256,7 +258,7 @@ def test_a_checks_only_run_without_a_partition_judges_each_materialized_shard(tm
 
     check = decontamination_check(spec)
     defs = dg.Definitions(
-        assets=[validated], asset_checks=[check], resources={"storage": StorageResource(root=str(tmp_path))}
+        assets=[validated], asset_checks=[check], resources={**shard_resources(StorageResource(root=str(tmp_path)))}
     )
     job = defs.resolve_implicit_global_asset_job_def()
     with dg.instance_for_test() as instance:

@@ -9,6 +9,7 @@ import pytest
 
 from eagle_data.catalog import PROFILE_ENV, SamplingSetting, load_catalog
 from eagle_data.defs.assets import build_dataset_assets
+from eagle_data.defs.io_managers import shard_resources
 from eagle_data.defs.resources import ENGINE_ENV, POOL_ENV, EngineResource, StorageResource
 from eagle_data.demo import DEMO_MODEL_ENV
 from eagle_data.engines import SETTINGS, EngineKind, EngineSettings, build_engine, kinds, lookup, register
@@ -58,7 +59,7 @@ def test_a_kind_registered_in_one_line_runs_through_the_generation_asset_in_its_
     assert generation.op.pool == "echo"
     storage = StorageResource(root=str(tmp_path))
     result = dg.materialize([prompts, generation], partition_key="00000",
-                            resources={"storage": storage, "engine": EngineResource()})  # fmt: skip
+                            resources={**shard_resources(storage), "engine": EngineResource()})  # fmt: skip
     assert result.success
     rows = storage.store().read_shard(spec.name, spec.name, "00000")
     assert rows.height == 10 and set(rows["status"]) == {"ok"} and set(rows["engine"]) == {"echo"}
@@ -145,7 +146,7 @@ def test_a_run_config_kind_in_another_pool_fails_estimate_and_generation_before_
     prompts, estimate, generation, _ = build_dataset_assets(spec)
     env.setenv("EAGLE_DATA_BASE_URL", f"http://127.0.0.1:{server.port}/v1")
     engine = EngineResource(kind="openai", model="m", api_key_env="")
-    resources = {"storage": StorageResource(root=str(tmp_path)), "engine": engine}
+    resources = {**shard_resources(StorageResource(root=str(tmp_path))), "engine": engine}
     for step in (estimate, generation):
         result = dg.materialize([prompts, step], partition_key="00000", raise_on_error=False, resources=resources)
         assert not result.success
@@ -222,5 +223,5 @@ def test_a_run_config_base_url_is_refused_at_launch_before_dagster_stores_it() -
         """Nothing: the launch must fail before this runs."""
 
     with pytest.raises(dg.DagsterInvalidConfigError, match="unexpected config entry"):
-        dg.materialize([uses_both], resources={"storage": StorageResource(), "engine": EngineResource()},
+        dg.materialize([uses_both], resources={**shard_resources(StorageResource()), "engine": EngineResource()},
                        run_config={"resources": {"engine": {"config": config}}})  # fmt: skip

@@ -9,7 +9,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from eagle_data import pipeline
+from eagle_data import layout
 from eagle_data.engines import make_engine
 from eagle_data.engines.replies import reply_text, split_ids, split_text
 from eagle_data.quality.verdicts import ENGINE_SIDE_REJECTIONS
@@ -22,6 +22,7 @@ from eagle_data.storage import ShardStore
 from eagle_data.targets import profile, reasoning, reasoning_markers
 from eagle_data.targets.reasoning import THINK_TAGS
 from eagle_data.targets.vocab import qwen_tokenizer
+from eagle_data_tests import fixtures_stages as stage
 
 DS = "b7_sharegpt"
 FAST = RunnerSettings(backoff_base_s=0.0, backoff_cap_s=0.0, max_attempts=3, progress_bar=False)
@@ -153,16 +154,16 @@ def test_retry_rejected_re_requests_only_rows_rejected_for_engine_side_reasons(
 ) -> None:
     spec, store = spec_for_tests(), ShardStore(str(tmp_path))
     prompts = prompt_shards(1, 6)["00000"]
-    store.write_shard(DS, pipeline.prompts_asset(spec), "00000", prompts)
+    store.write_shard(DS, layout.prompts_asset(spec.name), "00000", prompts)
     engine = make_engine("openai", base_url=f"http://127.0.0.1:{server.port}/v1", model="m", max_tokens=64)
-    pipeline.generate(spec, store, ["00000"], engine, log=lambda _: None, settings=FAST)
+    stage.generate(spec, store, ["00000"], engine, log=lambda _: None, settings=FAST)
     verdicts = ["short_loss", "empty_completion", "bad_structure", "pass", "truncated", "failed"]
-    store.write_shard(DS, pipeline.validated_asset(spec), "00000", prompts.select("prompt_id").with_columns(
+    store.write_shard(DS, layout.validated_asset(spec.name), "00000", prompts.select("prompt_id").with_columns(
         pl.Series("verdict", verdicts)))  # fmt: skip
     assert server.received == 6
-    pipeline.generate(spec, store, ["00000"], engine, log=lambda _: None, settings=FAST)
+    stage.generate(spec, store, ["00000"], engine, log=lambda _: None, settings=FAST)
     assert server.received == 6  # without the switch every usable row is reused
-    pipeline.generate(spec, store, ["00000"], engine, log=lambda _: None, settings=FAST, retry_rejected=True)
+    stage.generate(spec, store, ["00000"], engine, log=lambda _: None, settings=FAST, retry_rejected=True)
     assert server.received == 8
     again = {turn.split("#")[0] for turn, n in server.requests.items() if n == 2}
     assert again == set(prompts["prompt_id"][:2])

@@ -13,13 +13,15 @@ import dagster as dg
 import polars as pl
 import pytest
 
-from eagle_data import layout, pipeline
+from eagle_data import layout
 from eagle_data.catalog import Adapter, DatasetSpec
 from eagle_data.defs.assets import build_dataset_assets
 from eagle_data.defs.checks import build_checks
 from eagle_data.defs.exports import build_exports
+from eagle_data.defs.io_managers import shard_resources
 from eagle_data.defs.resources import EngineResource, StorageResource
 from eagle_data.storage import ShardStore
+from eagle_data_tests import fixtures_stages as stage
 from eagle_data_tests.fixtures_quality import generation_frame
 
 ROWS = 50
@@ -49,7 +51,7 @@ def definitions(ds: DatasetSpec, root: Path) -> dg.Definitions:
     return dg.Definitions(
         assets=[*build_dataset_assets(ds), build_exports([ds], checks)],
         asset_checks=checks,
-        resources={"storage": StorageResource(root=str(root)), "engine": EngineResource()},
+        resources={**shard_resources(StorageResource(root=str(root))), "engine": EngineResource()},
     )
 
 
@@ -138,7 +140,7 @@ def test_a_shard_rewritten_after_its_checks_passed_is_left_out(tmp_path: Path) -
             store.write_shard(ds.name, ds.name, key, shard_frame(ds.name, key, 0.0))
             assert run(instance, defs, f"{ds.name}_validated", key).success
         store.write_shard(ds.name, ds.name, "00000", shard_frame(ds.name, "00000", 0.87))
-        pipeline.validate(ds, store, ["00000"], log=lambda _: None)  # the stopped run: shard written, no event
+        stage.validate(ds, store, ["00000"], log=lambda _: None)  # the stopped run: shard written, no event
         result = run(instance, defs, "training_mix")
     assert result.success
     train = pl.read_parquet(tmp_path / layout.export_file(ds.name, layout.TRAIN_FILE))

@@ -5,14 +5,16 @@ from pathlib import Path
 
 import pytest
 
-from eagle_data import pipeline
+from eagle_data import layout
 from eagle_data.catalog import Breaker, DatasetSpec, load_catalog
 from eagle_data.engines import make_engine
-from eagle_data.runner import RunnerSettings
+from eagle_data.runner import RunnerSettings, run_generation
 from eagle_data.stages.estimate import estimate
 from eagle_data.stages.preflight import PreflightError
+from eagle_data.stages.prompts import PromptShards
 from eagle_data.standins.openai_fake import FakeOpenAI, Faults, prompt_shards, spec_for_tests
 from eagle_data.storage import ShardStore
+from eagle_data_tests import fixtures_stages as stage
 
 
 def test_generate_sums_shard_counts_and_warns_when_replies_hit_max_tokens(tmp_path: Path):
@@ -23,10 +25,10 @@ def test_generate_sums_shard_counts_and_warns_when_replies_hit_max_tokens(tmp_pa
         spec = spec.model_copy(update={"generation": spec.generation.model_copy(update={"max_tokens": 40})})
         store, shards = ShardStore(str(tmp_path)), prompt_shards(2, 50)
         for key, frame in shards.items():
-            store.write_shard(spec.name, pipeline.prompts_asset(spec), key, frame)
+            store.write_shard(spec.name, layout.prompts_asset(spec.name), key, frame)
         engine = make_engine("openai", base_url=f"http://127.0.0.1:{server.port}/v1", model="m", max_tokens=40)
         lines: list[str] = []
-        figures, per_partition = pipeline.generate(
+        figures, per_partition = stage.generate(
             spec, store, list(shards), engine, log=lines.append, settings=RunnerSettings(progress_bar=False)
         )
     finally:
@@ -45,11 +47,11 @@ def test_a_range_runs_error_counts_are_the_sum_of_its_shards(tmp_path: Path):
     spec, store = spec_for_tests(breaker=Breaker(enabled=False)), ShardStore(str(tmp_path))
     shards = {**prompt_shards(3, 10), "00000": prompt_shards(1, 10, turns=2)["00000"]}
     for key, frame in shards.items():
-        store.write_shard(spec.name, pipeline.prompts_asset(spec), key, frame)
+        store.write_shard(spec.name, layout.prompts_asset(spec.name), key, frame)
     engine = make_engine("openai", base_url=f"http://127.0.0.1:{server.port}/v1", model="m")
     settings = RunnerSettings(progress_bar=False, backoff_base_s=0.0, backoff_cap_s=0.0, max_attempts=2)
     try:
-        figures, per_partition = pipeline.generate(spec, store, sorted(shards), engine, log=lambda _: None,
+        figures, per_partition = stage.generate(spec, store, sorted(shards), engine, log=lambda _: None,
                                                    settings=settings)  # fmt: skip
     finally:
         server.stop()
@@ -66,10 +68,10 @@ def test_generate_reads_each_prompt_shard_only_when_the_runner_reaches_it(tmp_pa
     server.start()
     spec, store, shards = spec_for_tests(), ShardStore(str(tmp_path)), prompt_shards(6, 20)
     for key, frame in shards.items():
-        store.write_shard(spec.name, pipeline.prompts_asset(spec), key, frame)
+        store.write_shard(spec.name, layout.prompts_asset(spec.name), key, frame)
     reads: list[tuple[str, set[str]]] = []
 
-    class Watched(pipeline.PromptShards):
+    class Watched(PromptShards):
         def __getitem__(self, key: str):
             reads.append((key, {p for p in shards if store.shard_exists(spec.name, spec.name, p)}))
             return super().__getitem__(key)
@@ -77,7 +79,7 @@ def test_generate_reads_each_prompt_shard_only_when_the_runner_reaches_it(tmp_pa
     engine = make_engine("openai", base_url=f"http://127.0.0.1:{server.port}/v1", model="m")
     settings = RunnerSettings(progress_bar=False, max_in_flight=4, initial_in_flight=4, min_in_flight=1)
     try:
-        reports = pipeline.run_generation(engine, spec, Watched(spec, store, list(shards)), store, settings=settings,
+        reports = run_generation(engine, spec, Watched(spec, store, list(shards)), store, settings=settings,
                                           log=lambda _: None)  # fmt: skip
     finally:
         server.stop()
@@ -92,13 +94,13 @@ def test_the_estimate_projects_from_this_configs_sample_not_from_rows_of_an_earl
     config's sample (replies of 50): the budget check would be judged on another model's lengths."""
     spec = load_catalog(profile="demo")["b7_sharegpt"].model_copy(update={"token_budget": 0, "cost_budget_usd": 0.0})
     store, settings = ShardStore(str(tmp_path)), RunnerSettings(progress_bar=False)
-    pipeline.write_prompts(spec, store, ["00000"], warn=lambda _: None)
+    stage.write_prompts(spec, store, ["00000"], warn=lambda _: None)
     server = FakeOpenAI(Faults(reply_tokens=(10, 10)))
     server.start()
     try:
         url = f"http://127.0.0.1:{server.port}/v1"
         earlier = make_engine("openai", base_url=url, model="earlier")
-        pipeline.generate(spec, store, ["00000"], earlier, log=lambda _: None, settings=settings)
+        stage.generate(spec, store, ["00000"], earlier, log=lambda _: None, settings=settings)
         server.faults = Faults(reply_tokens=(50, 50))
         projected = estimate(
             spec, store, make_engine("openai", base_url=url, model="now"), canary_prompts=4,
@@ -116,7 +118,7 @@ def _refused_before_any_request(store: ShardStore, spec: DatasetSpec, match: str
         engine = make_engine("openai", base_url=f"http://127.0.0.1:{server.port}/v1", model="m")
         quiet = {"log": lambda _: None, "settings": RunnerSettings(progress_bar=False)}
         with pytest.raises(PreflightError, match=match) as err:
-            pipeline.generate(spec, store, ["00000"], engine, **quiet)
+            stage.generate(spec, store, ["00000"], engine, **quiet)
         assert "\n" not in str(err.value)
         with pytest.raises(PreflightError, match=match):
             estimate(spec, store, engine, canary_prompts=2, usd_per_prompt_token=0.0,

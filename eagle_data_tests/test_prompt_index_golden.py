@@ -18,9 +18,10 @@ from typing import Any
 import polars as pl
 import pytest
 
-from eagle_data import pipeline
+from eagle_data import layout
 from eagle_data.catalog import DatasetSpec, load_catalog
 from eagle_data.storage import ShardStore
+from eagle_data_tests import fixtures_stages as stage
 
 GOLDEN = Path(__file__).parent / "golden" / "prompt_index.json"
 SPECS = load_catalog(profile="demo")
@@ -82,10 +83,10 @@ def cases(tmp_path: Path) -> dict[str, DatasetSpec]:
 def observe(spec: DatasetSpec, root: Path) -> dict[str, Any]:
     """What the prompts stage writes for every partition of `spec`, in comparable form."""
     store = ShardStore(str(root))
-    written = pipeline.write_prompts(spec, store, spec.partition_keys)
+    written = stage.write_prompts(spec, store, spec.partition_keys)
     shards = {}
     for key in spec.partition_keys:
-        frame = store.read_shard(spec.name, pipeline.prompts_asset(spec), key)
+        frame = store.read_shard(spec.name, layout.prompts_asset(spec.name), key)
         rows = frame.select("prompt_id", "messages", "source_id", "source_row", "shard").to_dicts()
         shards[key] = {
             "prompt_ids": frame["prompt_id"].to_list(),

@@ -16,16 +16,18 @@ import dagster as dg
 import polars as pl
 import pytest
 
-from eagle_data import layout, pipeline
+from eagle_data import layout
 from eagle_data.catalog import Adapter, DatasetSpec
 from eagle_data.defs.assets import build_dataset_assets
 from eagle_data.defs.checks import build_checks
 from eagle_data.defs.exports import build_exports
+from eagle_data.defs.io_managers import shard_resources
 from eagle_data.defs.resources import EngineResource, StorageResource
 from eagle_data.quality import ShardRecord
 from eagle_data.report import SHARD_TABLE_ROWS
 from eagle_data.storage import ShardStore
 from eagle_data.targets import load_target
+from eagle_data_tests import fixtures_stages as stage
 from eagle_data_tests.fixtures_quality import generation_frame
 
 MAX_TOKENS = 64
@@ -57,8 +59,8 @@ def stripped_replies(n: int, dataset: str) -> pl.DataFrame:
 def test_stripped_replies_are_lost_text_and_none_is_kept(tmp_path: Path) -> None:
     spec, store = spec_for("b9_strip"), ShardStore(str(tmp_path))
     store.write_shard(spec.name, spec.name, "00000", stripped_replies(20, spec.name))
-    records = pipeline.validate(spec, store, ["00000"], workers=1).records
-    rows = store.read_shard(spec.name, pipeline.validated_asset(spec), "00000")
+    records = stage.validate(spec, store, ["00000"], workers=1).records
+    rows = store.read_shard(spec.name, layout.validated_asset(spec.name), "00000")
     assert rows["verdict"].unique().to_list() == ["lost_text"]
     # reported 64; rebuilt 2 (the think block the template opens: "<think>", "\n"); 4 tokens of slack
     assert rows["lost_tokens"].unique().to_list() == [MAX_TOKENS - 2 - 4]
@@ -80,8 +82,8 @@ def test_healthy_replies_account_for_what_the_engine_reported(tmp_path: Path) ->
         for r, c in zip(frame["reasoning"], frame["content"], strict=True)
     ]
     store.write_shard(spec.name, spec.name, "00000", frame.with_columns(completion_tokens=pl.Series(counts)))
-    records = pipeline.validate(spec, store, ["00000"], workers=1).records
-    rows = store.read_shard(spec.name, pipeline.validated_asset(spec), "00000")
+    records = stage.validate(spec, store, ["00000"], workers=1).records
+    rows = store.read_shard(spec.name, layout.validated_asset(spec.name), "00000")
     assert rows["verdict"].unique().to_list() == ["pass"]
     assert rows["token_ratio"].min() == pytest.approx(1.0, abs=0.02)
     record = records["00000"]
@@ -97,9 +99,9 @@ def test_the_special_token_regression_fails_blocking_checks_and_stops_the_traini
     defs = dg.Definitions(
         assets=[*build_dataset_assets(spec), build_exports([spec], checks)],
         asset_checks=checks,
-        resources={"storage": StorageResource(root=str(tmp_path)), "engine": EngineResource()},
+        resources={**shard_resources(StorageResource(root=str(tmp_path))), "engine": EngineResource()},
     )
-    selection = {dg.AssetKey(pipeline.validated_asset(spec)), dg.AssetKey("training_mix")}
+    selection = {dg.AssetKey(layout.validated_asset(spec.name)), dg.AssetKey("training_mix")}
     with dg.instance_for_test() as instance:
         job = defs.resolve_implicit_global_asset_job_def().get_subset(asset_selection=selection)
         result = job.execute_in_process(partition_key="00000", instance=instance, raise_on_error=False)
@@ -114,7 +116,7 @@ def test_the_special_token_regression_fails_blocking_checks_and_stops_the_traini
 def _validated_bytes(store: ShardStore, spec: DatasetSpec, keys: list[str]) -> list[pl.DataFrame | bytes]:
     out: list[pl.DataFrame | bytes] = []
     for key in keys:
-        out.append(store.read_shard(spec.name, pipeline.validated_asset(spec), key))
+        out.append(store.read_shard(spec.name, layout.validated_asset(spec.name), key))
         out.append(store.read_bytes(layout.quality_record(spec.name, key)))
     return out
 
@@ -125,7 +127,7 @@ def test_one_worker_and_two_workers_write_the_same_ids_masks_verdicts_and_record
     for store in stores.values():
         for i, key in enumerate(keys):
             store.write_shard(spec.name, spec.name, key, generation_frame(20, empty_share=0.1 * i, dataset=key))
-    records = {n: pipeline.validate(spec, store, keys, workers=n).records for n, store in stores.items()}
+    records = {n: stage.validate(spec, store, keys, workers=n).records for n, store in stores.items()}
     assert records[1] == records[2]
     one, two = (_validated_bytes(stores[n], spec, keys) for n in (1, 2))
     for a, b in zip(one, two, strict=True):
@@ -139,7 +141,7 @@ SHARD_TABLE = "dataset_shard_table"
 def _event_sizes(defs: dg.Definitions, spec: DatasetSpec, keys: list[str]) -> list[int]:
     """JSON size of each validated partition's materialization metadata after one range run over `keys`."""
     tags = {"dagster/asset_partition_range_start": keys[0], "dagster/asset_partition_range_end": keys[-1]}
-    asset = dg.AssetKey(pipeline.validated_asset(spec))
+    asset = dg.AssetKey(layout.validated_asset(spec.name))
     with dg.instance_for_test() as instance:
         job = defs.resolve_implicit_global_asset_job_def().get_subset(asset_selection={asset})
         assert job.execute_in_process(instance=instance, tags=tags).success
@@ -161,7 +163,7 @@ def test_event_metadata_does_not_grow_with_the_number_of_partitions_in_the_range
     shard = generation_frame(8, empty_share=0.0, dataset=spec.name)
     for key in spec.partition_keys:
         store.write_shard(spec.name, spec.name, key, shard)  # identical shards: identical figures
-    resources = {"storage": StorageResource(root=str(tmp_path)), "engine": EngineResource()}
+    resources = {**shard_resources(StorageResource(root=str(tmp_path))), "engine": EngineResource()}
     defs = dg.Definitions(assets=build_dataset_assets(spec), resources=resources)
     two, six = _event_sizes(defs, spec, spec.partition_keys[:2]), _event_sizes(defs, spec, spec.partition_keys)
     assert len(set(two + six)) == 1, (two, six)

@@ -22,6 +22,7 @@ from eagle_data.defs.assets import build_dataset_assets, previous_figure
 from eagle_data.defs.checks import build_checks, check_keys
 from eagle_data.defs.drafter import build_decontamination_checks
 from eagle_data.defs.exports import build_exports
+from eagle_data.defs.io_managers import shard_resources
 from eagle_data.defs.resources import EngineResource, StorageResource
 from eagle_data.defs.schedules import build_schedules, consecutive_ranges
 from eagle_data.defs.sensors import UI_URL_ENV, build_sensors
@@ -100,7 +101,7 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scenario]:
         asset_checks=build_checks([SPEC]),
         sensors=build_sensors([SPEC]),
         schedules=build_schedules([SPEC]),
-        resources={"storage": StorageResource(root=str(root))},
+        resources={**shard_resources(StorageResource(root=str(root)))},
     )
     with dg.instance_for_test() as instance, Receiver() as receiver, pytest.MonkeyPatch.context() as env:
         env.setenv(WEBHOOK_ENV, receiver.url)
@@ -271,7 +272,7 @@ def test_through_the_real_validation_stage_the_regression_stops_the_training_mix
         assets=[*build_dataset_assets(spec), build_exports([spec], build_checks([spec]))],
         asset_checks=build_checks([spec]),
         sensors=build_sensors([spec]),
-        resources={"storage": StorageResource(root=str(tmp_path)), "engine": EngineResource()},
+        resources={**shard_resources(StorageResource(root=str(tmp_path))), "engine": EngineResource()},
     )
     selection = {dg.AssetKey("b9_real_validated"), dg.AssetKey("training_mix")}
     with dg.instance_for_test() as instance, Receiver() as receiver:
@@ -310,7 +311,7 @@ def test_a_failed_decontamination_check_is_announced_once_as_a_check(
         assets=[validated],
         asset_checks=build_decontamination_checks([spec]),
         sensors=build_sensors([spec]),
-        resources={"storage": StorageResource(root=str(tmp_path))},
+        resources={**shard_resources(StorageResource(root=str(tmp_path)))},
     )
     with dg.instance_for_test() as instance, Receiver() as receiver:
         monkeypatch.setenv(WEBHOOK_ENV, receiver.url)

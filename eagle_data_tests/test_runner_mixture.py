@@ -7,12 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from eagle_data import pipeline
+from eagle_data import layout
 from eagle_data.catalog import Generation, SamplingSetting
 from eagle_data.engines import make_engine
 from eagle_data.runner import RunnerSettings, mixture
 from eagle_data.standins.openai_fake import FakeOpenAI, Faults, prompt_shards, spec_for_tests
 from eagle_data.storage import ShardStore
+from eagle_data_tests import fixtures_stages as stage
 
 MIX = (
     SamplingSetting(name="cold", weight=0.5, temperature=0.2),
@@ -50,13 +51,13 @@ def test_each_request_carries_its_prompts_setting_and_a_rerun_reuses_every_row(
         spec = spec.model_copy(update={"generation": spec.generation.model_copy(update={"mixture": MIX})})
         store, shards = ShardStore(str(tmp_path)), prompt_shards(2, 100)
         for key, frame in shards.items():
-            store.write_shard(spec.name, pipeline.prompts_asset(spec), key, frame)
+            store.write_shard(spec.name, layout.prompts_asset(spec.name), key, frame)
         engine = make_engine("openrouter", base_url=f"http://127.0.0.1:{server.port}/api/v1", model="m",
                              temperature=0.7, top_p=0.95, api_key_env="EAGLE_TEST_KEY")  # fmt: skip
         settings = RunnerSettings(progress_bar=False)
-        figures, _ = pipeline.generate(spec, store, list(shards), engine, log=lambda _: None, settings=settings)
+        figures, _ = stage.generate(spec, store, list(shards), engine, log=lambda _: None, settings=settings)
         sent_before = dict(server.requests)
-        pipeline.generate(spec, store, list(shards), engine, log=lambda _: None, settings=settings)
+        stage.generate(spec, store, list(shards), engine, log=lambda _: None, settings=settings)
     finally:
         server.stop()
     assert dict(server.requests) == sent_before  # the re-run paid for nothing: same config, same settings

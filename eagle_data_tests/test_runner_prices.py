@@ -8,7 +8,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from eagle_data import pipeline
+from eagle_data import layout
 from eagle_data.engines import make_engine
 from eagle_data.runner import RunnerSettings
 from eagle_data.runner.estimate import estimate_generation
@@ -16,6 +16,7 @@ from eagle_data.runner.prices import PRICE_ENV, PriceUnknown
 from eagle_data.standins.openai_fake import FakeOpenAI, Faults, prompt_shards, spec_for_tests
 from eagle_data.storage import ShardStore
 from eagle_data.types import UserError
+from eagle_data_tests import fixtures_stages as stage
 
 
 def test_a_dollar_budget_on_a_server_that_reports_no_cost_is_refused_before_the_first_request(
@@ -27,11 +28,11 @@ def test_a_dollar_budget_on_a_server_that_reports_no_cost_is_refused_before_the_
     server.start()
     spec, store, shards = spec_for_tests(cost_budget_usd=1.0), ShardStore(str(tmp_path)), prompt_shards(1, 20)
     for key, frame in shards.items():
-        store.write_shard(spec.name, pipeline.prompts_asset(spec), key, frame)
+        store.write_shard(spec.name, layout.prompts_asset(spec.name), key, frame)
     engine = make_engine("openai", base_url=f"http://127.0.0.1:{server.port}/v1", model="qwen3-8b")
     try:
         with pytest.raises(UserError) as refused:
-            pipeline.generate(spec, store, list(shards), engine, log=lambda _: None,
+            stage.generate(spec, store, list(shards), engine, log=lambda _: None,
                               settings=RunnerSettings(progress_bar=False))  # fmt: skip
     finally:
         server.stop()

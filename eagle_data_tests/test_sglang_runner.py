@@ -15,6 +15,7 @@ import pytest
 
 from eagle_data.catalog import Breaker, load_catalog
 from eagle_data.defs.assets import build_dataset_assets
+from eagle_data.defs.io_managers import shard_resources
 from eagle_data.defs.resources import EngineResource, StorageResource
 from eagle_data.engines.launcher import LaunchConfig, Launcher
 from eagle_data.sources import load_index
@@ -64,7 +65,7 @@ def test_b7_sharegpt_materializes_through_the_sglang_resource_with_one_server_ki
             result = dg.materialize(
                 build_dataset_assets(spec),
                 selection=dg.AssetSelection.all() - dg.AssetSelection.assets(f"{spec.name}_estimate"),
-                resources={"storage": storage, "engine": engine},
+                resources={**shard_resources(storage), "engine": engine},
                 instance=dg.DagsterInstance.ephemeral(),
                 tags={"dagster/asset_partition_range_start": keys[0], "dagster/asset_partition_range_end": keys[-1]},
             )

@@ -16,9 +16,10 @@ import pytest
 
 from eagle_data.catalog import load_catalog
 from eagle_data.defs.assets import build_dataset_assets
+from eagle_data.defs.io_managers import shard_resources
 from eagle_data.defs.resources import StorageResource
-from eagle_data.stages.export import shards_written
 from eagle_data.storage import ShardStore, StorageError
+from eagle_data.storage.shards import shards_written
 
 SPEC = load_catalog(profile="demo")["b7_sharegpt"]
 
@@ -29,7 +30,7 @@ def materialize_prompts(root: Path, source: Path, partition: str = "00000") -> d
     return dg.materialize(
         [prompts],
         partition_key=partition,
-        resources={"storage": StorageResource(root=str(root))},
+        resources={**shard_resources(StorageResource(root=str(root)))},
         run_config={"ops": {"b7_sharegpt_prompts": {"config": {"source_path": str(source)}}}},
         instance=dg.DagsterInstance.ephemeral(),
         raise_on_error=False,

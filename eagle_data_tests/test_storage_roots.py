@@ -12,6 +12,7 @@ import pytest
 
 from eagle_data.catalog import load_catalog
 from eagle_data.defs.assets import build_dataset_assets
+from eagle_data.defs.io_managers import shard_resources
 from eagle_data.defs.resources import EngineResource, S3ClientResource, StorageResource
 from eagle_data.standins.openai_fake import FakeOpenAI
 
@@ -24,9 +25,10 @@ def generate(root: str, endpoint: str | None, server: FakeOpenAI, monkeypatch: p
                         "EAGLE_DATA_BASE_URL": f"http://127.0.0.1:{server.port}/v1"}.items():  # fmt: skip
         monkeypatch.setenv(name, value)
     assets = {a.key.to_user_string(): a for a in build_dataset_assets(load_catalog(profile="demo")[DS])}
-    resources = {"storage": StorageResource(root=root, s3=S3ClientResource(endpoint_url=endpoint)),
+    resources = {**shard_resources(StorageResource(root=root, s3=S3ClientResource(endpoint_url=endpoint))),
                  "engine": EngineResource()}  # fmt: skip
-    result = dg.materialize([assets[DS]], partition_key="00000", resources=resources, raise_on_error=False)
+    result = dg.materialize(list(assets.values()), selection=[DS], partition_key="00000", resources=resources,
+                            raise_on_error=False)  # fmt: skip
     failures = [e for e in result.all_events if e.is_step_failure]
     assert not result.success and len(failures) == 1
     return failures[0].step_failure_data.user_failure_data.description

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from eagle_data.stages.validation import validated_rows
 from eagle_data.targets import TargetError, load_target, reasoning_markers, resolve_target, target_for_model
 from eagle_data.targets.profile import Profile, read_profiles
 from eagle_data.targets.target import build_target
@@ -193,7 +194,6 @@ def test_llama_preamble_needs_the_profiles_date(profiles: dict[str, Profile]) ->
 def test_validation_with_target_auto_uses_the_served_models_profile() -> None:
     import polars as pl
 
-    from eagle_data import pipeline
     from eagle_data.catalog import load_catalog
     from eagle_data_tests.fixtures_quality import generation_frame
 
@@ -203,8 +203,8 @@ def test_validation_with_target_auto_uses_the_served_models_profile() -> None:
     served = generation_frame(n=4, empty_share=0.0).with_columns(
         served_model=pl.lit("meta-llama/Llama-3.1-8B-Instruct")
     )
-    rows = pipeline.validated_rows(spec, served, "00000")
+    rows = validated_rows(spec, served, "00000")
     assert [ids[:2] for ids in rows["input_ids"].to_list()] == [[128000, 128006]] * 4  # Llama 3's BOS, header
     unknown = served.with_columns(served_model=pl.lit(""), model=pl.lit("openai/gpt-4o"))
     with pytest.raises(TargetError, match=r"^model 'openai/gpt-4o' has no verified target profile; set `target`"):
-        pipeline.validated_rows(spec, unknown, "00000")
+        validated_rows(spec, unknown, "00000")

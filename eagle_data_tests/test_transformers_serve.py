@@ -27,6 +27,7 @@ import pytest
 
 from eagle_data.catalog import load_catalog
 from eagle_data.defs.assets import CANARY, build_dataset_assets
+from eagle_data.defs.io_managers import shard_resources
 from eagle_data.defs.resources import ENGINE_ENV, POOL_ENV, EngineResource, StorageResource
 from eagle_data.standins.local import free_port
 
@@ -106,7 +107,7 @@ def _estimate(base_url: str, model: Path, root: Path, monkeypatch: pytest.Monkey
     with dg.DagsterInstance.ephemeral() as instance:
         return dg.materialize(
             [prompts, estimate], instance=instance, tags=RANGE, run_config=config, raise_on_error=False,
-            resources={"storage": StorageResource(root=str(root)), "engine": engine},
+            resources={**shard_resources(StorageResource(root=str(root))), "engine": engine},
         )  # fmt: skip
 
 

@@ -15,6 +15,7 @@ from eagle_data.defs.assets import build_dataset_assets
 from eagle_data.defs.checks import build_checks
 from eagle_data.defs.drafter import CAPTURE_SHARDS, CaptureResource, build_drafter_assets, follow_the_mix
 from eagle_data.defs.exports import build_exports
+from eagle_data.defs.io_managers import shard_resources
 from eagle_data.defs.resources import EngineResource, StorageResource
 from eagle_data.storage import ShardStore
 from eagle_data_tests.fixtures_quality import generation_frame
@@ -42,7 +43,7 @@ def test_training_mix_sets_the_capture_partitions_to_the_mixs_shards(tmp_path: P
     defs = dg.Definitions(
         assets=[*build_dataset_assets(spec), build_exports([spec], checks), capture],
         asset_checks=checks,
-        resources={"storage": StorageResource(root=str(tmp_path / "out")), "engine": EngineResource(),
+        resources={**shard_resources(StorageResource(root=str(tmp_path / "out"))), "engine": EngineResource(),
                    "capture": CaptureResource()},
     )  # fmt: skip
     job = defs.resolve_implicit_global_asset_job_def()

@@ -9,6 +9,7 @@ import pytest
 from eagle_data import quality
 from eagle_data.catalog import Adapter, DatasetSpec, catalog
 from eagle_data.defs.checks import build_checks, check_keys
+from eagle_data.defs.io_managers import shard_resources
 from eagle_data.defs.resources import StorageResource
 from eagle_data_tests.fixtures_quality import clean_frame, regression_frame
 
@@ -41,7 +42,7 @@ def stand_in_validated(spec: DatasetSpec) -> dg.AssetsDefinition:
 @pytest.fixture
 def instance_with_two_shards(tmp_path: Path):
     defs = dg.Definitions(assets=[stand_in_validated(SPEC)], asset_checks=build_checks([SPEC]),
-                          resources={"storage": StorageResource(root=str(tmp_path))})  # fmt: skip
+                          resources={**shard_resources(StorageResource(root=str(tmp_path)))})  # fmt: skip
     job = defs.resolve_implicit_global_asset_job_def()
     with dg.instance_for_test() as instance:
         for key in FRAMES:  # the asset alone: its checks are not part of these runs
@@ -87,7 +88,7 @@ def test_a_checks_only_run_of_one_partition_judges_that_shard(instance_with_two_
 
 def test_a_checks_only_run_before_any_materialization_fails_with_one_line(tmp_path: Path):
     defs = dg.Definitions(assets=[stand_in_validated(SPEC)], asset_checks=build_checks([SPEC]),
-                          resources={"storage": StorageResource(root=str(tmp_path))})  # fmt: skip
+                          resources={**shard_resources(StorageResource(root=str(tmp_path)))})  # fmt: skip
     job = defs.resolve_implicit_global_asset_job_def()
     with dg.instance_for_test() as instance:
         result = job.get_subset(asset_selection=set(), asset_check_selection=set(check_keys(SPEC))).execute_in_process(

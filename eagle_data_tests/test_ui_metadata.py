@@ -13,6 +13,7 @@ import pytest
 from eagle_data.catalog import Adapter, DatasetSpec
 from eagle_data.defs.assets import COLUMN_SCHEMA, ROW_COUNT, build_dataset_assets, code_version
 from eagle_data.defs.checks import build_checks
+from eagle_data.defs.io_managers import shard_resources
 from eagle_data.defs.messages import file_locations, leveled, uri_locations
 from eagle_data.defs.resources import EngineResource, StorageResource
 from eagle_data.storage import ShardStore
@@ -40,7 +41,7 @@ def test_row_count_and_column_schema_are_read_back_from_the_instance(tmp_path: P
     defs = dg.Definitions(
         assets=build_dataset_assets(SPEC),
         asset_checks=build_checks([SPEC]),
-        resources={"storage": StorageResource(root=str(tmp_path)), "engine": EngineResource()},
+        resources={**shard_resources(StorageResource(root=str(tmp_path))), "engine": EngineResource()},
     )
     job = defs.resolve_implicit_global_asset_job_def().get_subset(
         asset_selection={dg.AssetKey("b9_meta_prompts"), dg.AssetKey("b9_meta_validated")}
@@ -115,7 +116,7 @@ def test_a_user_error_fails_the_step_with_its_one_line_not_a_class_path(tmp_path
     config = {"ops": {"b9_meta_prompts": {"config": {"source_path": str(tmp_path / "nowhere.jsonl")}}}}
     result = dg.materialize(
         [prompts], partition_key="00000", run_config=config, raise_on_error=False,
-        resources={"storage": StorageResource(root=str(tmp_path))},
+        resources={**shard_resources(StorageResource(root=str(tmp_path)))},
     )  # fmt: skip
     error = next(e for e in result.all_events if e.is_step_failure).step_failure_data.error
     assert error.cls_name == "Failure" and error.cause is None

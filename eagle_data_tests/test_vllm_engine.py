@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from eagle_data import pipeline
+from eagle_data import layout
 from eagle_data.catalog import DatasetSpec, Generation, load_catalog
 from eagle_data.engines import make_engine
 from eagle_data.runner import RunnerSettings, run_generation
@@ -19,6 +19,7 @@ from eagle_data.standins.openai_fake import FakeOpenAI, Faults, prompt_shards, s
 from eagle_data.storage import ShardStore
 from eagle_data.targets.vocab import qwen_tokenizer
 from eagle_data.types import Engine, FatalError, Message
+from eagle_data_tests import fixtures_stages as stage
 
 DS = "b7_sharegpt"
 FAST = RunnerSettings(backoff_base_s=0.0, backoff_cap_s=0.0, max_attempts=2, progress_bar=False)
@@ -76,7 +77,7 @@ def demo_dataset(store: ShardStore, **update: Any) -> DatasetSpec:
     demo = load_catalog(profile="demo")["b7_sharegpt"]
     spec = demo.model_copy(update={"target": "qwen3-test", "token_budget": 0, "cost_budget_usd": 0.0,
                                    "generation": Generation(max_tokens=64), **update})  # fmt: skip
-    pipeline.write_prompts(spec, store, ["00000", "00001"], warn=lambda _: None)
+    stage.write_prompts(spec, store, ["00000", "00001"], warn=lambda _: None)
     return spec
 
 
@@ -94,7 +95,7 @@ def test_a_server_with_another_chat_template_stops_generation_and_the_estimate_a
              r"difference at token \d+ of \d+ \(server '[^']*Cutting[^']*', ours '.+'\); set `target` to the served "
              r"model's profile or fix the server's template \(check_server_template = false")  # fmt: skip
     with pytest.raises(PreflightError, match=match) as err:
-        pipeline.generate(spec, store, ["00000", "00001"], engine, **QUIET)
+        stage.generate(spec, store, ["00000", "00001"], engine, **QUIET)
     assert "\n" not in str(err.value)
     assert server.received == 1 and dict(server.requests) == {"template-check#1": 1}  # one request, before any prompt
     assert server.settings["template-check#1"]["max_tokens"] == 1 and server.billed_usd > 0
@@ -110,11 +111,11 @@ def test_forced_past_the_check_every_row_of_another_template_is_prompt_mismatch_
     server.faults = Faults(system_preamble=PREAMBLE)
     store = ShardStore(str(tmp_path))
     spec, lines = demo_dataset(store, check_server_template=False), list[str]()
-    pipeline.generate(spec, store, ["00000"], vllm(server), log=lines.append, settings=QUIET["settings"])
+    stage.generate(spec, store, ["00000"], vllm(server), log=lines.append, settings=QUIET["settings"])
     assert "template-check#1" not in server.requests
     assert lines[0].startswith("WARNING b7_sharegpt: the server's chat template is not checked")
-    record = pipeline.validate(spec, store, ["00000"], workers=1, log=lambda _: None).records["00000"]
-    rows = store.read_shard(spec.name, pipeline.validated_asset(spec), "00000")
+    record = stage.validate(spec, store, ["00000"], workers=1, log=lambda _: None).records["00000"]
+    rows = store.read_shard(spec.name, layout.validated_asset(spec.name), "00000")
     assert rows.height == 10 and rows["verdict"].to_list() == ["prompt_mismatch"] * 10
     structure = next(result for result in record.results if result.name == "token_structure")
     assert structure.blocking and not structure.passed
@@ -125,11 +126,11 @@ def test_a_server_with_the_targets_template_passes_the_check_and_its_rows_pass(
 ) -> None:
     store, lines = ShardStore(str(tmp_path)), list[str]()
     spec = demo_dataset(store)
-    pipeline.generate(spec, store, ["00000"], vllm(server), log=lines.append, settings=QUIET["settings"])
+    stage.generate(spec, store, ["00000"], vllm(server), log=lines.append, settings=QUIET["settings"])
     assert server.requests["template-check#1"] == 1
     assert "b7_sharegpt: the server renders prompts as target qwen3-test does (checked on one prompt)" in lines
-    record = pipeline.validate(spec, store, ["00000"], workers=1, log=lambda _: None).records["00000"]
-    rows = store.read_shard(spec.name, pipeline.validated_asset(spec), "00000")
+    record = stage.validate(spec, store, ["00000"], workers=1, log=lambda _: None).records["00000"]
+    rows = store.read_shard(spec.name, layout.validated_asset(spec.name), "00000")
     assert rows["prompt_ok"].to_list() == [True] * 10 and rows["verdict"].to_list() == ["pass"] * 10
     assert all(result.passed for result in record.results if result.blocking)
 
@@ -140,5 +141,5 @@ def test_a_server_that_reports_no_prompt_ids_stops_generation_at_the_check(serve
     spec = demo_dataset(store)
     match = r"^b7_sharegpt: the server's chat template could not be checked: the server answered without token_ids"
     with pytest.raises(PreflightError, match=match) as err:
-        pipeline.generate(spec, store, ["00000"], vllm(server), **QUIET)
+        stage.generate(spec, store, ["00000"], vllm(server), **QUIET)
     assert "\n" not in str(err.value) and server.received == 1

@@ -1,9 +1,11 @@
 """The assets of every catalog dataset: `{ds}_prompts` -> `{ds}_estimate` -> `{ds}` (generation) -> `{ds}_validated`.
 
-Each asset writes its own per-partition Parquet shards through the storage resource (no IO manager),
-so a single run can cover a partition range. The bodies only call `eagle_data.pipeline`.
+One small builder per asset. The shard assets return their shards and receive their inputs through the shard
+IO manager (defs/io_managers.py), which writes one Parquet file per partition, so a single run can cover a
+partition range. The bodies only call the stages (eagle_data.stages).
 """
 
+import logging
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -11,20 +13,24 @@ from typing import Any
 import dagster as dg
 from pydantic import Field
 
-from eagle_data import layout, pipeline, quality, sources
+from eagle_data import layout, quality, sources
 from eagle_data.catalog import DatasetSpec
 from eagle_data.defs import instance as records
+from eagle_data.defs.io_managers import DATASET_TAG, SHARD_IO
 from eagle_data.defs.messages import file_locations, leveled, user_failure
 from eagle_data.defs.metadata import ROW_COUNT, dataset_report_metadata, rounded_figures, settings_version
 from eagle_data.defs.pools import tie_to_run_worker
-from eagle_data.defs.resources import (
-    EngineResource,
-    StorageResource,
-    environment_kind,
-    generation_pool,
-)
+from eagle_data.defs.registry import check_specs
+from eagle_data.defs.resources import EngineResource, StorageResource, environment_kind, generation_pool
 from eagle_data.runner.rows import GENERATION_SCHEMA
+from eagle_data.stages import estimate as estimate_stage
+from eagle_data.stages import generation as generation_stage
+from eagle_data.stages import prompts as prompts_stage
+from eagle_data.stages import validation as validation_stage
+from eagle_data.stages.preflight import config_hash
 from eagle_data.storage import ShardStore
+from eagle_data.storage.shards import LazyShards, StoredShards
+from eagle_data.types import Engine
 
 
 class PromptsConfig(dg.Config):
@@ -113,9 +119,6 @@ def previous_figure(instance: dg.DagsterInstance, key: dg.AssetKey, run_id: str)
         cursor = page.cursor
 
 
-SHARD_DIGEST = "shard_sha256"  # metadata of a validated partition and of each check on it: its bytes' sha256
-
-
 def shard_metadata(record: quality.ShardRecord) -> dict[str, Any]:
     """One partition's event metadata: its own shard's figures only, so an event's size never grows with
     the run's range (dataset-wide tables live in the HTML report)."""
@@ -125,7 +128,6 @@ def shard_metadata(record: quality.ShardRecord) -> dict[str, Any]:
 
 
 COLUMN_SCHEMA = "dagster/column_schema"  # Dagster's own: shown in the catalog
-URI = "dagster/uri"  # Dagster's own: where a partition's shard is
 
 
 def column_schema(columns: Mapping[str, Any]) -> dg.TableSchema:
@@ -133,15 +135,10 @@ def column_schema(columns: Mapping[str, Any]) -> dg.TableSchema:
     return dg.TableSchema(columns=[dg.TableColumn(name, str(dtype)) for name, dtype in columns.items()])
 
 
-def add_row_counts(context: dg.AssetExecutionContext, rows: Mapping[str, int], store: ShardStore, ds: str) -> None:
-    """Each written partition's own row count and its shard's URI on its materialization."""
-    asset = context.asset_key.to_user_string()
+def add_row_counts(context: dg.AssetExecutionContext, rows: Mapping[str, int]) -> None:
+    """Each partition's own row count on its materialization (the IO manager adds its shard's URI)."""
     for key, count in rows.items():
-        context.add_asset_metadata({ROW_COUNT: count, URI: shard_uri(store, ds, asset, key)}, partition_key=key)
-
-
-def shard_uri(store: ShardStore, ds: str, asset: str, partition: str) -> dg.MetadataValue:
-    return dg.MetadataValue.path(store.uri(store.shard_key(ds, asset, partition)))
+        context.add_asset_metadata({ROW_COUNT: count}, partition_key=key)
 
 
 # Code versions: a stage's number, bumped when its code changes what it writes, plus a hash of the catalog
@@ -159,50 +156,56 @@ def code_version(stage: str, spec: DatasetSpec) -> str:
     return settings_version(STAGE_CODE[stage], spec.model_dump(mode="json", include=set(STAGE_SETTINGS[stage])))
 
 
-def build_dataset_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
-    ds = spec.name
-    pool = generation_pool()  # the environment's engine, read once: Dagster pools are fixed per asset
-    common = {
-        "group_name": ds,
+def shard_asset_args(spec: DatasetSpec) -> dict[str, Any]:
+    """What every shard asset of a dataset shares: its group, partitions, single-run ranges, the IO manager."""
+    return {
+        "group_name": spec.name,
         "partitions_def": partitions(spec),
         "backfill_policy": dg.BackfillPolicy.single_run(),
+        "io_manager_key": SHARD_IO,
     }
 
+
+def build_prompts(spec: DatasetSpec) -> dg.AssetsDefinition:
+    ds = spec.name
+
     @dg.asset(
-        name=pipeline.prompts_asset(spec),
+        name=layout.prompts_asset(spec.name),
         kinds={"polars", "parquet"},
         code_version=code_version("prompts", spec),
         **catalog_labels(
-            "prompts",
-            spec.owners,
-            f"{spec.title}: normalized, de-duplicated prompts, {spec.shard_size} per shard.",
-            dataset=ds,
+            "prompts", spec.owners, f"{spec.title}: normalized, de-duplicated prompts, {spec.shard_size} per shard.",
+            **{DATASET_TAG: ds},
         ),
-        **common,
-    )
+        **shard_asset_args(spec),
+    )  # fmt: skip
     @user_failure
     def prompts(
         context: dg.AssetExecutionContext, config: PromptsConfig, storage: StorageResource
-    ) -> dg.MaterializeResult:
+    ) -> dg.Output[LazyShards]:
         store = storage.store()
-        written = pipeline.write_prompts(
-            spec, store, context.partition_keys, config.source_path, warn=context.log.warning
-        )
-        figures = written.to_metadata()
+        made = prompts_stage.make_prompts(spec, store, context.partition_keys, config.source_path, context.log.warning)
+        figures = made.to_metadata()
         context.log.info(f"{ds}: wrote {figures['prompts']} prompts, skipped {figures['skipped']} rows")
-        path = store.uri(store.shard_key(ds, pipeline.prompts_asset(spec), "{partition}"))
-        add_row_counts(context, written.prompts, store, ds)
+        path = store.uri(store.shard_key(ds, layout.prompts_asset(spec.name), "{partition}"))
+        add_row_counts(context, made.prompts)
         schema = column_schema(sources.PROMPTS_SCHEMA)
-        return dg.MaterializeResult(metadata={**figures, "path": dg.MetadataValue.path(path), COLUMN_SCHEMA: schema})
+        return dg.Output(made.shards, metadata={**figures, "path": dg.MetadataValue.path(path), COLUMN_SCHEMA: schema})
+
+    return prompts
+
+
+def build_estimate(spec: DatasetSpec) -> dg.AssetsDefinition:
+    ds = spec.name
 
     @dg.asset(
         name=estimate_asset(spec),
-        deps=[prompts],
+        deps=[layout.prompts_asset(spec.name)],
         group_name=ds,
         # Partitioned like the others (it estimates the whole dataset once per run, whatever its range), so
         # "Materialize all" on the group is one single-run backfill instead of one run per partitioning.
-        partitions_def=common["partitions_def"],
-        backfill_policy=common["backfill_policy"],
+        partitions_def=partitions(spec),
+        backfill_policy=dg.BackfillPolicy.single_run(),
         code_version=code_version("estimate", spec),
         kinds={"python"},
         **catalog_labels(
@@ -213,27 +216,13 @@ def build_dataset_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
             "the budgets.",
             dataset=ds,
         ),
-        check_specs=[
-            dg.AssetCheckSpec(
-                WITHIN_BUDGET,
-                asset=estimate_asset(spec),
-                blocking=True,
-                description="The projected tokens and dollars fit the catalog's budgets; otherwise generation stops.",
-            ),
-            dg.AssetCheckSpec(
-                CANARY,
-                asset=estimate_asset(spec),
-                blocking=True,
-                description="A sample drawn across the dataset passes the quality gates and the truncation limit; "
-                "otherwise generation stops, and later runs under the same generation config refuse to start.",
-            ),
-        ],
+        check_specs=check_specs("estimate", estimate_asset(spec)),
     )
     @user_failure
     def estimate(
         context: dg.AssetExecutionContext, config: EstimateConfig, storage: StorageResource, engine: EngineResource
     ) -> dg.MaterializeResult:
-        found = pipeline.estimate(
+        found = estimate_stage.estimate(
             spec,
             storage.store(),
             engine.make(spec),
@@ -244,33 +233,47 @@ def build_dataset_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
             settings=engine.runner_settings(),
             run_id=context.run_id,
         )
-        sample, result = found.canary, found.estimate
-        (context.log.info if sample.passed else context.log.error)(sample.line)
-        canary = dg.AssetCheckResult(
-            check_name=CANARY, passed=sample.passed, severity=dg.AssetCheckSeverity.ERROR, description=sample.line,
-            metadata=sample.metadata(),
-        )  # fmt: skip
-        if result is None:
-            why = f"{ds}: no sampled prompt was answered, so nothing to project from; see the canary check"
-            budget = dg.AssetCheckResult(check_name=WITHIN_BUDGET, passed=False, description=why)
-            return dg.MaterializeResult(metadata=sample.figures(), check_results=[budget, canary])
-        context.log.info(f"pre-flight estimate: {result.line()}")
-        over = result.over_budget()
-        budget = dg.AssetCheckResult(
-            check_name=WITHIN_BUDGET,
-            passed=not over,
-            severity=dg.AssetCheckSeverity.ERROR,
-            description=over or result.line(),
-            metadata={"est_tokens": result.tokens, **result.cost_figures(),
-                      "token_budget": result.token_budget, "cost_budget_usd": result.cost_budget_usd},
-        )  # fmt: skip
-        figures = {**result.figures(), **sample.figures()}
-        return dg.MaterializeResult(metadata=figures, check_results=[budget, canary])
+        return estimate_result(ds, found, context.log)
+
+    return estimate
+
+
+def estimate_result(
+    ds: str, found: estimate_stage.PreFlight, log: logging.Logger | dg.DagsterLogManager
+) -> dg.MaterializeResult:
+    """The estimate's materialization and its two checks, from what the canary and the projection found."""
+    sample, result = found.canary, found.estimate
+    (log.info if sample.passed else log.error)(sample.line)
+    canary = dg.AssetCheckResult(
+        check_name=CANARY, passed=sample.passed, severity=dg.AssetCheckSeverity.ERROR, description=sample.line,
+        metadata=sample.metadata(),
+    )  # fmt: skip
+    if result is None:
+        why = f"{ds}: no sampled prompt was answered, so nothing to project from; see the canary check"
+        budget = dg.AssetCheckResult(check_name=WITHIN_BUDGET, passed=False, description=why)
+        return dg.MaterializeResult(metadata=sample.figures(), check_results=[budget, canary])
+    log.info(f"pre-flight estimate: {result.line()}")
+    over = result.over_budget()
+    budget = dg.AssetCheckResult(
+        check_name=WITHIN_BUDGET,
+        passed=not over,
+        severity=dg.AssetCheckSeverity.ERROR,
+        description=over or result.line(),
+        metadata={"est_tokens": result.tokens, **result.cost_figures(),
+                  "token_budget": result.token_budget, "cost_budget_usd": result.cost_budget_usd},
+    )  # fmt: skip
+    figures = {**result.figures(), **sample.figures()}
+    return dg.MaterializeResult(metadata=figures, check_results=[budget, canary])
+
+
+def build_generation(spec: DatasetSpec) -> dg.AssetsDefinition:
+    ds = spec.name
 
     @dg.asset(
         name=ds,
-        deps=[prompts, estimate],
-        pool=pool,
+        ins={"shards": dg.AssetIn(key=layout.prompts_asset(spec.name))},
+        deps=[estimate_asset(spec)],
+        pool=generation_pool(),  # the environment's engine, read once: Dagster pools are fixed per asset
         code_version=code_version("generation", spec),
         kinds={"python", "parquet"},
         **catalog_labels(
@@ -280,44 +283,67 @@ def build_dataset_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
             dataset=ds,
             engine=engine_kind(),
         ),
-        **common,
+        **shard_asset_args(spec),
     )
     @user_failure
     def generation(
-        context: dg.AssetExecutionContext, config: GenerationConfig, storage: StorageResource, engine: EngineResource
-    ) -> dg.MaterializeResult:
+        context: dg.AssetExecutionContext,
+        config: GenerationConfig,
+        storage: StorageResource,
+        engine: EngineResource,
+        shards: StoredShards,
+    ) -> dg.Output[LazyShards]:
         tie_to_run_worker(context)  # a killed run stops paying for requests
         backend = engine.make(spec)  # refuses a run-config kind other than the one the pool was fixed from
-        latest = records.latest_canary(context.instance, canary_key(spec))  # any state: a verdict or None
-        config_hash = pipeline.config_hash(spec, backend)
-        if refused := quality.canary_blocks(latest, config_hash, ignore=config.ignore_canary, dataset=ds):
-            raise dg.Failure(refused)
-        if quality.canary_stale(latest, config_hash, ignore=config.ignore_canary):  # judged under another config
-            context.log.info(f"{ds}: the latest canary judged config {latest.config_hash}, not {config_hash}: again")
-            sample = pipeline.estimate(spec, storage.store(), backend, usd_per_prompt_token=0.0,
-                                       usd_per_completion_token=0.0, log=leveled(context.log),
-                                       settings=engine.runner_settings(), run_id=context.run_id).canary  # fmt: skip
-            if not sample.passed:
-                raise dg.Failure(f"{ds}: refused before the run: {sample.line.removeprefix(f'{ds}: ')}")
-        context.log.info(f"{ds}: engine {backend.describe()}")
         store = storage.store()
-        figures, per_partition = pipeline.generate(
+        canary_gate(context, spec, config, store, backend, engine)
+        context.log.info(f"{ds}: engine {backend.describe()}")
+        made = generation_stage.generate(
             spec,
             store,
-            context.partition_keys,
+            shards,
             backend,
             log=leveled(context.log),
             settings=engine.runner_settings(),
             retry_rejected=config.retry_rejected,
             run_id=context.run_id,
         )
-        add_row_counts(context, {key: f.counts.done for key, f in per_partition.items()}, store, ds)
+        add_row_counts(context, {key: f.counts.done for key, f in made.per_partition.items()})
         schema = column_schema(GENERATION_SCHEMA)
-        return dg.MaterializeResult(metadata={**figures, "engine": backend.describe(), COLUMN_SCHEMA: schema})
+        return dg.Output(made.shards, metadata={**made.figures, "engine": backend.describe(), COLUMN_SCHEMA: schema})
+
+    return generation
+
+
+def canary_gate(
+    context: dg.AssetExecutionContext,
+    spec: DatasetSpec,
+    config: GenerationConfig,
+    store: ShardStore,
+    backend: Engine,
+    engine: EngineResource,
+) -> None:
+    """Refuse a run the latest canary failed under this config; judge again when it judged another config."""
+    ds = spec.name
+    latest = records.latest_canary(context.instance, canary_key(spec))  # any state: a verdict or None
+    current = config_hash(spec, backend)
+    if refused := quality.canary_blocks(latest, current, ignore=config.ignore_canary, dataset=ds):
+        raise dg.Failure(refused)
+    if quality.canary_stale(latest, current, ignore=config.ignore_canary):  # judged under another config
+        context.log.info(f"{ds}: the latest canary judged config {latest.config_hash}, not {current}: again")
+        sample = estimate_stage.estimate(spec, store, backend, usd_per_prompt_token=0.0,
+                                         usd_per_completion_token=0.0, log=leveled(context.log),
+                                         settings=engine.runner_settings(), run_id=context.run_id).canary  # fmt: skip
+        if not sample.passed:
+            raise dg.Failure(f"{ds}: refused before the run: {sample.line.removeprefix(f'{ds}: ')}")
+
+
+def build_validated(spec: DatasetSpec) -> dg.AssetsDefinition:
+    ds = spec.name
 
     @dg.asset(
-        name=pipeline.validated_asset(spec),
-        deps=[generation],
+        name=layout.validated_asset(spec.name),
+        ins={"shards": dg.AssetIn(key=ds)},
         code_version=code_version("validated", spec),
         kinds={"polars", "parquet"},
         **catalog_labels(
@@ -327,19 +353,19 @@ def build_dataset_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
             dataset=ds,
             target=spec.target,
         ),
-        **common,
+        **shard_asset_args(spec),
     )
     @user_failure
-    def validated(context: dg.AssetExecutionContext, storage: StorageResource) -> dg.MaterializeResult:
+    def validated(
+        context: dg.AssetExecutionContext, storage: StorageResource, shards: StoredShards
+    ) -> dg.Output[LazyShards]:
         previous = previous_figure(context.instance, context.asset_key, context.run.run_id)
         store = storage.store()
-        done = pipeline.validate(spec, store, context.partition_keys, previous, log=context.log.warning)
+        done = validation_stage.validate(spec, store, shards, previous, log=context.log.warning)
         verdicts: Counter[str] = Counter()
-        for key, record in done.records.items():
+        for key, record in done.records.items():  # the IO manager adds the shard's URI and digest
             page = file_locations(store, {"shard_report": layout.quality_page(ds, key)})
-            shard = {**shard_metadata(record), **page, SHARD_DIGEST: record.shard_sha256,
-                     URI: shard_uri(store, ds, pipeline.validated_asset(spec), key)}  # fmt: skip
-            context.add_asset_metadata(shard, partition_key=key)
+            context.add_asset_metadata({**shard_metadata(record), **page}, partition_key=key)
             verdicts.update(record.summary.verdicts)
         assert done.report is not None
         context.log.info(f"{ds}: verdicts {dict(sorted(verdicts.items()))}; quality report {done.report.uri}")
@@ -348,6 +374,10 @@ def build_dataset_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
             **dataset_report_metadata(done.report),  # the report's headline, readable without opening a file
             COLUMN_SCHEMA: column_schema(done.columns),
         }
-        return dg.MaterializeResult(metadata=metadata)
+        return dg.Output(done.shards, metadata=metadata)
 
-    return [prompts, estimate, generation, validated]
+    return validated
+
+
+def build_dataset_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
+    return [build_prompts(spec), build_estimate(spec), build_generation(spec), build_validated(spec)]

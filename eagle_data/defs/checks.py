@@ -21,11 +21,12 @@ from typing import Any
 
 import dagster as dg
 
-from eagle_data import pipeline, quality, report
+from eagle_data import layout, quality, report
 from eagle_data.catalog import DatasetSpec
-from eagle_data.defs.assets import CANARY, SHARD_DIGEST, WITHIN_BUDGET, partitions
+from eagle_data.defs.assets import CANARY, WITHIN_BUDGET, partitions
 from eagle_data.defs.instance import latest_materializations, target
 from eagle_data.defs.messages import user_failure
+from eagle_data.defs.metadata import SHARD_DIGEST
 from eagle_data.defs.registry import check_outcome, check_specs
 from eagle_data.defs.resources import StorageResource
 from eagle_data.quality import registry
@@ -35,7 +36,7 @@ ESTIMATE_CHECKS = registry.implemented("estimate", (WITHIN_BUDGET, CANARY))  # j
 
 
 def validated_key(spec: DatasetSpec) -> dg.AssetKey:
-    return dg.AssetKey(pipeline.validated_asset(spec))
+    return dg.AssetKey(layout.validated_asset(spec.name))
 
 
 def check_keys(spec: DatasetSpec) -> list[dg.AssetCheckKey]:

@@ -13,10 +13,10 @@ from pydantic import Field
 
 from eagle_data import layout, settings
 from eagle_data.catalog import PROFILE_ENV, DatasetSpec, shard_key
-from eagle_data.defs.assets import SHARD_DIGEST, catalog_labels, partitions
+from eagle_data.defs.assets import catalog_labels, partitions
 from eagle_data.defs.checks import judged_partitions, report_shards
 from eagle_data.defs.messages import file_locations, uri_locations, user_failure
-from eagle_data.defs.metadata import settings_version
+from eagle_data.defs.metadata import SHARD_DIGEST, settings_version
 from eagle_data.defs.pools import tie_to_run_worker
 from eagle_data.defs.registry import check_outcome, check_specs
 from eagle_data.defs.resources import StorageResource

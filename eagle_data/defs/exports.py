@@ -28,8 +28,9 @@ from eagle_data.defs.resources import StorageResource
 from eagle_data.exports.check import PARITY_CHECK, check_exports
 from eagle_data.exports.parity import ParityError
 from eagle_data.exports.settings import ExportSettings, export_settings
-from eagle_data.stages.export import export, export_keys, shards_written
+from eagle_data.stages.export import export, export_keys
 from eagle_data.storage import ShardStore
+from eagle_data.storage.shards import shards_written
 
 
 class ExportConfig(dg.Config):

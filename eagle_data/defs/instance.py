@@ -21,6 +21,7 @@ from dagster._core.definitions.asset_checks.asset_check_evaluation import AssetC
 from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 
 from eagle_data import exports, quality
+from eagle_data.defs.metadata import SHARD_DIGEST
 
 if TYPE_CHECKING:  # types only; Dagster exports none of these publicly in 1.13
     # the per-pool run-worker executor (pools.py) is built over the executor's internals
@@ -75,9 +76,6 @@ def target(record: dg.EventLogRecord | None) -> AssetCheckEvaluationTargetMateri
 
 
 def _shard_digest(metadata: dict[str, dg.MetadataValue]) -> str | None:
-    # Imported here: assets.py imports pools.py, which imports this module (a cycle at import time).
-    from eagle_data.defs.assets import SHARD_DIGEST
-
     value = metadata.get(SHARD_DIGEST)
     return str(value.value) if value is not None else None
 
@@ -208,3 +206,9 @@ def default_executor(init_context: dg.InitExecutorContext) -> dg.Executor:
 def with_executor_config(init_context: dg.InitExecutorContext, config: Mapping[str, Any]) -> dg.InitExecutorContext:
     """The same executor context under another executor config."""
     return init_context._replace(executor_config=config)
+
+
+def add_partition_metadata(context: dg.OutputContext, metadata: Mapping[str, Any], partition: str) -> None:
+    """Metadata on one partition's materialization, from an IO manager: an OutputContext's own
+    `add_output_metadata` puts the same values on every partition of a range run."""
+    context.step_context.add_asset_metadata(dict(metadata), asset_key=context.asset_key, partition_key=partition)

@@ -14,6 +14,8 @@ import dagster as dg
 from eagle_data.report import DatasetReport, rounded
 
 ROW_COUNT = "dagster/row_count"  # Dagster's own: the asset page's "Row count"
+URI = "dagster/uri"  # Dagster's own: where a partition's shard is
+SHARD_DIGEST = "shard_sha256"  # metadata of a shard partition and of each check on it: its bytes' sha256
 
 
 def rounded_figures(figures: Mapping[str, Any]) -> dict[str, Any]:

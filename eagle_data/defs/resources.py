@@ -61,10 +61,12 @@ class StorageResource(dg.ConfigurableResource):
         description="S3 client settings (endpoint_url for MinIO); credentials from the AWS_* environment.",
     )
 
-    def store(self) -> ShardStore:
-        """The store, checked: a root that cannot take shards is one line here, before an asset spends."""
+    def store(self, check: bool = True) -> ShardStore:
+        """The store, checked: a root that cannot take shards is one line here, before an asset spends
+        (`check` False: the shard IO manager's, which runs after or before a body that checks)."""
         store = ShardStore(self.root or default_root(), s3_client_factory=self.s3.get_client)
-        store.check()
+        if check:
+            store.check()
         return store
 
 

@@ -12,6 +12,9 @@ A multi-turn conversation is durable turn by turn, so a failed turn 2 never pays
 A finished shard is written whole to `{ds}/{ds}/{partition}.parquet` (a sample run, `write_shards`
 False, writes its rows to `part-*.parquet` instead), then the logs are compacted: the turns of
 conversations that did not finish (failed, stopped) move to one `carry-*.jsonl`, the rest are dropped.
+Handed over (`hand_over`, the Dagster asset's run), the finished shard's rows become one part whose
+sequence number is HANDED (the result log still holds them) until the IO manager writes its bytes as the
+shard file and `commit_handed` drops the part: a kill in between loses nothing and pays nothing again.
 
 Resume, keyed by content (prompt_id + config hash + turn index), never by position:
   - rows (shard file and parts) are reused when
@@ -50,6 +53,7 @@ from eagle_data.types import Completion, encodable
 MAX_TOKENS_KEYS = ("max_tokens", "max_new_tokens", "max_completion_tokens")
 Turn = dict[str, Any]  # one turn record: TURN_KEYS, then the Completion's fields
 log = logging.getLogger(__name__)
+HANDED = 0  # the part sequence number of a finished shard's rows handed over to the IO manager
 TURN_KEYS = ("prompt_id", "turn", "config_hash", "base_hash", "max_tokens", "attempts", "latency_s", "finished_at")
 
 
@@ -251,17 +255,22 @@ class ResultLog:
             self._seq += 1
             self.store.write_bytes(layout.turn_log(self.dataset, self.partition, self.run, self._seq), _encode(turns))
 
-    def finalize(self, rows: list[Row], carry: list[Turn], *, whole: bool) -> str:
+    def finalize(self, rows: list[Row], carry: list[Turn], *, whole: bool, hand_over: bool = False) -> str:
         """Write the rows, then compact the logs they supersede (blocking).
 
         `whole`: the rows are the whole shard, written with its usage sidecar; checkpoint parts go too.
-        Otherwise (a sample) they become one more part. Turns of unfinished conversations (`carry`) are
-        kept in one carry file, so their next run replays them.
+        With `hand_over` they become the HANDED part instead (the old shard's usage sidecar goes: the part
+        counts them now). Otherwise (a sample) they become one more part. Turns of unfinished conversations
+        (`carry`) are kept in one carry file, so their next run replays them.
         """
         superseded = [k for k in self.store.list(self.prefix) if whole or _kind(k) in ("turn_log", "turn_carry")]
         written: set[str] = set()
         frame = _rows_frame(rows)
-        if whole:
+        if whole and hand_over:
+            written.add(part := layout.log_part(self.dataset, self.partition, time.time_ns(), os.getpid(), HANDED))
+            uri = self.store.write_frame(part, frame)
+            self.store.delete(layout.usage(self.dataset, self.partition))
+        elif whole:
             uri = self.store.write_shard(self.dataset, self.dataset, self.partition, frame)
             usage = {"tokens": _tokens(frame), "cost_usd": float(frame["cost_usd"].sum())}
             self.store.write_bytes(layout.usage(self.dataset, self.partition), json.dumps(usage).encode())
@@ -277,6 +286,20 @@ class ResultLog:
             if key not in written:
                 self.store.delete(key)
         return uri
+
+    def handed(self) -> str | None:
+        """The key of the latest HANDED part (a finished shard's rows not yet in its shard file), if any."""
+        handed = f"-{HANDED:06d}.parquet"
+        keys = [k for k in self.store.list(self.prefix) if _kind(k) == "log_part" and k.endswith(handed)]
+        return keys[-1] if keys else None
+
+    def commit_handed(self, part: str) -> None:
+        """The shard file now holds the HANDED part's rows: write its usage sidecar, then drop the part (a kill
+        between the two counts its spend twice for the budget until the next run compacts: never less)."""
+        frame = self.store.read_frame(part).select("prompt_tokens", "completion_tokens", "cost_usd")
+        usage = {"tokens": _tokens(frame), "cost_usd": float(frame["cost_usd"].sum())}
+        self.store.write_bytes(layout.usage(self.dataset, self.partition), json.dumps(usage).encode())
+        self.store.delete(part)
 
 
 def _tokens(frame: pl.DataFrame) -> int:

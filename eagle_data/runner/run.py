@@ -34,7 +34,7 @@ from eagle_data.runner.reporter import Reporter
 from eagle_data.runner.resultlog import replayable, resume_key, reusable, stored_usage, turn_record
 from eagle_data.runner.rows import Row, plan_turns
 from eagle_data.runner.settings import RunnerSettings
-from eagle_data.runner.writer import OpenShard, ShardWriter
+from eagle_data.runner.writer import Finish, OpenShard, ShardWriter
 from eagle_data.storage import ShardStore, StorageError
 from eagle_data.types import Engine, SamplingRefused, UserError
 
@@ -73,7 +73,7 @@ def _held_line(dataset: str, wait_s: float, held: dict[str, Holder]) -> str:
 class _Run:
     def __init__(
         self, engine: Engine, spec: DatasetSpec, shards: Mapping[str, pl.DataFrame], store: ShardStore,
-        settings: RunnerSettings, log: Callable[[str], None], write_shards: bool, lengths: ReplyLengths, run_id: str,
+        settings: RunnerSettings, log: Callable[[str], None], finish: Finish, lengths: ReplyLengths, run_id: str,
         redo: Mapping[str, set[str]],
     ) -> None:  # fmt: skip
         self.engine, self.spec, self.frames, self.store, self.settings, self.say = (
@@ -88,7 +88,7 @@ class _Run:
         known = {p: f.height for p, f in shards.items()} if isinstance(shards, dict) else {}
         self.expected = {p: known.get(p, spec.shard_size) for p in shards}
         self.total = Tally(total=sum(self.expected.values()))
-        self.writer = ShardWriter(store, spec, run_id or uuid.uuid4().hex, settings, write_shards, log, self._stop)
+        self.writer = ShardWriter(store, spec, run_id or uuid.uuid4().hex, settings, finish, log, self._stop)
         self.dispatch = Dispatcher(engine, spec, settings, self.key.max_tokens, self.total, log)
         self.reporter = Reporter(spec.name, settings, self.total, self.dispatch, engine, log)
         self.lease_lost = ""
@@ -344,6 +344,7 @@ def run_generation(
     settings: RunnerSettings | None = None,
     log: Callable[[str], None] = print,
     write_shards: bool = True,
+    hand_over: bool = False,
     lengths: ReplyLengths | None = None,
     run_id: str = "",
     redo: Mapping[str, set[str]] | None = None,
@@ -355,7 +356,8 @@ def run_generation(
     generations frame, reuses rows and turns a previous run made durable under the same resume key,
     and returns one report per partition; every answered row's reply length is added to `lengths`.
     With `write_shards` False (a sample of a shard's prompts) the rows stay in the result log only,
-    so no partial shard file ever looks finished. `run_id` names this run in shard leases (a random
+    so no partial shard file ever looks finished; with `hand_over` a finished shard's rows wait in the result
+    log (`ResultLog.handed`) for the caller to write its file. `run_id` names this run in shard leases (a random
     id when empty). Raises LeaseHeld / LeaseLost, after writing every other shard, when another run
     kept or took a shard, and FatalError (the server's line) after a fatal answer stopped the sending.
     `redo` (partition key -> prompt_ids) names stored rows to request again instead of reusing them.
@@ -369,7 +371,7 @@ def run_generation(
             store,
             settings or RunnerSettings(),
             log,
-            write_shards,
+            ("hand_over" if hand_over else "shard") if write_shards else "sample",
             ReplyLengths() if lengths is None else lengths,
             run_id,
             redo or {},

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
+from typing import Literal
 
 from eagle_data.catalog import DatasetSpec
 from eagle_data.runner.lease import Holder, LeaseLost, Leases
@@ -16,6 +17,7 @@ from eagle_data.runner.rows import Row
 from eagle_data.runner.settings import RunnerSettings
 from eagle_data.storage import ROOT_ENV, ShardStore, StorageError, UnwritableRoot
 
+Finish = Literal["shard", "hand_over", "sample"]  # a finished shard's rows: its file, a HANDED part, or parts
 LEASE_CHECKS = 12  # looks per lease ttl for a lease left unrenewed too long
 
 
@@ -36,12 +38,12 @@ class OpenShard:
 
 class ShardWriter:
     def __init__(
-        self, store: ShardStore, spec: DatasetSpec, run_id: str, settings: RunnerSettings, write_shards: bool,
+        self, store: ShardStore, spec: DatasetSpec, run_id: str, settings: RunnerSettings, finish: Finish,
         say: Callable[[str], None], stop: Callable[[str], None],
     ) -> None:  # fmt: skip
         """`stop`: stop sending new requests, with the line that says why (an unwritable output root)."""
-        self.store, self.spec, self.run_id, self.settings, self.write_shards, self.say, self.stop = (
-            store, spec, run_id, settings, write_shards, say, stop,
+        self.store, self.spec, self.run_id, self.settings, self.finish, self.say, self.stop = (
+            store, spec, run_id, settings, finish, say, stop,
         )  # fmt: skip
         self.leases = Leases(store, spec.name, run_id, settings.lease_ttl_s)
         self.open_shards: dict[str, OpenShard] = {}
@@ -90,8 +92,9 @@ class ShardWriter:
         return uri
 
     def _finalize(self, shard: OpenShard) -> str:
-        if self.write_shards:
-            return shard.log.finalize([shard.rows[p] for p in shard.order], shard.carry, whole=True)
+        if self.finish != "sample":
+            rows = [shard.rows[p] for p in shard.order]
+            return shard.log.finalize(rows, shard.carry, whole=True, hand_over=self.finish == "hand_over")
         # a sample: rows stay in the result log, where the full run reuses them
         rows = [r for p, r in shard.rows.items() if p not in shard.reused and r["status"] != "skipped_budget"]
         return shard.log.finalize(rows, shard.carry, whole=False)

@@ -17,7 +17,8 @@ from eagle_data.report import Log
 from eagle_data.runner import Estimate, RunnerSettings, estimate_generation, run_generation
 from eagle_data.runner.resultlog import ResultLog, ResumeKey, resume_key, reusable
 from eagle_data.runner.run import NothingAnswered
-from eagle_data.stages.preflight import check_server_template, preflight, target_name
+from eagle_data.stages.preflight import check_server_template, preflight
+from eagle_data.stages.validation import target_name, validated_rows
 from eagle_data.storage import ShardStore
 from eagle_data.targets import load_target
 from eagle_data.types import Engine
@@ -46,8 +47,6 @@ def estimate(
     """Generate the canary sample (`canary_prompts`, default the catalog's, drawn across the whole
     dataset), judge it by the validation gates, and project tokens and dollars from it. The sample's rows
     stay in each partition's result log (no partial shard file): the full run reuses them, never pays twice."""
-    from eagle_data.pipeline import validated_rows  # in the function: pipeline.py imports this module (issue 33)
-
     preflight(spec, store, engine.model, engine.name)
     index = sources.load_index(spec, store)
     drawn = canary.draw(index.blocks(), canary_prompts or spec.canary_prompts, spec.shard_size)

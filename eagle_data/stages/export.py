@@ -21,11 +21,6 @@ LeftOut = tuple[str, str, str]  # (dataset, partition, reason) of a shard the ex
 EXCLUDED_SHOWN = 200  # excluded shards listed in the export's metadata table; the log lists every one
 
 
-def shards_written(store: ShardStore, dataset: str, asset: str) -> list[str]:
-    """Partition keys of the shards an asset has written (its top-level .parquet files)."""
-    keys = (layout.parse(key) for key in store.list(layout.asset_prefix(dataset, asset)))
-    return [key.partition for key in keys if key is not None and key.kind == "shard" and key.asset == asset]
-
 
 def export_keys(spec: DatasetSpec, formats: Sequence[str] = DEFAULT_FORMATS) -> dict[str, str]:
     """Storage keys of a dataset's export files: each chosen trainer format's (by name), and "train"."""

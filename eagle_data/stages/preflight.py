@@ -87,10 +87,3 @@ def config_hash(spec: DatasetSpec, engine: Engine) -> str:
     """The generation config's hash (the resume key's): what a canary's verdict holds for."""
     return resume_key(engine.config(), spec).config_hash
 
-
-def target_name(spec: DatasetSpec, generations: pl.DataFrame) -> str:
-    """The dataset's target profile; with `target = "auto"`, the one its served models map to (each row's
-    `served_model`, else the `model` it asked for)."""
-    columns = [generations[c].to_list() for c in ("served_model", "model") if c in generations.columns]
-    models = [next((m for m in row if m), "") for row in zip(*columns, strict=True)]
-    return resolve_target(spec.target, models)

@@ -4,7 +4,8 @@ Keys are built and parsed by `eagle_data.layout` (shards: `{root}/{dataset}/{ass
 One code path: `ShardStore` holds no branch on where the root is; it calls its file system, chosen once
 from the root's scheme: a folder (`storage.local`: temp file + rename) or a bucket (`storage.s3`: a PUT is
 atomic by the protocol). A reader never sees a half-written shard.
-The Dagster layer writes every partition itself (no IO manager): docs/design.md says why.
+Shard files are written by `storage.shards.write_shards`, which the Dagster shard IO manager calls; the result
+log, leases, reports and export files are written here directly: docs/design.md says why.
 """
 
 from __future__ import annotations
