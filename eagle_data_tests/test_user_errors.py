@@ -20,6 +20,7 @@ from eagle_data.defs.resources import StorageResource
 from eagle_data.drafter.trainers import TrainerError
 from eagle_data.engines.sglang_fleet import ServerGoneError
 from eagle_data.exports.parity import ParityError
+from eagle_data.quality.registry import RegistryError
 from eagle_data.runner.breaker import BreakerTripped
 from eagle_data.runner.lease import LeaseLost
 from eagle_data.runner.run import LeaseHeld, NothingAnswered
@@ -30,8 +31,9 @@ from eagle_data.types import ConfigError, UserError
 PACKAGE = Path(__file__).resolve().parents[1] / "eagle_data"
 # The exceptions of eagle_data that are not user errors, each with why it never reaches a step as one.
 BUGS = {
-    BadRow: "caught in sources.py: the row is a counted skip with its reason, never raised to a step",
+    BadRow: "caught in eagle_data.sources: the row is a counted skip with its reason, never raised to a step",
     ServerGoneError: "caught inside the SGLang engine: the server is marked down and the request retried",
+    RegistryError: "raised when quality.registry is imported with a declaration it cannot honour: a bug in the code",
 }
 RAISED = [
     PreflightError("b7_sharegpt: before any request: cannot fetch tokenizer 'Qwen/Qwen3-8B'; set "
