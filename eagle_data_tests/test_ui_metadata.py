@@ -1,8 +1,6 @@
 """What the Dagster UI shows of a dataset's assets besides our own figures: Dagster's `dagster/row_count`
 and `dagster/column_schema` per materialized partition, and code versions that follow the settings."""
 
-from __future__ import annotations
-
 import json
 import logging
 from pathlib import Path
@@ -14,6 +12,7 @@ from eagle_data.catalog import Adapter, DatasetSpec
 from eagle_data.defs.assets import COLUMN_SCHEMA, ROW_COUNT, build_dataset_assets, code_version
 from eagle_data.defs.checks import build_checks
 from eagle_data.defs.messages import file_locations, leveled, uri_locations
+from eagle_data.defs.metadata import row_count_metadata
 from eagle_data.defs.resources import EngineResource, StorageResource
 from eagle_data.storage import ShardStore
 from eagle_data_tests.fixtures_quality import generation_frame
@@ -148,3 +147,31 @@ def test_written_files_are_copyable_paths_and_on_s3_also_links(store: ShardStore
     assert uri_locations(store, {"mix_path": store.uri("mix/mix.parquet"), "rows": 3}) == file_locations(
         store, {"mix_path": "mix/mix.parquet"}
     )
+
+
+SHARD_ROWS = {"00000": 10, "00001": 10, "00002": 10, "00003": 6}  # 36 rows in 4 shards, as the demo's b7
+
+
+@dg.asset(partitions_def=dg.StaticPartitionsDefinition(list(SHARD_ROWS)))
+def shards(context: dg.AssetExecutionContext) -> None:
+    """Writes its partitions' metadata as the dataset assets do (add_row_counts)."""
+    written = {key: SHARD_ROWS[key] for key in context.partition_keys}
+    for key, figures in row_count_metadata(context.instance, context.asset_key, written).items():
+        context.add_asset_metadata(figures, partition_key=key)
+
+
+def test_the_row_count_dagster_shows_is_the_datasets_over_every_run() -> None:
+    """Dagster's "Row count" is the latest materialization's `dagster/row_count`, whichever partition: each
+    partition carries the dataset's rows over every shard (earlier runs' included), its own in `rows`."""
+    shard_rows = SHARD_ROWS
+    with dg.instance_for_test() as instance:
+        assert dg.materialize([shards], instance=instance, partition_key="00000").success
+        assert latest(instance, "shards", "00000")[ROW_COUNT].value == 10
+        tags = {"dagster/asset_partition_range_start": "00001", "dagster/asset_partition_range_end": "00003"}
+        assert dg.materialize([shards], instance=instance, tags=tags).success
+        assert dg.materialize([shards], instance=instance, partition_key="00001").success  # a rerun counts once
+        newest = instance.get_latest_materialization_event(dg.AssetKey("shards"))
+        assert newest is not None and newest.asset_materialization is not None
+        assert newest.asset_materialization.metadata[ROW_COUNT].value == 36  # 10 before the change
+        assert [latest(instance, "shards", k)["rows"].value for k in shard_rows] == [10, 10, 10, 6]
+        assert latest(instance, "shards", "00003")[ROW_COUNT].value == 36

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import dagster as dg
@@ -14,6 +14,7 @@ import dagster as dg
 from eagle_data.report import DatasetReport, rounded
 
 ROW_COUNT = "dagster/row_count"  # Dagster's own: the asset page's "Row count"
+SHARD_ROWS = "rows"  # a partition's own rows, beside the dataset's in ROW_COUNT
 
 
 def rounded_figures(figures: Mapping[str, Any]) -> dict[str, Any]:
@@ -40,3 +41,30 @@ def settings_version(stage: int, settings: Any) -> str:
     settings it reads, so Dagster marks what was made under other settings as "code version changed"."""
     digest = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:10]
     return f"{stage}-{digest}"
+
+
+def row_count_metadata(instance: dg.DagsterInstance, key: dg.AssetKey, rows: Mapping[str, int]) -> dict[str, dict]:
+    """Per written partition: its own `rows`, and as `dagster/row_count` the dataset's rows over every shard
+    (this run's and, for the others, their latest materialization's). The asset page's "Row count" is the
+    latest materialization's `dagster/row_count`, whichever partition that was (docs/running.md): with a
+    shard's own count there, a dataset of 36 rows in shards of 10 reads "10"."""
+    total = sum(rows.values()) + earlier_rows(instance, key, exclude=rows.keys())
+    return {partition: {SHARD_ROWS: count, ROW_COUNT: total} for partition, count in rows.items()}
+
+
+def earlier_rows(instance: dg.DagsterInstance, key: dg.AssetKey, exclude: Collection[str]) -> int:
+    """Rows of the partitions not in `exclude`, from each one's latest materialization: two queries."""
+    latest = instance.event_log_storage.get_latest_storage_id_by_partition(
+        key, dg.DagsterEventType.ASSET_MATERIALIZATION
+    )
+    ids = [storage_id for partition, storage_id in latest.items() if partition not in exclude]
+    if not ids:
+        return 0
+    found = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=key, storage_ids=ids), limit=len(ids))
+    total = 0
+    for record in found.records:
+        metadata = record.asset_materialization.metadata if record.asset_materialization else {}
+        # `rows` since the dataset's total took `dagster/row_count`; before, the shard's own count was there
+        value = metadata.get(SHARD_ROWS) or metadata.get(ROW_COUNT)
+        total += int(value.value) if value is not None and isinstance(value.value, int) else 0
+    return total
