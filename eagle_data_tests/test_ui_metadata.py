@@ -9,10 +9,10 @@ import dagster as dg
 import pytest
 
 from eagle_data.catalog import Adapter, DatasetSpec
-from eagle_data.defs.assets import COLUMN_SCHEMA, ROW_COUNT, build_dataset_assets, code_version
+from eagle_data.defs.assets import COLUMN_SCHEMA, build_dataset_assets, code_version
 from eagle_data.defs.checks import build_checks
 from eagle_data.defs.messages import file_locations, leveled, uri_locations
-from eagle_data.defs.metadata import row_count_metadata
+from eagle_data.defs.metadata import ROW_COUNT, row_count_metadata
 from eagle_data.defs.resources import EngineResource, StorageResource
 from eagle_data.storage import ShardStore
 from eagle_data_tests.fixtures_quality import generation_frame
