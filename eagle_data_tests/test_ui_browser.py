@@ -82,8 +82,9 @@ def ui_env(ui_dir: Path, demo_model: Path) -> dict[str, str]:
     home.mkdir()
     shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("EAGLE_DATA_", "DAGSTER_"))}
+    files_url = f"http://127.0.0.1:{free_port()}"
     env.update(EAGLE_DATA_PROFILE="demo", EAGLE_DATA_ROOT=str(ui_dir / "out"), DAGSTER_HOME=str(home),
-               EAGLE_DATA_DEMO_MODEL=str(demo_model), EAGLE_DATA_FILES_URL=f"http://127.0.0.1:{free_port()}")  # fmt: skip
+               EAGLE_DATA_DEMO_MODEL=str(demo_model), EAGLE_DATA_FILES_URL=files_url)  # fmt: skip
     return env
 
 
