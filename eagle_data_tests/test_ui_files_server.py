@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from eagle_data import layout
+from eagle_data.defs.metadata import SHARD_LINK, URI, shard_locations
 from eagle_data.files_server import FILES_URL_ENV, browser_link, make_server
 from eagle_data.storage import ShardStore
 from eagle_data_tests.conftest import free_port, stop_process_group
@@ -111,3 +112,12 @@ def test_a_bad_files_url_or_an_s3_root_is_one_line(tmp_path: Path):
     out = subprocess.run([sys.executable, "-m", "eagle_data.files_server"], env=env, capture_output=True, text=True,
                          timeout=60)  # fmt: skip
     assert out.returncode == 1 and "is on S3: its links are presigned" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_shard_is_a_path_and_a_link_that_opens(files_server: tuple[ShardStore, str]):
+    store, url = files_server
+    key = store.shard_key("b7_sharegpt", "b7_sharegpt_validated", "00000")
+    store.write_bytes(key, b"PAR1 shard bytes")
+    found = shard_locations(store, "b7_sharegpt", "b7_sharegpt_validated", "00000")
+    assert found[URI].value == store.uri(key) and found[SHARD_LINK].value == f"{url}/{key}"
+    assert fetch(str(found[SHARD_LINK].value)) == (200, b"PAR1 shard bytes")

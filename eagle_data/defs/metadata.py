@@ -11,10 +11,14 @@ from typing import Any
 
 import dagster as dg
 
+from eagle_data.files_server import browser_link
 from eagle_data.report import DatasetReport, rounded
+from eagle_data.storage import ShardStore
 
 ROW_COUNT = "dagster/row_count"  # Dagster's own: the asset page's "Row count"
 SHARD_ROWS = "rows"  # a partition's own rows, beside the dataset's in ROW_COUNT
+URI = "dagster/uri"  # Dagster's own: where a partition's shard is (a path: a click copies it)
+SHARD_LINK = "shard_link"  # the same shard as a link that opens, where one can (browser_link)
 
 
 def rounded_figures(figures: Mapping[str, Any]) -> dict[str, Any]:
@@ -68,3 +72,11 @@ def earlier_rows(instance: dg.DagsterInstance, key: dg.AssetKey, exclude: Collec
         value = metadata.get(SHARD_ROWS) or metadata.get(ROW_COUNT)
         total += int(value.value) if value is not None and isinstance(value.value, int) else 0
     return total
+
+
+def shard_locations(store: ShardStore, dataset: str, asset: str, partition: str) -> dict[str, dg.MetadataValue]:
+    """Where a partition's shard is: Dagster's `dagster/uri` (a path), and a link that opens beside it on S3 or
+    through the files server, so every written shard is one click from its partition's page."""
+    key = store.shard_key(dataset, asset, partition)
+    link = browser_link(store, key)
+    return {URI: dg.MetadataValue.path(store.uri(key)), **({SHARD_LINK: dg.MetadataValue.url(link)} if link else {})}
