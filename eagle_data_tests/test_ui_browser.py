@@ -36,6 +36,8 @@ from selenium.webdriver.support.ui import WebDriverWait
 
 from eagle_data.catalog import load_catalog
 from eagle_data.standins.local import free_port, stop_process_group
+from eagle_data.storage import ShardStore
+from eagle_data_tests.conftest import materialize_cli
 
 pytestmark = pytest.mark.browser
 
@@ -74,20 +76,30 @@ def ui_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def dagster_dev(ui_dir: Path, demo_model: Path) -> Iterator[str]:
-    """`dagster dev` on a free port with the repository's dagster.yaml in a fresh DAGSTER_HOME."""
+def ui_env(ui_dir: Path, demo_model: Path) -> dict[str, str]:
+    """The session's environment, as README's walk-through sets it: the demo profile, a fresh DAGSTER_HOME with
+    the repository's dagster.yaml, and the files server's address for the outputs' links."""
     home = ui_dir / "home"
     home.mkdir()
     shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("EAGLE_DATA_", "DAGSTER_"))}
+    files_url = f"http://127.0.0.1:{free_port()}"
     env.update(EAGLE_DATA_PROFILE="demo", EAGLE_DATA_ROOT=str(ui_dir / "out"), DAGSTER_HOME=str(home),
-               EAGLE_DATA_DEMO_MODEL=str(demo_model))
+               EAGLE_DATA_DEMO_MODEL=str(demo_model), EAGLE_DATA_FILES_URL=files_url)  # fmt: skip
+    return env
+
+
+@pytest.fixture(scope="module")
+def dagster_dev(ui_dir: Path, ui_env: dict[str, str]) -> Iterator[str]:
+    """`dagster dev` on a free port, and beside it the read-only files server on $EAGLE_DATA_FILES_URL."""
     port = free_port()
     log = ui_dir / "dagster-dev.log"
     with log.open("w") as sink:
+        files = subprocess.Popen([sys.executable, "-m", "eagle_data.files_server"], cwd=REPO, env=ui_env,
+                                 stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
         proc = subprocess.Popen(
             [sys.executable, "-m", "dagster", "dev", "-h", "127.0.0.1", "-p", str(port), "-m", LOCATION],
-            cwd=REPO, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
+            cwd=REPO, env=ui_env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
         )
     try:
         url = f"http://127.0.0.1:{port}"
@@ -95,6 +107,7 @@ def dagster_dev(ui_dir: Path, demo_model: Path) -> Iterator[str]:
         yield url
     finally:
         stop_process_group(proc)
+        stop_process_group(files)
 
 
 @pytest.fixture(scope="module")
@@ -187,9 +200,14 @@ def test_ui_capture_partitions_follow_the_mix(dagster_dev: str, browser: WebDriv
 
 @pytest.mark.timeout(1500)  # bounds a loaded machine: one run took over 5 min at load 20 on 2 cores
 def test_ui_materializes_a_b7_partition_reruns_its_checks_and_opens_the_report(
-    dagster_dev: str, browser: WebDriver, ui_dir: Path
+    dagster_dev: str, browser: WebDriver, ui_dir: Path, ui_env: dict[str, str]
 ):
     wait = waiting(browser)
+    keys = load_catalog(profile="demo")["b7_sharegpt"].partition_keys
+    prompts = materialize_cli(ui_env, "--select", "b7_sharegpt_prompts", "--partition-range", f"{keys[0]}...{keys[-1]}")
+    assert prompts.returncode == 0, prompts.stderr[-3000:]
+    store = ShardStore(ui_env["EAGLE_DATA_ROOT"])
+    dataset_rows = sum(store.read_shard("b7_sharegpt", "b7_sharegpt_prompts", key).height for key in keys)
     browser.get(f"{dagster_dev}/asset-groups")
     for group in DATASETS:  # each group shows twice: in the sidebar tree and as a node of the graph
         wait.until(lambda d, g=group: len(d.find_elements(By.XPATH, f"//*[normalize-space(text())='{g}']")) >= 2)
@@ -200,7 +218,6 @@ def test_ui_materializes_a_b7_partition_reruns_its_checks_and_opens_the_report(
     # single-run backfill of the whole group (test_ui_backfill.py follows it through the daemon). Dagster's
     # dialog starts empty ("Custom", 0 partitions) and takes its selection from the page's query string.
     group_page = f"{dagster_dev}/locations/{LOCATION}/asset-groups/b7_sharegpt"
-    keys = load_catalog(profile="demo")["b7_sharegpt"].partition_keys
     browser.get(f"{group_page}?{LAUNCH_ALL_QUERY}")
     click(wait, "//button[contains(., 'Materialize all')]")
     wait.until(ec.text_to_be_present_in_element((By.CSS_SELECTOR, "[role=dialog]"), f"{len(keys)} partitions"),
@@ -224,6 +241,12 @@ def test_ui_materializes_a_b7_partition_reruns_its_checks_and_opens_the_report(
     assert "partition: 00000" in browser.find_element(By.TAG_NAME, "body").text
     assert (ui_dir / "out" / "b7_sharegpt" / "b7_sharegpt_validated" / "00000.parquet").is_file()
 
+    # "Row count" is the latest materialization's, here shard 00000's (10 rows): it reads the dataset's rows.
+    browser.get(f"{dagster_dev}/assets/b7_sharegpt_prompts")
+    shown = "(//*[normalize-space(text())='Row count']/following::*[normalize-space(text())!=''])[1]"
+    assert waiting(browser).until(ec.visibility_of_element_located((By.XPATH, shown))).text == str(dataset_rows)
+    assert dataset_rows > store.read_shard("b7_sharegpt", "b7_sharegpt_prompts", "00000").height
+
     # Re-run the checks from the asset's Checks tab, without materializing anything.
     browser.get(f"{dagster_dev}/assets/b7_sharegpt_validated?view=checks")
     click(wait, "//button[normalize-space(.)='Execute all' and not(@disabled)]")
@@ -233,20 +256,25 @@ def test_ui_materializes_a_b7_partition_reruns_its_checks_and_opens_the_report(
     body = browser.find_element(By.TAG_NAME, "body").text
     assert "b7_sharegpt_quality_checks" in body and "partition: 00000" not in body  # a checks-only run
 
-    # The materialization shows the report's headline figures, and the report's location as a path to copy
-    # (no file:// link: Chromium does not follow one from an http:// page).
+    # The materialization shows the report's headline figures and a link to the report that opens: on the
+    # files server (a file:// link would not open from an http:// page).
     browser.get(f"{dagster_dev}/assets/b7_sharegpt_validated?view=events")
-    report = ui_dir / "out" / "b7_sharegpt" / "b7_sharegpt_quality" / "index.html"
-    wait.until(ec.text_to_be_present_in_element((By.TAG_NAME, "body"), str(report)))
+    wait.until(ec.text_to_be_present_in_element((By.TAG_NAME, "body"), "quality_report_link"))
     body = browser.find_element(By.TAG_NAME, "body").text
     assert "dataset_rows" in body and "dataset_checks" in body and "dataset_shard_table" in body
     assert not browser.find_elements(By.XPATH, "//a[starts-with(@href, 'file:')]")
-    browser.get(report.as_uri())  # as a user pastes the copied path
-    assert "b7_sharegpt" in browser.title and browser.find_element(By.TAG_NAME, "h1").text
+    report = f"{ui_env['EAGLE_DATA_FILES_URL']}/b7_sharegpt/b7_sharegpt_quality/index.html"
+    click(wait, f"//a[@href='{report}' and normalize-space(.)='{report}']")  # opens in a new tab
+    wait.until(lambda d: len(d.window_handles) == 2)
+    browser.switch_to.window(browser.window_handles[-1])
+    wait.until(ec.title_contains("b7_sharegpt"))
+    assert browser.current_url == report and browser.find_element(By.TAG_NAME, "h1").text
     assert "decontamination" in browser.find_element(By.TAG_NAME, "body").text  # all eight checks listed
     browser.save_screenshot(str(ui_dir / "6-report.png"))
     click(wait, "//a[normalize-space(text())='shard 00000']")  # the dataset page links each shard's own page
     wait.until(ec.title_contains("shard 00000"))
     browser.save_screenshot(str(ui_dir / "7-shard-report.png"))
+    browser.close()
+    browser.switch_to.window(browser.window_handles[0])
     log = (ui_dir / "dagster-dev.log").read_text()
     assert "BetaWarning" not in log and "PreviewWarning" not in log

@@ -1,8 +1,6 @@
 """What the Dagster UI shows of a dataset's assets besides our own figures: Dagster's `dagster/row_count`
 and `dagster/column_schema` per materialized partition, and code versions that follow the settings."""
 
-from __future__ import annotations
-
 import json
 import logging
 from pathlib import Path
@@ -11,10 +9,11 @@ import dagster as dg
 import pytest
 
 from eagle_data.catalog import Adapter, DatasetSpec
-from eagle_data.defs.assets import COLUMN_SCHEMA, ROW_COUNT, build_dataset_assets, code_version
+from eagle_data.defs.assets import COLUMN_SCHEMA, add_row_counts, build_dataset_assets, code_version
 from eagle_data.defs.checks import build_checks
 from eagle_data.defs.io_managers import shard_resources
 from eagle_data.defs.messages import file_locations, leveled, uri_locations
+from eagle_data.defs.metadata import ROW_COUNT
 from eagle_data.defs.resources import EngineResource, StorageResource
 from eagle_data.storage import ShardStore
 from eagle_data_tests.fixtures_quality import generation_frame
@@ -54,7 +53,8 @@ def test_row_count_and_column_schema_are_read_back_from_the_instance(tmp_path: P
         assert result.success
         prompts = {key: latest(instance, "b9_meta_prompts", key) for key in ("00000", "00001")}
         validated = {key: latest(instance, "b9_meta_validated", key) for key in ("00000", "00001")}
-    assert [prompts[k][ROW_COUNT].value for k in ("00000", "00001")] == [200, 130]  # 330 prompts, shards of 200
+    assert [prompts[k][ROW_COUNT].value for k in ("00000", "00001")] == [330, 330]  # the dataset's 330 prompts
+    assert [prompts[k]["rows"].value for k in ("00000", "00001")] == [200, 130]  # in shards of 200
     # The asset page's "Row count" is the dataset's (every judged shard); each shard's own is its `rows` figure.
     assert [validated[k][ROW_COUNT].value for k in ("00000", "00001")] == [350, 350]
     assert [validated[k]["rows"].value for k in ("00000", "00001")] == [200, 150]
@@ -149,3 +149,29 @@ def test_written_files_are_copyable_paths_and_on_s3_also_links(store: ShardStore
     assert uri_locations(store, {"mix_path": store.uri("mix/mix.parquet"), "rows": 3}) == file_locations(
         store, {"mix_path": "mix/mix.parquet"}
     )
+
+
+SHARD_ROWS = {"00000": 10, "00001": 10, "00002": 10, "00003": 6}  # 36 rows in 4 shards, as the demo's b7
+
+
+@dg.asset(partitions_def=dg.StaticPartitionsDefinition(list(SHARD_ROWS)))
+def shards(context: dg.AssetExecutionContext) -> None:
+    """Writes its partitions' row counts as the dataset assets do."""
+    add_row_counts(context, {key: SHARD_ROWS[key] for key in context.partition_keys})
+
+
+def test_the_row_count_dagster_shows_is_the_datasets_over_every_run() -> None:
+    """Dagster's "Row count" is the latest materialization's `dagster/row_count`, whichever partition: each
+    partition carries the dataset's rows over every shard (earlier runs' included), its own in `rows`."""
+    shard_rows = SHARD_ROWS
+    with dg.instance_for_test() as instance:
+        assert dg.materialize([shards], instance=instance, partition_key="00000").success
+        assert latest(instance, "shards", "00000")[ROW_COUNT].value == 10
+        tags = {"dagster/asset_partition_range_start": "00001", "dagster/asset_partition_range_end": "00003"}
+        assert dg.materialize([shards], instance=instance, tags=tags).success
+        assert dg.materialize([shards], instance=instance, partition_key="00001").success  # a rerun counts once
+        newest = instance.get_latest_materialization_event(dg.AssetKey("shards"))
+        assert newest is not None and newest.asset_materialization is not None
+        assert newest.asset_materialization.metadata[ROW_COUNT].value == 36  # 10 before the change
+        assert [latest(instance, "shards", k)["rows"].value for k in shard_rows] == [10, 10, 10, 6]
+        assert latest(instance, "shards", "00003")[ROW_COUNT].value == 36

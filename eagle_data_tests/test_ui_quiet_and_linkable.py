@@ -5,15 +5,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import urllib.request
 
 import dagster as dg
 import pytest
 
-from eagle_data import layout
 from eagle_data.catalog import Adapter, CatalogError, DatasetSpec, catalog
 from eagle_data.defs.assets import STAGES, engine_kind
-from eagle_data.storage import ShardStore
 
 
 def python(code: str) -> subprocess.CompletedProcess:
@@ -61,16 +58,6 @@ def test_an_owner_that_dagster_would_refuse_is_a_catalog_error():
         DatasetSpec(name="b9_x", adapter=Adapter(prompt_field="q"), owners=("alice",))
     assert DatasetSpec(name="b9_x", adapter=Adapter(prompt_field="q"), owners=("a@b.org", "team:ml")).owners
     assert issubclass(CatalogError, ValueError)
-
-
-def test_the_quality_report_link_opens_in_a_browser(store: ShardStore):
-    """file:// for a folder, a presigned GET URL for S3: either way the page itself comes back."""
-    key = layout.quality_index("b7_sharegpt")
-    store.write_bytes(key, b"<html>report</html>")
-    link = store.link(key)
-    assert link.startswith("file:///" if not store.is_s3 else "http://127.0.0.1:")
-    with urllib.request.urlopen(link, timeout=10) as page:
-        assert page.read() == b"<html>report</html>"
 
 
 def test_the_alert_sensors_run_by_default_only_where_a_webhook_is_set(monkeypatch: pytest.MonkeyPatch):

@@ -18,7 +18,7 @@ from eagle_data.catalog import DatasetSpec
 from eagle_data.defs import instance as records
 from eagle_data.defs.io_managers import DATASET_TAG, SHARD_IO
 from eagle_data.defs.messages import file_locations, leveled, user_failure
-from eagle_data.defs.metadata import ROW_COUNT, dataset_report_metadata, rounded_figures, settings_version
+from eagle_data.defs.metadata import dataset_report_metadata, rounded_figures, row_count_metadata, settings_version
 from eagle_data.defs.pools import tie_to_run_worker
 from eagle_data.defs.registry import check_specs
 from eagle_data.defs.resources import EngineResource, StorageResource, environment_kind, generation_pool
@@ -136,9 +136,11 @@ def column_schema(columns: Mapping[str, Any]) -> dg.TableSchema:
 
 
 def add_row_counts(context: dg.AssetExecutionContext, rows: Mapping[str, int]) -> None:
-    """Each partition's own row count on its materialization (the IO manager adds its shard's URI)."""
-    for key, count in rows.items():
-        context.add_asset_metadata({ROW_COUNT: count}, partition_key=key)
+    """Each written partition's own rows, and the dataset's as Dagster's Row count (the IO manager adds its
+    shard's URI and link)."""
+    others = records.latest_partition_metadata(context.instance, context.asset_key, exclude=rows.keys())
+    for key, counts in row_count_metadata(rows, others).items():
+        context.add_asset_metadata(counts, partition_key=key)
 
 
 # Code versions: a stage's number, bumped when its code changes what it writes, plus a hash of the catalog

@@ -212,3 +212,17 @@ def add_partition_metadata(context: dg.OutputContext, metadata: Mapping[str, Any
     """Metadata on one partition's materialization, from an IO manager: an OutputContext's own
     `add_output_metadata` puts the same values on every partition of a range run."""
     context.step_context.add_asset_metadata(dict(metadata), asset_key=context.asset_key, partition_key=partition)
+
+
+def latest_partition_metadata(
+    instance: dg.DagsterInstance, key: dg.AssetKey, exclude: Collection[str]
+) -> list[Mapping[str, dg.MetadataValue]]:
+    """The metadata of each partition's latest materialization of `key`, but those in `exclude`: two queries."""
+    latest = instance.event_log_storage.get_latest_storage_id_by_partition(
+        key, dg.DagsterEventType.ASSET_MATERIALIZATION
+    )
+    ids = [storage_id for partition, storage_id in latest.items() if partition not in exclude]
+    if not ids:
+        return []
+    found = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=key, storage_ids=ids), limit=len(ids))
+    return [record.asset_materialization.metadata for record in found.records if record.asset_materialization]

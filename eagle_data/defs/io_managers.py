@@ -18,7 +18,7 @@ import dagster as dg
 
 from eagle_data.defs.instance import add_partition_metadata
 from eagle_data.defs.messages import user_failure
-from eagle_data.defs.metadata import SHARD_DIGEST, URI
+from eagle_data.defs.metadata import SHARD_DIGEST, shard_locations
 from eagle_data.defs.resources import StorageResource
 from eagle_data.storage.shards import Shard, StoredShards, write_shards
 
@@ -35,9 +35,10 @@ class ShardIOManager(dg.ConfigurableIOManager):
     def handle_output(self, context: dg.OutputContext, obj: Mapping[str, Shard]) -> None:
         store = self.storage.store(check=False)  # the asset's body checked it before making anything
         asset = context.asset_key.to_user_string()
-        stored = write_shards(store, context.asset_spec.tags[DATASET_TAG], asset, obj, context.asset_partition_keys)
+        dataset = context.asset_spec.tags[DATASET_TAG]
+        stored = write_shards(store, dataset, asset, obj, context.asset_partition_keys)
         for key, shard in stored.items():  # per partition: a range run's events each name their own file
-            metadata = {URI: dg.MetadataValue.path(shard.uri), SHARD_DIGEST: shard.sha256}
+            metadata = {**shard_locations(store, dataset, asset, key), SHARD_DIGEST: shard.sha256}
             add_partition_metadata(context, metadata, key)
 
     @user_failure

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 import dagster as dg
 
+from eagle_data.files_server import browser_link
 from eagle_data.storage import ShardStore
 from eagle_data.types import UserError
 
@@ -71,13 +72,13 @@ def leveled(log: logging.Logger | logging.LoggerAdapter) -> Callable[[str], None
 
 
 def file_locations(store: ShardStore, files: Mapping[str, str]) -> dict[str, dg.MetadataValue]:
-    """Metadata name -> storage key of written files: each as a copyable path, and on S3 also as
-    `<name>_link`, a presigned URL that opens in a browser."""
+    """Metadata name -> storage key of written files: each as a copyable path, and as `<name>_link` a URL that
+    opens in a browser where there is one (presigned on S3; the files server for a folder: browser_link)."""
     out: dict[str, dg.MetadataValue] = {}
     for name, key in files.items():
         out[name] = dg.MetadataValue.path(store.uri(key))
-        if store.is_s3:
-            out[f"{name}_link"] = dg.MetadataValue.url(store.link(key))
+        if link := browser_link(store, key):
+            out[f"{name}_link"] = dg.MetadataValue.url(link)
     return out
 
 

@@ -6,15 +6,19 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import dagster as dg
 
+from eagle_data.files_server import browser_link
 from eagle_data.report import DatasetReport, rounded
+from eagle_data.storage import ShardStore
 
 ROW_COUNT = "dagster/row_count"  # Dagster's own: the asset page's "Row count"
-URI = "dagster/uri"  # Dagster's own: where a partition's shard is
+SHARD_ROWS = "rows"  # a partition's own rows, beside the dataset's in ROW_COUNT
+URI = "dagster/uri"  # Dagster's own: where a partition's shard is (a path: a click copies it)
+SHARD_LINK = "shard_link"  # the same shard as a link that opens, where one can (browser_link)
 SHARD_DIGEST = "shard_sha256"  # metadata of a shard partition and of each check on it: its bytes' sha256
 
 
@@ -42,3 +46,24 @@ def settings_version(stage: int, settings: Any) -> str:
     settings it reads, so Dagster marks what was made under other settings as "code version changed"."""
     digest = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:10]
     return f"{stage}-{digest}"
+
+
+def row_count_metadata(rows: Mapping[str, int], others: Iterable[Mapping[str, Any]]) -> dict[str, dict]:
+    """Per written partition: its own `rows`, and as `dagster/row_count` the dataset's rows over every shard
+    (this run's, and `others`: the latest materialization metadata of the partitions it did not write). The
+    asset page's "Row count" is the latest materialization's `dagster/row_count`, whichever partition that was
+    (docs/running.md): with a shard's own count there, a dataset of 36 rows in shards of 10 reads "10"."""
+    total = sum(rows.values())
+    for metadata in others:
+        # `rows` since the dataset's total took `dagster/row_count`; before, the shard's own count was there
+        value = metadata.get(SHARD_ROWS) or metadata.get(ROW_COUNT)
+        total += int(value.value) if value is not None and isinstance(value.value, int) else 0
+    return {partition: {SHARD_ROWS: count, ROW_COUNT: total} for partition, count in rows.items()}
+
+
+def shard_locations(store: ShardStore, dataset: str, asset: str, partition: str) -> dict[str, dg.MetadataValue]:
+    """Where a partition's shard is: Dagster's `dagster/uri` (a path), and a link that opens beside it on S3 or
+    through the files server, so every written shard is one click from its partition's page."""
+    key = store.shard_key(dataset, asset, partition)
+    link = browser_link(store, key)
+    return {URI: dg.MetadataValue.path(store.uri(key)), **({SHARD_LINK: dg.MetadataValue.url(link)} if link else {})}
