@@ -14,7 +14,7 @@ FLOORS = (
     {"cli", "definitions"},
     {"defs"},
     {"stages"},  # stages: pure functions in, plain records out (never Dagster, never defs)
-    {"runner", "drafter", "exports", "report", "alerts"},
+    {"runner", "drafter", "exports", "report", "alerts", "files_server"},
     {"engines", "quality"},
     {"targets", "sources", "storage", "catalog", "demo"},
     {"types", "settings", "layout", "secrets", "provenance", "retry_after", "procs"},
