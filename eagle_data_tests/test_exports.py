@@ -25,8 +25,9 @@ from eagle_data.exports import (
     write_mix,
 )
 from eagle_data.exports.formats import to_specforge_text
-from eagle_data.stages.export import export, shards_written
+from eagle_data.stages.export import export
 from eagle_data.storage import ShardStore, digest
+from eagle_data.storage.shards import shards_written
 from eagle_data.targets import build_training_rows, load_target
 from eagle_data.targets.rows import MESSAGE_DTYPE
 from eagle_data_tests.fixtures_exports import (

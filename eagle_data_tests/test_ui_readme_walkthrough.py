@@ -85,6 +85,7 @@ def fresh_clone(target: Path) -> Path:
     return target
 
 
+@pytest.mark.walkthrough  # minutes of CI on 2 cores: run on purpose, `pytest -m walkthrough`
 @pytest.mark.browser  # `dagster dev` on README's own port, like the browser tests it starts a UI
 @pytest.mark.timeout(1800)
 def test_the_readme_walkthrough_runs_as_written_on_a_fresh_clone(tmp_path: Path, demo_model: Path):

@@ -37,6 +37,7 @@ from typing import Any
 
 from aiohttp import web
 
+from eagle_data import settings
 from eagle_data.standins.drip import drip
 
 THINK_START, THINK_END, IM_END = 151667, 151668, 151645
@@ -149,7 +150,7 @@ class FakeSGLang:
                 "internal_states": [{"effective_max_running_requests_per_dp": self.max_running_requests}],
                 "version": "0.5.23",
                 "frontend": "python",
-                "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+                "cuda_visible_devices": settings.get("CUDA_VISIBLE_DEVICES"),
             }
         )
 
