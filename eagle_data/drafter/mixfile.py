@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,12 +20,7 @@ def local_mix(store: ShardStore, key: str) -> Iterator[Path]:
     """A local path to the mix: the file itself on a folder root, a temporary download on S3."""
     if not store.exists(key):
         raise StorageError(f"{store.uri(key)} does not exist: materialize training_mix first")
-    if not store.is_s3:
-        yield Path(store.root, key)
-        return
-    with tempfile.TemporaryDirectory(prefix="eagle-mix-") as folder:
-        path = Path(folder, Path(key).name)
-        store.download(key, path)
+    with store.local_file(key) as path:
         yield path
 
 

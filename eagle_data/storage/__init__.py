@@ -195,6 +195,11 @@ class ShardStore:
         """Copy one key to a local file in chunks (never the whole object in memory)."""
         self.files.download(key, path)
 
+    def local_file(self, key: str) -> AbstractContextManager[Path]:
+        """A local path to one key for a reader that wants a file (a lazy parquet scan): the file itself
+        under a folder, a temporary download from a bucket."""
+        return self.files.local(key)
+
     def delete(self, key: str) -> None:
         self.files.delete(key)
 

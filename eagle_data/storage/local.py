@@ -142,6 +142,11 @@ class LocalFiles:
     def download(self, key: str, path: Path) -> None:
         shutil.copyfile(self.path(key), path)
 
+    @contextmanager
+    def local(self, key: str) -> Iterator[Path]:
+        """The file itself: it already is on this machine."""
+        yield self.path(key)
+
     def move(self, key: str, new_key: str) -> None:
         os.replace(self.path(key), self.path(new_key))
 

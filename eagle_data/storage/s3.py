@@ -128,6 +128,14 @@ class S3Files:
     def download(self, key: str, path: Path) -> None:
         self.client().download_file(self.bucket, self.key(key), str(path))
 
+    @contextmanager
+    def local(self, key: str) -> Iterator[Path]:
+        """A temporary download of the object, removed on exit."""
+        with tempfile.TemporaryDirectory(prefix="eagle-local-") as folder:
+            path = Path(folder, Path(key).name)
+            self.download(key, path)
+            yield path
+
     def move(self, key: str, new_key: str) -> None:
         source = {"Bucket": self.bucket, "Key": self.key(key)}
         self.client().copy_object(Bucket=self.bucket, Key=self.key(new_key), CopySource=source)
