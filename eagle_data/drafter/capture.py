@@ -33,7 +33,6 @@ from eagle_data import layout
 from eagle_data.demo import ensure_demo_model
 from eagle_data.drafter import formats, trainers
 from eagle_data.drafter.layers import LayerPlan
-from eagle_data.drafter.mixfile import CHUNK
 from eagle_data.drafter.settings import CaptureSettings
 from eagle_data.settings import get as environment
 from eagle_data.storage import ShardStore
@@ -137,6 +136,9 @@ def checkpoint_folder(checkpoint: str) -> Path:
             "checkpoint) to a local model folder"
         )
     return path
+
+
+CHUNK = 1 << 20  # bytes read at a time while hashing a checkpoint's files
 
 
 @cache

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -12,8 +11,6 @@ import polars as pl
 from eagle_data.catalog import DatasetSpec
 from eagle_data.storage import ShardStore, StorageError
 
-CHUNK = 1 << 20
-
 
 @contextmanager
 def local_mix(store: ShardStore, key: str) -> Iterator[Path]:
@@ -22,15 +19,6 @@ def local_mix(store: ShardStore, key: str) -> Iterator[Path]:
         raise StorageError(f"{store.uri(key)} does not exist: materialize training_mix first")
     with store.local_file(key) as path:
         yield path
-
-
-def content_hash(path: Path) -> str:
-    """SHA-256 of the file's bytes, read in 1 MiB chunks."""
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        while chunk := fh.read(CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def mix_target(path: Path, specs: list[DatasetSpec]) -> str:

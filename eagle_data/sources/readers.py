@@ -3,7 +3,6 @@ identifies that content, and its rows as a stream."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import tempfile
 from collections.abc import Callable, Iterator
@@ -16,10 +15,10 @@ import polars as pl
 from eagle_data import layout
 from eagle_data.catalog import DatasetSpec
 from eagle_data.sources.prompts import SourceError
+from eagle_data.storage import file_digest
 from eagle_data.storage.s3 import default_client
 
 BATCH_ROWS = 2048  # source rows per batch read from a parquet file
-HASH_CHUNK = 1 << 20
 
 
 def source_location(spec: DatasetSpec, override: str | None = None) -> str:
@@ -55,7 +54,7 @@ class Source:
         path = self._local_path()
         stat = path.stat()
         times = {"mtime_ns": stat.st_mtime_ns, "ctime_ns": stat.st_ctime_ns}
-        return {"size": stat.st_size, **times, "sha256": _sha256(path)}
+        return {"size": stat.st_size, **times, "sha256": file_digest(path)}
 
     def same_content(self, saved: dict[str, Any] | None) -> bool:
         """Whether the source still holds the content `saved` was taken from. A local file whose size, mtime
@@ -76,7 +75,7 @@ class Source:
         quick = (stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
         if quick == (saved.get("size"), saved.get("mtime_ns"), saved.get("ctime_ns")):
             return True
-        return stat.st_size == saved.get("size") and _sha256(path) == saved.get("sha256")
+        return stat.st_size == saved.get("size") and file_digest(path) == saved.get("sha256")
 
     def rows(self) -> Iterator[dict[str, Any]]:
         """Raw source rows as dicts, streamed. A JSONL line that is not JSON, not an object or not UTF-8
@@ -159,14 +158,6 @@ def _jsonl_rows(path: Path) -> Iterator[dict[str, Any]]:
             except json.JSONDecodeError:
                 row = {"__malformed__": True}
             yield row if isinstance(row, dict) else {"__malformed__": True}
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        while chunk := fh.read(HASH_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _hub_revision(hub_id: str) -> str | None:

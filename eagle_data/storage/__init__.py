@@ -28,7 +28,7 @@ from eagle_data.storage.s3 import RETRY_ENV, S3Files, default_client, retry_wind
 DEFAULT_ROOT = "eagle-output"
 __all__ = [
     "RETRY_ENV", "ROOT_ENV", "CorruptFile", "ShardStore", "StorageError", "UnwritableRoot", "default_root", "digest",
-    "parquet_bytes", "read_columns", "retry_window_s", "write_failure",
+    "file_digest", "parquet_bytes", "read_columns", "retry_window_s", "write_failure",
 ]  # fmt: skip
 
 
@@ -42,6 +42,12 @@ def parquet_bytes(frame: pl.DataFrame) -> bytes:
 def digest(data: bytes) -> str:
     """The sha256 of stored bytes: what a check judged, compared with what an export reads."""
     return hashlib.sha256(data).hexdigest()
+
+
+def file_digest(path: Path) -> str:
+    """The sha256 of a local file's bytes, read in chunks (a source or a mix of gigabytes never in memory)."""
+    with path.open("rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 def read_columns(data: bytes, columns: Sequence[str] | None = None) -> pl.DataFrame:
