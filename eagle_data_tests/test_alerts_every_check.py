@@ -16,12 +16,16 @@ from eagle_data import layout
 from eagle_data.alerts import WEBHOOK_ENV
 from eagle_data.catalog import load_catalog
 from eagle_data.definitions import build_definitions
+from eagle_data.defs.assets import build_dataset_assets
 from eagle_data.defs.checks import build_checks
 from eagle_data.defs.drafter import follow_the_mix
-from eagle_data.defs.resources import StorageResource
+from eagle_data.defs.io_managers import shard_resources
+from eagle_data.defs.metadata import REFUSED_FOR
+from eagle_data.defs.resources import ENGINE_ENV, POOL_ENV, EngineResource, StorageResource
 from eagle_data.defs.schedules import repaired_checks
 from eagle_data.defs.sensors import build_sensors
 from eagle_data.quality import registry
+from eagle_data.standins.openai_fake import FakeOpenAI, Faults
 from eagle_data.standins.webhook import Receiver
 from eagle_data_tests.test_capture_checks import KEY, RANGE, capture_asset  # noqa: F401 (a fixture)
 from eagle_data_tests.test_quality_defs import EXPORT, FROM_START, SPEC, stand_in_assets, tick
@@ -46,7 +50,7 @@ def test_every_check_of_the_definitions_is_declared_in_the_registry_as_the_ui_sh
     for key in graph.asset_check_keys:
         spec = graph.get_check_spec(key)
         held[(key.name, _asset_pattern(key.asset_key.to_user_string(), datasets))] = (spec.blocking, spec.description)
-    declared = {(d.name, d.asset): (d.blocking, d.description) for d in registry.CHECKS}
+    declared = {(d.name, d.asset): (d.skips_downstream, d.description) for d in registry.CHECKS}
     assert held == declared
 
 
@@ -163,3 +167,34 @@ def test_a_failed_warn_check_posts_no_alert(monkeypatch: pytest.MonkeyPatch) -> 
         )  # fmt: skip
         tick(defs, instance, "quality_alerts", FROM_START)
         assert receiver.bodies == []
+
+
+def test_a_failed_canary_is_announced_once_though_generation_refused_after_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The estimate's checks do not make Dagster skip generation: generation refuses in one line naming the
+    check (so the UI shows why it did not run). That refusal is the canary's to announce: one alert, not two."""
+    monkeypatch.setenv(ENGINE_ENV, "openai")
+    monkeypatch.delenv(POOL_ENV, raising=False)
+    spec = load_catalog(profile="demo")["b7_sharegpt"]
+    assets = build_dataset_assets(spec)[:3]  # prompts, estimate, generation
+    engine = EngineResource(kind="openai", model="m", api_key_env="")
+    resources = {**shard_resources(StorageResource(root=str(tmp_path))), "engine": engine}
+    defs = dg.Definitions(assets=assets, sensors=build_sensors([spec]), resources=resources)
+    server = FakeOpenAI(Faults(fixed_text="OK."))  # the DFlash run: every reply "OK."
+    server.start()
+    try:
+        monkeypatch.setenv("EAGLE_DATA_BASE_URL", f"http://127.0.0.1:{server.port}/v1")
+        with dg.instance_for_test() as instance, Receiver() as receiver:
+            monkeypatch.setenv(WEBHOOK_ENV, receiver.url)
+            cursors = {name: tick(defs, instance, name, None).cursor for name in SENSORS}
+            result = dg.materialize(assets, instance=instance, tags=RANGE, resources=resources, raise_on_error=False)
+            skips = [tick(defs, instance, name, cursor).skip_message for name, cursor in cursors.items()]
+    finally:
+        server.stop()
+    [failure] = [e for e in result.all_events if e.is_step_failure]
+    assert failure.step_key == spec.name  # generation ran and refused
+    assert failure.step_failure_data.user_failure_data.metadata[REFUSED_FOR].value == "canary"
+    headlines = [body["blocks"][0]["text"]["text"] for body in receiver.bodies]
+    assert headlines == [f"ERROR check canary failed on {spec.name} ({spec.name}_estimate)"], headlines
+    assert any("already announced" in (skip or "") for skip in skips)

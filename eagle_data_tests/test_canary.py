@@ -18,6 +18,7 @@ from eagle_data import quality
 from eagle_data.catalog import Checks, DatasetSpec, load_catalog
 from eagle_data.defs.assets import CANARY, build_dataset_assets
 from eagle_data.defs.io_managers import shard_resources
+from eagle_data.defs.metadata import REFUSED_FOR
 from eagle_data.defs.resources import ENGINE_ENV, POOL_ENV, EngineResource, StorageResource
 from eagle_data.quality.canary import draw, judge, rank
 from eagle_data.runner.resultlog import ResultLog
@@ -169,7 +170,10 @@ def test_a_broken_server_is_stopped_by_the_canary_after_the_sample(
     assert canary.metadata["canary_sample"].value == SAMPLE
     assert len({turn.split("#")[0] for turn in server.requests}) == SAMPLE  # only the sample was asked ...
     assert server.received <= SAMPLE * (1 + EMPTY_RETRIES)  # ... and paid for at most once more when empty
-    assert not any(e.is_step_start for e in result.all_events if e.step_key == spec.name)  # generation stopped
+    [failure] = [e for e in result.all_events if e.is_step_failure]  # generation refused, in one line: the UI
+    refused = failure.step_failure_data.user_failure_data  # shows it failed and why, not a skip painted red
+    assert failure.step_key == spec.name and refused.metadata[REFUSED_FOR].value == CANARY
+    assert "\n" not in refused.description and "refused before any request" in refused.description
     assert not any(ShardStore(setup["root"]).shard_exists(spec.name, spec.name, k) for k in spec.partition_keys)
 
 

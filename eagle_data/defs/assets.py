@@ -18,7 +18,13 @@ from eagle_data.catalog import DatasetSpec
 from eagle_data.defs import instance as records
 from eagle_data.defs.io_managers import DATASET_TAG, SHARD_IO
 from eagle_data.defs.messages import file_locations, leveled, user_failure
-from eagle_data.defs.metadata import dataset_report_metadata, rounded_figures, row_count_metadata, settings_version
+from eagle_data.defs.metadata import (
+    REFUSED_FOR,
+    dataset_report_metadata,
+    rounded_figures,
+    row_count_metadata,
+    settings_version,
+)
 from eagle_data.defs.pools import tie_to_run_worker
 from eagle_data.defs.registry import check_specs
 from eagle_data.defs.resources import EngineResource, StorageResource, environment_kind, generation_pool
@@ -325,19 +331,30 @@ def canary_gate(
     backend: Engine,
     engine: EngineResource,
 ) -> None:
-    """Refuse a run the latest canary failed under this config; judge again when it judged another config."""
+    """Refuse a run the latest canary failed under this config, or whose estimate in this run found it over
+    budget; judge the canary again when it judged another config. The estimate's checks do not make Dagster
+    skip this step: it fails here with the check's line, so the UI shows why generation did not run."""
     ds = spec.name
     latest = records.latest_canary(context.instance, canary_key(spec))  # any state: a verdict or None
     current = config_hash(spec, backend)
     if refused := quality.canary_blocks(latest, current, ignore=config.ignore_canary, dataset=ds):
-        raise dg.Failure(refused)
+        raise refusal(CANARY, refused)
+    budget = dg.AssetCheckKey(dg.AssetKey(estimate_asset(spec)), WITHIN_BUDGET)
+    if over := records.failed_in_run(context.instance, budget, context.run.run_id):
+        raise refusal(WITHIN_BUDGET, f"{ds}: refused before any request: {over.removeprefix(f'{ds}: ')}")
     if quality.canary_stale(latest, current, ignore=config.ignore_canary):  # judged under another config
         context.log.info(f"{ds}: the latest canary judged config {latest.config_hash}, not {current}: again")
         sample = estimate_stage.estimate(spec, store, backend, usd_per_prompt_token=0.0,
                                          usd_per_completion_token=0.0, log=leveled(context.log),
                                          settings=engine.runner_settings(), run_id=context.run_id).canary  # fmt: skip
         if not sample.passed:
-            raise dg.Failure(f"{ds}: refused before the run: {sample.line.removeprefix(f'{ds}: ')}")
+            raise refusal(CANARY, f"{ds}: refused before the run: {sample.line.removeprefix(f'{ds}: ')}")
+
+
+def refusal(check: str, line: str) -> dg.Failure:
+    """A step that will not pay because `check` failed: one line, never retried, naming the check (the
+    run-failure alert leaves it to that check's own alert)."""
+    return dg.Failure(description=line, metadata={REFUSED_FOR: check}, allow_retries=False)
 
 
 def build_validated(spec: DatasetSpec) -> dg.AssetsDefinition:

@@ -44,12 +44,14 @@ def check_keys(spec: DatasetSpec) -> list[dg.AssetCheckKey]:
 
 
 def blocked_steps(instance: dg.DagsterInstance, run_id: str) -> dict[str, list[str]]:
-    """Step key -> the blocking checks that failed in it, in one run, by each evaluation's own blocking flag:
-    every blocking check counts (the quality gates, the estimate's, `decontamination`, the capture's)."""
+    """Step key -> the blocking checks that failed in it, in one run, as the registry declares them: every
+    blocking check counts (the quality gates, `decontamination`, the capture's, and the estimate's, whose
+    downstream step refuses itself rather than being skipped)."""
     blocked: dict[str, list[str]] = {}
     for event in instance.all_logs(run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION):
         evaluation = event.dagster_event.event_specific_data
-        if evaluation.blocking and not evaluation.passed:
+        declared = registry.BY_NAME.get(evaluation.check_name)
+        if declared is not None and declared.blocking and not evaluation.passed:
             blocked.setdefault(event.step_key or "", []).append(evaluation.check_name)
     return blocked
 

@@ -20,6 +20,7 @@ SHARD_ROWS = "rows"  # a partition's own rows, beside the dataset's in ROW_COUNT
 URI = "dagster/uri"  # Dagster's own: where a partition's shard is (a path: a click copies it)
 SHARD_LINK = "shard_link"  # the same shard as a link that opens, where one can (browser_link)
 SHARD_DIGEST = "shard_sha256"  # metadata of a shard partition and of each check on it: its bytes' sha256
+REFUSED_FOR = "refused_for"  # a step's refusal (dg.Failure metadata): the failed check it refused for
 
 
 def rounded_figures(figures: Mapping[str, Any]) -> dict[str, Any]:
