@@ -181,7 +181,7 @@ def group_backfill(graphql: Graphql, dataset: str) -> tuple[float, float, list[s
 
 def alert_delay(graphql: Graphql, dataset: str, receiver: Any) -> float:
     """Seconds from a failed `within_budget` evaluation to its alert reaching the webhook receiver."""
-    from eagle_data.defs.assets import WITHIN_BUDGET
+    from eagle_data.defs.estimate import WITHIN_BUDGET
 
     keys = group(graphql, dataset)[1]
 

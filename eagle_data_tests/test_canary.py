@@ -16,7 +16,8 @@ import pytest
 
 from eagle_data import quality
 from eagle_data.catalog import Checks, DatasetSpec, load_catalog
-from eagle_data.defs.assets import CANARY, build_dataset_assets
+from eagle_data.defs.assets import build_dataset_assets
+from eagle_data.defs.estimate import CANARY
 from eagle_data.defs.io_managers import shard_resources
 from eagle_data.defs.metadata import REFUSED_FOR
 from eagle_data.defs.resources import ENGINE_ENV, POOL_ENV, EngineResource, StorageResource

@@ -14,9 +14,10 @@ import dagster as dg
 import pytest
 
 from eagle_data.catalog import DatasetSpec, catalog
-from eagle_data.defs.assets import CANARY, WITHIN_BUDGET, build_dataset_assets
+from eagle_data.defs.assets import build_dataset_assets
 from eagle_data.defs.catalog_order import ORDER_TAG, catalog_order_sensor, waits_on
 from eagle_data.defs.checks import build_checks
+from eagle_data.defs.estimate import CANARY, WITHIN_BUDGET
 from eagle_data.defs.io_managers import shard_resources
 from eagle_data.defs.metadata import REFUSED_FOR
 from eagle_data.defs.resources import EngineResource, StorageResource

@@ -26,7 +26,8 @@ import dagster as dg
 import pytest
 
 from eagle_data.catalog import load_catalog
-from eagle_data.defs.assets import CANARY, build_dataset_assets
+from eagle_data.defs.assets import build_dataset_assets
+from eagle_data.defs.estimate import CANARY
 from eagle_data.defs.io_managers import shard_resources
 from eagle_data.defs.resources import ENGINE_ENV, POOL_ENV, EngineResource, StorageResource
 from eagle_data.standins.local import free_port

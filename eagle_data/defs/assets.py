@@ -5,7 +5,6 @@ IO manager (defs/io_managers.py), which writes one Parquet file per partition, s
 partition range. The bodies only call the stages (eagle_data.stages).
 """
 
-import logging
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -16,10 +15,10 @@ from pydantic import Field
 from eagle_data import layout, quality, sources
 from eagle_data.catalog import DatasetSpec
 from eagle_data.defs import instance as records
+from eagle_data.defs.estimate import estimate_asset, estimate_gates, estimate_result
 from eagle_data.defs.io_managers import DATASET_TAG, SHARD_IO
 from eagle_data.defs.messages import file_locations, leveled, user_failure
 from eagle_data.defs.metadata import (
-    REFUSED_FOR,
     dataset_report_metadata,
     rounded_figures,
     row_count_metadata,
@@ -33,10 +32,7 @@ from eagle_data.stages import estimate as estimate_stage
 from eagle_data.stages import generation as generation_stage
 from eagle_data.stages import prompts as prompts_stage
 from eagle_data.stages import validation as validation_stage
-from eagle_data.stages.preflight import config_hash
-from eagle_data.storage import ShardStore
 from eagle_data.storage.shards import LazyShards, StoredShards
-from eagle_data.types import Engine
 
 
 class PromptsConfig(dg.Config):
@@ -52,14 +48,6 @@ class EstimateConfig(dg.Config):
     usd_per_million_completion_tokens: float = 0.0
 
 
-WITHIN_BUDGET = "within_budget"
-CANARY = "canary"
-
-
-def estimate_asset(spec: DatasetSpec) -> str:
-    return f"{spec.name}_estimate"
-
-
 class GenerationConfig(dg.Config):
     retry_rejected: bool = Field(
         False,
@@ -69,10 +57,6 @@ class GenerationConfig(dg.Config):
     ignore_canary: bool = Field(
         False, description="Run even though the latest canary of this dataset failed under this generation config."
     )
-
-
-def canary_key(spec: DatasetSpec) -> dg.AssetCheckKey:
-    return dg.AssetCheckKey(dg.AssetKey(estimate_asset(spec)), CANARY)
 
 
 def partitions(spec: DatasetSpec) -> dg.StaticPartitionsDefinition:
@@ -246,34 +230,6 @@ def build_estimate(spec: DatasetSpec) -> dg.AssetsDefinition:
     return estimate
 
 
-def estimate_result(
-    ds: str, found: estimate_stage.PreFlight, log: logging.Logger | dg.DagsterLogManager
-) -> dg.MaterializeResult:
-    """The estimate's materialization and its two checks, from what the canary and the projection found."""
-    sample, result = found.canary, found.estimate
-    (log.info if sample.passed else log.error)(sample.line)
-    canary = dg.AssetCheckResult(
-        check_name=CANARY, passed=sample.passed, severity=dg.AssetCheckSeverity.ERROR, description=sample.line,
-        metadata=sample.metadata(),
-    )  # fmt: skip
-    if result is None:
-        why = f"{ds}: no sampled prompt was answered, so nothing to project from; see the canary check"
-        budget = dg.AssetCheckResult(check_name=WITHIN_BUDGET, passed=False, description=why)
-        return dg.MaterializeResult(metadata=sample.figures(), check_results=[budget, canary])
-    log.info(f"pre-flight estimate: {result.line()}")
-    over = result.over_budget()
-    budget = dg.AssetCheckResult(
-        check_name=WITHIN_BUDGET,
-        passed=not over,
-        severity=dg.AssetCheckSeverity.ERROR,
-        description=over or result.line(),
-        metadata={"est_tokens": result.tokens, **result.cost_figures(),
-                  "token_budget": result.token_budget, "cost_budget_usd": result.cost_budget_usd},
-    )  # fmt: skip
-    figures = {**result.figures(), **sample.figures()}
-    return dg.MaterializeResult(metadata=figures, check_results=[budget, canary])
-
-
 def build_generation(spec: DatasetSpec) -> dg.AssetsDefinition:
     ds = spec.name
 
@@ -304,7 +260,7 @@ def build_generation(spec: DatasetSpec) -> dg.AssetsDefinition:
         tie_to_run_worker(context)  # a killed run stops paying for requests
         backend = engine.make(spec)  # refuses a run-config kind other than the one the pool was fixed from
         store = storage.store()
-        canary_gate(context, spec, config, store, backend, engine)
+        estimate_gates(context, spec, config.ignore_canary, store, backend, engine)
         context.log.info(f"{ds}: engine {backend.describe()}")
         made = generation_stage.generate(
             spec,
@@ -321,40 +277,6 @@ def build_generation(spec: DatasetSpec) -> dg.AssetsDefinition:
         return dg.Output(made.shards, metadata={**made.figures, "engine": backend.describe(), COLUMN_SCHEMA: schema})
 
     return generation
-
-
-def canary_gate(
-    context: dg.AssetExecutionContext,
-    spec: DatasetSpec,
-    config: GenerationConfig,
-    store: ShardStore,
-    backend: Engine,
-    engine: EngineResource,
-) -> None:
-    """Refuse a run the latest canary failed under this config, or whose estimate in this run found it over
-    budget; judge the canary again when it judged another config. The estimate's checks do not make Dagster
-    skip this step: it fails here with the check's line, so the UI shows why generation did not run."""
-    ds = spec.name
-    latest = records.latest_canary(context.instance, canary_key(spec))  # any state: a verdict or None
-    current = config_hash(spec, backend)
-    if refused := quality.canary_blocks(latest, current, ignore=config.ignore_canary, dataset=ds):
-        raise refusal(CANARY, refused)
-    budget = dg.AssetCheckKey(dg.AssetKey(estimate_asset(spec)), WITHIN_BUDGET)
-    if over := records.failed_in_run(context.instance, budget, context.run.run_id):
-        raise refusal(WITHIN_BUDGET, f"{ds}: refused before any request: {over.removeprefix(f'{ds}: ')}")
-    if quality.canary_stale(latest, current, ignore=config.ignore_canary):  # judged under another config
-        context.log.info(f"{ds}: the latest canary judged config {latest.config_hash}, not {current}: again")
-        sample = estimate_stage.estimate(spec, store, backend, usd_per_prompt_token=0.0,
-                                         usd_per_completion_token=0.0, log=leveled(context.log),
-                                         settings=engine.runner_settings(), run_id=context.run_id).canary  # fmt: skip
-        if not sample.passed:
-            raise refusal(CANARY, f"{ds}: refused before the run: {sample.line.removeprefix(f'{ds}: ')}")
-
-
-def refusal(check: str, line: str) -> dg.Failure:
-    """A step that will not pay because `check` failed: one line, never retried, naming the check (the
-    run-failure alert leaves it to that check's own alert)."""
-    return dg.Failure(description=line, metadata={REFUSED_FOR: check}, allow_retries=False)
 
 
 def build_validated(spec: DatasetSpec) -> dg.AssetsDefinition:

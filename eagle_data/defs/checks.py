@@ -23,7 +23,8 @@ import dagster as dg
 
 from eagle_data import layout, quality, report
 from eagle_data.catalog import DatasetSpec
-from eagle_data.defs.assets import CANARY, WITHIN_BUDGET, partitions
+from eagle_data.defs.assets import partitions
+from eagle_data.defs.estimate import CANARY, WITHIN_BUDGET
 from eagle_data.defs.instance import latest_materializations, target
 from eagle_data.defs.messages import user_failure
 from eagle_data.defs.metadata import SHARD_DIGEST

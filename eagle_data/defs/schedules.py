@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING
 import dagster as dg
 
 from eagle_data.catalog import DatasetSpec
-from eagle_data.defs.assets import estimate_asset, partitions
+from eagle_data.defs.assets import partitions
 from eagle_data.defs.checks import validated_key
+from eagle_data.defs.estimate import estimate_asset
 from eagle_data.defs.instance import failed_check_partitions
 from eagle_data.quality import registry
 
