@@ -11,6 +11,7 @@ import dagster as dg
 from eagle_data.catalog import CatalogError, DatasetSpec, catalog
 from eagle_data.defs.assets import build_dataset_assets
 from eagle_data.defs.automation import load_automation_settings, with_automation
+from eagle_data.defs.backfills import backfill_status_sensor
 from eagle_data.defs.catalog_order import catalog_order_sensor
 from eagle_data.defs.checks import build_checks
 from eagle_data.defs.drafter import CaptureResource, build_decontamination_checks, build_drafter_assets
@@ -37,7 +38,9 @@ def build_definitions(specs: Sequence[DatasetSpec]) -> dg.Definitions:
     return dg.Definitions(
         assets=assets,
         asset_checks=checks,
-        sensors=[*build_sensors(specs), catalog_order_sensor(specs), dead_run_reaper(), *automation],
+        sensors=[
+            *build_sensors(specs), catalog_order_sensor(specs), dead_run_reaper(), backfill_status_sensor(), *automation
+        ],
         schedules=build_schedules(specs),
         resources=shard_resources(StorageResource(), engine=EngineResource(), capture=CaptureResource()),
         executor=pool_watch_executor,

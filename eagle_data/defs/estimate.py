@@ -96,10 +96,10 @@ def estimate_gates(
     latest = records.latest_canary(context.instance, canary_key(spec))  # any state: a verdict or None
     current = config_hash(spec, backend)
     if refused := quality.canary_blocks(latest, current, ignore=ignore_canary, dataset=ds):
-        raise refusal(CANARY, refused)
+        raise refusal(context, CANARY, refused)
     budget = dg.AssetCheckKey(dg.AssetKey(estimate_asset(spec)), WITHIN_BUDGET)
     if over := records.failed_in_run(context.instance, budget, context.run.run_id):
-        raise refusal(WITHIN_BUDGET, f"{ds}: refused before any request: {over.removeprefix(f'{ds}: ')}")
+        raise refusal(context, WITHIN_BUDGET, f"{ds}: refused before any request: {over.removeprefix(f'{ds}: ')}")
     if quality.canary_stale(latest, current, ignore=ignore_canary):  # judged under another config
         context.log.info(f"{ds}: the latest canary judged config {latest.config_hash}, not {current}: again")
         sample = estimate_stage.estimate(
@@ -107,10 +107,15 @@ def estimate_gates(
             settings=engine.runner_settings(), run_id=context.run.run_id,
         ).canary  # fmt: skip
         if not sample.passed:
-            raise refusal(CANARY, f"{ds}: refused before the run: {sample.line.removeprefix(f'{ds}: ')}")
+            raise refusal(context, CANARY, f"{ds}: refused before the run: {sample.line.removeprefix(f'{ds}: ')}")
 
 
-def refusal(check: str, line: str) -> dg.Failure:
+def refusal(context: dg.AssetExecutionContext, check: str, line: str) -> dg.Failure:
     """A step that will not pay because `check` failed: one line, never retried, naming the check (the
-    run-failure alert leaves it to that check's own alert)."""
+    run-failure alert leaves it to that check's own alert). Each of its partitions also gets an observation
+    with that line: Dagster shows no failed materialization on an asset's Events tab, an observation it does."""
+    metadata = {REFUSED_FOR: check, "refused": dg.MetadataValue.text(line)}
+    for partition in context.partition_keys:  # generation is partitioned by shard
+        observed = dg.AssetObservation(context.asset_key, partition=partition, description=line, metadata=metadata)
+        context.log_event(observed)
     return dg.Failure(description=line, metadata={REFUSED_FOR: check}, allow_retries=False)

@@ -1,7 +1,8 @@
 """What eagle_data reads from the Dagster instance, as plain records: the one module of eagle_data/defs
 that imports `dagster._core`.
 
-Dagster 1.13 has no public API for a check's per-partition execution history (the event log storage's
+Dagster 1.13 has no public API for backfill records (`PartitionBackfill`, read and updated through the
+instance), for a check's per-partition execution history (the event log storage's
 `get_asset_check_execution_history`, its `AssetCheckExecutionRecord`), for the materialization an
 evaluation names (`AssetCheckEvaluationTargetMaterializationData`), for concurrency-pool slots (the event log
 storage's concurrency methods) nor for wrapping the default executor (`executor_creation_fn`, the
@@ -14,11 +15,15 @@ event-log file and a materialization's from the index, two numberings (docs/fact
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping, Sequence
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import dagster as dg
 from dagster._core.definitions.asset_checks.asset_check_evaluation import AssetCheckEvaluationTargetMaterializationData
+from dagster._core.execution.backfill import BulkActionsFilter, BulkActionStatus, PartitionBackfill
 from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
+from dagster._core.storage.tags import BACKFILL_ID_TAG, ROOT_RUN_ID_TAG
+from dagster._utils.error import SerializableErrorInfo as ErrorInfo
 
 from eagle_data import exports, quality
 from eagle_data.defs.metadata import SHARD_DIGEST
@@ -235,3 +240,24 @@ def latest_partition_metadata(
         return []
     found = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=key, storage_ids=ids), limit=len(ids))
     return [record.asset_materialization.metadata for record in found.records if record.asset_materialization]
+
+
+def succeeded_backfills(instance: dg.DagsterInstance, since: float) -> list[PartitionBackfill]:
+    """The backfills created after `since` (a Unix time) that Dagster ended COMPLETED_SUCCESS ("Succeeded")."""
+    created_after = datetime.fromtimestamp(since, tz=UTC)
+    filters = BulkActionsFilter(statuses=[BulkActionStatus.COMPLETED_SUCCESS], created_after=created_after)
+    return list(instance.get_backfills(filters=filters))
+
+
+def unrecovered_failures(instance: dg.DagsterInstance, backfill_id: str) -> list[dg.DagsterRun]:
+    """The backfill's failed runs that no re-execution (a run of the same root) has since brought to success."""
+    runs = [r.dagster_run for r in instance.get_run_records(dg.RunsFilter(tags={BACKFILL_ID_TAG: backfill_id}))]
+    root = {run.run_id: run.tags.get(ROOT_RUN_ID_TAG, run.run_id) for run in runs}
+    recovered = {root[run.run_id] for run in runs if run.status == dg.DagsterRunStatus.SUCCESS}
+    return [run for run in runs if run.status == dg.DagsterRunStatus.FAILURE and root[run.run_id] not in recovered]
+
+
+def mark_backfill_failed(instance: dg.DagsterInstance, backfill: PartitionBackfill, why: str) -> None:
+    """End `backfill` COMPLETED_FAILED ("Failed" in the UI) with `why` as its error, shown on its page."""
+    failed = backfill.with_status(BulkActionStatus.COMPLETED_FAILED).with_error(ErrorInfo(why, [], None))
+    instance.update_backfill(failed)

@@ -51,7 +51,7 @@ class Estimate:
             f"tokens "
             f"(avg_comp={self.avg_completion_tokens:.0f}tok from {self.sample_rows} sampled rows)"
         )
-        dollars = f"~${self.usd:.2f}" if self.usd is not None else "dollars unknown (no price)"
+        dollars = dollars_line(self.usd)
         return f"{head}, {tokens}, {dollars}" + (f"; {', '.join(fits)}" if fits else "")
 
     def over_budget(self) -> str:
@@ -91,6 +91,14 @@ class Estimate:
             "token_budget": self.token_budget,
             "cost_budget_usd": self.cost_budget_usd,
         }
+
+
+def dollars_line(usd: float | None) -> str:
+    """Dollars as a person reads them: cents from a cent up, two significant digits below (never "~$0.00"
+    for a real $0.0007), and "unknown" where nothing priced them."""
+    if usd is None:
+        return "dollars unknown (no price)"
+    return f"~${usd:,.2f}" if usd >= 0.01 or usd == 0 else f"~${usd:.2g}"
 
 
 def sample_avg_completion(sample: pl.DataFrame) -> float:
