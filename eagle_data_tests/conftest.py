@@ -127,6 +127,7 @@ def demo_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 # instead of one long test ending the run alone. (xdist's default order, most tests first, put these last.)
 LONG_FILES = (
     "test_ui_browser.py",
+    "test_ui_bad_server.py",
     "test_pools.py",
     "test_postgres_instance.py",
     "test_demo_catalog.py",
