@@ -79,7 +79,8 @@ STARTUP_LINES = 10  # measured: Dagster's launch banner, the daemons' list, two 
 
 def test_an_idle_dagster_dev_logs_under_100_lines_in_10_minutes(monkeypatch: pytest.MonkeyPatch):
     """The daemon logs two INFO lines per sensor tick; schedules stopped by default log nothing. Measured by
-    hand (docs/running.md): 72 lines in 10 idle minutes (dead_run_reaper and backfill_status); with 5-s alert ticks, 121 in the first 200 s."""
+    hand (docs/running.md): 72 lines in 10 idle minutes (dead_run_reaper and backfill_status); with
+    5-s alert ticks, 121 in the first 200 s."""
     monkeypatch.delenv("EAGLE_DATA_ALERT_WEBHOOK", raising=False)
     monkeypatch.setenv("EAGLE_DATA_PROFILE", "demo")
     out = python("from eagle_data.definitions import defs\n"
