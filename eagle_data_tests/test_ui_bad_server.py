@@ -16,8 +16,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -30,13 +28,11 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support import expected_conditions as ec
 
 from eagle_data.catalog import load_catalog
-from eagle_data.standins.local import free_port, stop_process_group
 from eagle_data.standins.openai_fake import FakeOpenAI, Faults
-from eagle_data_tests.test_ui_browser import REPO, browser, wait_for_server, waiting  # noqa: F401 (a fixture)
+from eagle_data_tests.test_ui_browser import REPO, browser, serve_dagster_dev, waiting  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.browser
 
-LOCATION = "eagle_data.definitions"
 # b3: single-turn, 36 replies, under the breaker's 50 (it would stop generation itself)
 CANARIED, UNCANARIED = "b7_sharegpt", "b3_magicoder"
 LAUNCH = """mutation($params: LaunchBackfillParams!) { launchPartitionBackfill(backfillParams: $params) {
@@ -99,18 +95,7 @@ def bad_ui(ui_dir: Path, demo_model: Path, server: FakeOpenAI) -> Iterator[str]:
     env.update(EAGLE_DATA_PROFILE="demo", EAGLE_DATA_ROOT=str(ui_dir / "out"), DAGSTER_HOME=str(home),
                EAGLE_DATA_DEMO_MODEL=str(demo_model), EAGLE_DATA_ENGINE="openai", EAGLE_DATA_MODEL="m",
                EAGLE_DATA_BASE_URL=f"http://127.0.0.1:{server.port}/v1", OPENAI_API_KEY="sk-test")  # fmt: skip
-    port, log = free_port(), ui_dir / "dagster-dev.log"
-    with log.open("w") as sink:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "dagster", "dev", "-h", "127.0.0.1", "-p", str(port), "-m", LOCATION],
-            cwd=REPO, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
-        )
-    try:
-        url = f"http://127.0.0.1:{port}"
-        wait_for_server(url, proc, log)
-        yield url
-    finally:
-        stop_process_group(proc)
+    yield from serve_dagster_dev(env, ui_dir / "dagster-dev.log")
 
 
 @pytest.fixture(scope="module")

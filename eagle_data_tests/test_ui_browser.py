@@ -92,14 +92,24 @@ def ui_env(ui_dir: Path, demo_model: Path) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def dagster_dev(ui_dir: Path, ui_env: dict[str, str]) -> Iterator[str]:
     """`dagster dev` on a free port, and beside it the read-only files server on $EAGLE_DATA_FILES_URL."""
-    port = free_port()
     log = ui_dir / "dagster-dev.log"
     with log.open("w") as sink:
         files = subprocess.Popen([sys.executable, "-m", "eagle_data.files_server"], cwd=REPO, env=ui_env,
                                  stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    try:
+        yield from serve_dagster_dev(ui_env, log)
+    finally:
+        stop_process_group(files)
+
+
+def serve_dagster_dev(env: dict[str, str], log: Path) -> Iterator[str]:
+    """`dagster dev` (webserver + daemon) on a free port with `env`, its output appended to `log`: yields its
+    URL once it answers, and stops its process group after."""
+    port = free_port()
+    with log.open("a") as sink:
         proc = subprocess.Popen(
             [sys.executable, "-m", "dagster", "dev", "-h", "127.0.0.1", "-p", str(port), "-m", LOCATION],
-            cwd=REPO, env=ui_env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
+            cwd=REPO, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
         )
     try:
         url = f"http://127.0.0.1:{port}"
@@ -107,7 +117,6 @@ def dagster_dev(ui_dir: Path, ui_env: dict[str, str]) -> Iterator[str]:
         yield url
     finally:
         stop_process_group(proc)
-        stop_process_group(files)
 
 
 @pytest.fixture(scope="module")

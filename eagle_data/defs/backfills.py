@@ -16,7 +16,7 @@ import time
 import dagster as dg
 
 from eagle_data.defs import instance as records
-from eagle_data.defs.checks import blocked_steps
+from eagle_data.defs.checks import failed_blocking_checks
 
 LOOKBACK_S = 7 * 24 * 3600  # backfills created this long ago or less are looked at
 INTERVAL_S = 60  # two log lines per tick in `dagster dev`'s terminal (docs/running.md)
@@ -24,7 +24,7 @@ INTERVAL_S = 60  # two log lines per tick in `dagster dev`'s terminal (docs/runn
 
 def failed_run_line(instance: dg.DagsterInstance, run: dg.DagsterRun) -> str:
     """Why the backfill failed, in one line: the run, and the blocking checks that stopped it (if any)."""
-    checks = sorted({name for names in blocked_steps(instance, run.run_id).values() for name in names})
+    checks = sorted(set(failed_blocking_checks(instance, run.run_id)))
     stopped = f" on blocking check(s) {', '.join(checks)}" if checks else ""
     return (
         f"run {run.run_id} failed{stopped}, though every targeted partition materialized; open the run and its "
