@@ -12,14 +12,17 @@ import urllib.request
 from collections.abc import Iterator
 from http.server import ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
 from eagle_data import layout
 from eagle_data.defs.metadata import SHARD_LINK, URI, shard_locations
+from eagle_data.defs.resources import S3ClientResource, StorageResource
 from eagle_data.files_server import FILES_URL_ENV, browser_link, make_server
 from eagle_data.standins.local import free_port, stop_process_group
-from eagle_data.storage import ShardStore
+from eagle_data.storage import ShardStore, StorageError
+from eagle_data.storage.s3 import LINK_URL_ENV
 
 REPORT = b"<html><a href='00000.html'>shard 00000</a></html>"
 
@@ -82,7 +85,7 @@ def test_without_a_files_server_a_folder_root_has_no_link_and_s3_is_presigned(
     if not store.is_s3:
         assert link is None
         return
-    assert link is not None and "Signature=" in link
+    assert link is not None and "X-Amz-Algorithm=AWS4-HMAC-SHA256" in link  # SigV4, which every bucket takes
     assert fetch(link) == (200, REPORT)
 
 
@@ -121,3 +124,41 @@ def test_a_shard_is_a_path_and_a_link_that_opens(files_server: tuple[ShardStore,
     found = shard_locations(store, "b7_sharegpt", "b7_sharegpt_validated", "00000")
     assert found[URI].value == store.uri(key) and found[SHARD_LINK].value == f"{url}/{key}"
     assert fetch(str(found[SHARD_LINK].value)) == (200, b"PAR1 shard bytes")
+
+
+def test_s3_links_are_signed_for_the_address_a_browser_reaches(
+    s3_endpoint: str, s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+):
+    """Inside docker the store is `http://minio:9000`, which the host's browser cannot resolve: with
+    EAGLE_DATA_S3_LINK_URL the link is signed for that address (a signature covers the host), while every
+    call of the store still goes to its own endpoint."""
+    port = urlsplit(s3_endpoint).port
+    store = StorageResource(root=f"s3://{s3_bucket}/runs", s3=S3ClientResource(endpoint_url=s3_endpoint)).store()
+    key = layout.quality_index("b7_sharegpt")
+    store.write_bytes(key, REPORT)
+    monkeypatch.setenv(LINK_URL_ENV, f"http://localhost:{port}/")
+    link, direct = signed_twice(store, key, f"http://localhost:{port}")
+    assert link.startswith(f"http://localhost:{port}/{s3_bucket}/runs/") and "X-Amz-Signature=" in link
+    assert link == direct  # moto checks no signature: this is boto3's SigV4 for that host
+    assert fetch(link) == (200, REPORT)
+    assert store.files.client().meta.endpoint_url == s3_endpoint  # the store itself still calls 127.0.0.1
+    monkeypatch.delenv(LINK_URL_ENV)
+    assert store.link(key).startswith(f"{s3_endpoint}/")
+    monkeypatch.setenv(LINK_URL_ENV, "localhost:9000")
+    with pytest.raises(StorageError, match=f"^{LINK_URL_ENV}='localhost:9000' is not an http"):
+        store.link(key)
+
+
+def signed_twice(store: ShardStore, key: str, endpoint: str) -> tuple[str, str]:
+    """The store's link, and boto3's own for `endpoint`, signed in the same second (X-Amz-Date)."""
+    import boto3
+    from botocore.config import Config
+
+    direct_client = boto3.client("s3", endpoint_url=endpoint, config=Config(signature_version="s3v4"))
+    params = {"Bucket": store.files.bucket, "Key": store.files.key(key)}
+    for _ in range(3):
+        link = store.link(key)
+        direct = direct_client.generate_presigned_url("get_object", Params=params, ExpiresIn=7 * 24 * 3600)
+        if parse_qs(urlsplit(link).query)["X-Amz-Date"] == parse_qs(urlsplit(direct).query)["X-Amz-Date"]:
+            break
+    return link, direct

@@ -48,8 +48,10 @@ class S3ClientResource(dg.ConfigurableResource):
     verify: bool | None = Field(None, description="Whether to verify SSL certificates (default: verified).")
     use_unsigned_session: bool = Field(False, description="Send unsigned requests (public buckets).")
 
-    def get_client(self) -> Any:
-        return S3Resource(**self.model_dump()).get_client()
+    def get_client(self, endpoint_url: str | None = None) -> Any:
+        """The client; `endpoint_url` replaces the configured one (the address presigned links name)."""
+        fields = self.model_dump()
+        return S3Resource(**{**fields, "endpoint_url": endpoint_url or fields["endpoint_url"]}).get_client()
 
 
 class StorageResource(dg.ConfigurableResource):
@@ -64,7 +66,9 @@ class StorageResource(dg.ConfigurableResource):
     def store(self, check: bool = True) -> ShardStore:
         """The store, checked: a root that cannot take shards is one line here, before an asset spends
         (`check` False: the shard IO manager's, which runs after or before a body that checks)."""
-        store = ShardStore(self.root or default_root(), s3_client_factory=self.s3.get_client)
+        store = ShardStore(
+            self.root or default_root(), s3_client_factory=self.s3.get_client, s3_link_factory=self.s3.get_client
+        )
         if check:
             store.check()
         return store

@@ -67,11 +67,17 @@ def default_root() -> str:
 class ShardStore:
     """Reads and writes keys (relative paths) under a root that is a folder or `s3://bucket/prefix`."""
 
-    def __init__(self, root: str | None = None, s3_client_factory: Callable[[], Any] | None = None) -> None:
+    def __init__(
+        self,
+        root: str | None = None,
+        s3_client_factory: Callable[[], Any] | None = None,
+        s3_link_factory: Callable[[str], Any] | None = None,
+    ) -> None:
+        """`s3_link_factory(endpoint_url)`: a client of the same settings for the endpoint links name."""
         self.root = (root or default_root()).rstrip("/")
         self._s3_factory = s3_client_factory
         self.files: LocalFiles | S3Files = (
-            S3Files(self.root, s3_client_factory) if self.is_s3 else LocalFiles(self.root)
+            S3Files(self.root, s3_client_factory, s3_link_factory) if self.is_s3 else LocalFiles(self.root)
         )
 
     @property

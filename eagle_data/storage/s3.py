@@ -18,6 +18,10 @@ from eagle_data.storage.errors import ROOT_ENV, StorageError
 from eagle_data.storage.local import _new_temp
 
 LINK_EXPIRES_S = 7 * 24 * 3600
+# The endpoint presigned links name when browsers reach the store at another address than this process
+# (docker's MinIO: `http://minio:9000` inside compose, `http://127.0.0.1:9000` on the host). A SigV4
+# signature covers the host, so the link is signed for that address, not rewritten after signing.
+LINK_URL_ENV = "EAGLE_DATA_S3_LINK_URL"
 RETRY_ENV = "EAGLE_DATA_STORAGE_RETRY_S"
 DEFAULT_RETRY_S = 120.0  # how long an S3 call rides out an outage before the step fails
 RETRY_PAUSE_S = (0.25, 5.0)  # first and longest pause between attempts (doubling)
@@ -26,10 +30,20 @@ MISSING_CODES = ("404", "NoSuchKey", "NotFound")
 log = logging.getLogger(__name__)
 
 
-def default_client() -> Any:
+def default_client(endpoint_url: str | None = None) -> Any:
     import boto3
 
-    return boto3.client("s3")
+    return boto3.client("s3", endpoint_url=endpoint_url)
+
+
+def link_endpoint() -> str | None:
+    """$EAGLE_DATA_S3_LINK_URL (an http(s) URL), else None: links name the endpoint the store calls."""
+    url = settings.get(LINK_URL_ENV).rstrip("/")
+    if url and not url.startswith(("http://", "https://")):
+        raise StorageError(
+            f"{LINK_URL_ENV}={url!r} is not an http(s) URL: give e.g. {LINK_URL_ENV}=http://127.0.0.1:9000"
+        )
+    return url or None
 
 
 class S3Files:
@@ -38,13 +52,17 @@ class S3Files:
 
     can_append = False  # S3 has no append: appenders write small part objects instead
 
-    def __init__(self, root: str, client_factory: Callable[[], Any] | None) -> None:
+    def __init__(
+        self, root: str, client_factory: Callable[[], Any] | None, link_factory: Callable[[str], Any] | None = None
+    ) -> None:
         self.root = root
         self.bucket, self.prefix = layout.s3_root(root)
         if not self.bucket:
             raise StorageError(f"{ROOT_ENV}={root!r} names no bucket; use s3://bucket/prefix")
         self.client_factory = client_factory or default_client
+        self.link_factory = link_factory or default_client  # a client for another endpoint, same settings
         self._client: Any = None
+        self._link: Any = None
 
     def check(self) -> None:
         self.client()
@@ -53,7 +71,7 @@ class S3Files:
         """The client every call goes through, retried through an outage. The bucket check on first use is
         not retried: before anything is written there is nothing to keep."""
         if self._client is None:
-            client = self.client_factory()
+            client = presign_with_sigv4(self.client_factory())
             check_bucket(client, self.bucket)
             self._client = _Retrying(client, retry_window_s())
         return self._client
@@ -62,9 +80,18 @@ class S3Files:
         return layout.under(self.prefix, key)
 
     def link(self, key: str) -> str:
-        """A presigned GET URL, valid for LINK_EXPIRES_S (7 days, the longest S3 signatures allow)."""
+        """A presigned GET URL, valid for LINK_EXPIRES_S (7 days, the longest S3 signatures allow), for the
+        endpoint a browser reaches (LINK_URL_ENV; signing makes no request)."""
+        client, public = self.client(), link_endpoint()
+        if public and public != (client.meta.endpoint_url or "").rstrip("/"):
+            client = self._link_client(public)
         params = {"Bucket": self.bucket, "Key": self.key(key)}
-        return self.client().generate_presigned_url("get_object", Params=params, ExpiresIn=LINK_EXPIRES_S)
+        return client.generate_presigned_url("get_object", Params=params, ExpiresIn=LINK_EXPIRES_S)
+
+    def _link_client(self, endpoint_url: str) -> Any:
+        if self._link is None or self._link.meta.endpoint_url != endpoint_url:
+            self._link = presign_with_sigv4(self.link_factory(endpoint_url))
+        return self._link
 
     def move_command(self, uri: str, aside: str) -> str:
         return f"aws s3 mv {uri} {aside}"
@@ -143,6 +170,19 @@ class S3Files:
 
     def delete(self, key: str) -> None:
         self.client().delete_object(Bucket=self.bucket, Key=self.key(key))
+
+
+def presign_with_sigv4(client: Any) -> Any:
+    """Presign GETs with SigV4, as every other call is signed: botocore presigns with SigV2 by default where
+    S3 still takes it (`_default_s3_presign_to_sigv2`), which S3 refuses for buckets made since 2020 and
+    whose expiry S3 may cut short. A handler of botocore's `choose-signer` event, as dagster-aws's unsigned
+    session uses (docs/facts.md, "Presigned links")."""
+
+    def sigv4(signature_version: str, **_: Any) -> str | None:
+        return "s3v4-query" if signature_version.endswith("-query") else None
+
+    client.meta.events.register("choose-signer.s3.*", sigv4)  # after an unsigned session's own
+    return client
 
 
 def check_bucket(client: Any, bucket: str) -> None:
