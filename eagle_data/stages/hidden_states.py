@@ -1,14 +1,14 @@
 """The hidden states of the mix: the plan that sizes their capture (`hidden_state_plan`), and the capture
-itself, shard by shard, verified before its record stands (`hidden_states`)."""
+itself, shard by shard, verified before its record stands (`hidden_states`); and the stored shards verified
+again without capturing (`verify_stored`, a checks-only run of `hidden_states`)."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import polars as pl
 
@@ -22,6 +22,7 @@ from eagle_data.storage import ShardStore
 from eagle_data.targets import load_target
 
 PLAN_ASSET = "hidden_state_plan"
+T = TypeVar("T")  # what one shard's work gives: a CapturedShard, or verify.Findings
 
 
 def write_hidden_state_plan(store: ShardStore, recipe: HiddenStateRecipe) -> tuple[hidden_states.Plan, str]:
@@ -66,8 +67,7 @@ def write_hidden_states(
     `partitions`; returns the capture's figures (the same for every shard: provenance, layers, path) and
     each shard's own. A shard that fails verification loses its record, so the next run captures it again.
     Refuses, before loading the model, a shard past the end of the mix."""
-    with _opened(specs, store, partitions, settings, checkpoint, device, log) as (path, run):
-        shards = {partition: capture_one(store, run, path, partition, log) for partition in partitions}
+    run, shards = _each_shard(specs, store, partitions, settings, checkpoint, device, log, capture_one)
     figures = {
         "capture_id": run.cid,
         "path": store.uri(layout.capture_dir(run.cid)),
@@ -90,12 +90,10 @@ def verify_stored(
     capturing any (a checks-only run): what `capture_one` verifies, the seeded re-capture included. A shard
     with no record of that capture (never captured, stale, or withdrawn) fails every check; one that fails
     verification loses its record, as in a capture run, so the next materialization captures it again."""
-    with _opened(specs, store, partitions, settings, checkpoint, device, log) as (path, run):
-        return {partition: _verify_stored_one(store, run, path, partition, log) for partition in partitions}
+    return _each_shard(specs, store, partitions, settings, checkpoint, device, log, _verify_stored_one)[1]
 
 
-@contextmanager
-def _opened(
+def _each_shard(
     specs: list[DatasetSpec],
     store: ShardStore,
     partitions: Sequence[str],
@@ -103,14 +101,16 @@ def _opened(
     checkpoint: str,
     device: str,
     log: Log,
-) -> Iterator[tuple[Path, Capture]]:
-    """The local mix and the loaded capture, after refusing shards past the mix's end."""
+    one: Callable[[ShardStore, Capture, Path, str, Log], T],
+) -> tuple[Capture, dict[str, T]]:
+    """`one` on each shard of `partitions`, with the local mix and the loaded capture, after refusing shards
+    past the mix's end (before loading the model)."""
     with local_mix(store, layout.mix()) as path:
         total = refuse_past_the_mix(path, partitions, settings.shard_rows)
         run = load_capture(specs, path, settings, checkpoint, device)
         log(f"hidden states: capture {run.cid}, {run.plan.record()}, {run.backend.dtype} on {device}, "
             f"{total:,} mix rows")  # fmt: skip
-        yield path, run
+        return run, {partition: one(store, run, path, partition, log) for partition in partitions}
 
 
 def refuse_past_the_mix(path: Path, partitions: Sequence[str], shard_rows: int) -> int:
