@@ -1,6 +1,7 @@
 """The `hidden_states` checks shard by shard, read back from a real Dagster instance: a range run over three
 capture shards with one shard corrupted fails only that shard's evaluation, each evaluation names its
-partition, the materialization it judged and the sha256 of the bytes it read; and the `dagster` CLI
+partition, the materialization it judged and the sha256 of the bytes it read; a checks-only run (the Checks
+tab's "Execute all") re-verifies the stored shards without capturing; and the `dagster` CLI
 materializes a capture shard on the demo profile with its checks green."""
 
 from __future__ import annotations
@@ -104,6 +105,61 @@ def test_a_range_run_with_one_corrupt_shard_fails_that_shards_evaluation_only(
         assert again.success  # the failed shard lost its record: captured again; the others skipped
         assert captured(instance) == {"00000": False, "00001": True, "00002": False}
         assert all(e.passed for e in latest_evaluations(instance, CHECKS, SHARDS).values())
+
+
+def checks_only(capture_asset: dict[str, Any], instance: dg.DagsterInstance) -> dg.ExecuteInProcessResult:
+    """What the Checks tab's "Execute all" launches: every check of hidden_states, not the asset, no partition."""
+    defs = dg.Definitions(assets=[capture_asset["asset"]], resources=capture_asset["resources"])
+    job = defs.resolve_implicit_global_asset_job_def().get_subset(
+        asset_selection=set(), asset_check_selection=set(CHECKS)
+    )
+    return job.execute_in_process(instance=instance, raise_on_error=False)
+
+
+def stored_files(root: Path) -> dict[str, tuple[int, bytes]]:
+    """Every file under the capture's folder: its modification time and bytes."""
+    return {str(f.relative_to(root)): (f.stat().st_mtime_ns, f.read_bytes()) for f in root.rglob("*") if f.is_file()}
+
+
+def test_a_checks_only_run_re_verifies_the_stored_shards_without_capturing(capture_asset: dict[str, Any]) -> None:
+    asset, resources = capture_asset["asset"], capture_asset["resources"]
+    with dg.instance_for_test() as instance:
+        follow_the_mix(instance, 12)
+        clean = dg.materialize([asset], resources=resources, instance=instance, tags=RANGE)
+        assert clean.success
+        path = Path(str(clean.asset_materializations_for_node(KEY.path[-1])[0].metadata["path"].value))
+        before = stored_files(path)
+        assert any(name.startswith("_shards/") for name in before)  # the shards' records are in there
+
+        verified = checks_only(capture_asset, instance)
+        assert verified.success
+        found = {(e.check_name, e.partition): e for e in verified.get_asset_check_evaluations()}
+        assert sorted(found) == sorted((name, shard) for name in verify.CHECKS for shard in SHARDS)
+        assert all(e.passed for e in found.values())
+        assert {e.target_materialization_data.run_id for e in found.values()} == {clean.run_id}
+        assert all(e.metadata["rows_recaptured"].value > 0 for e in found.values())  # the seeded re-capture ran
+        assert verified.get_asset_materialization_events() == []
+        assert stored_files(path) == before  # nothing captured, nothing rewritten
+
+        planted = path / "specforge-eagle3" / "rows_0-2000" / "data_5.ckpt"  # row 5: in shard 00001
+        planted.write_bytes(planted.read_bytes()[:-100])  # a truncated file
+        corrupt = checks_only(capture_asset, instance)
+        assert not corrupt.success
+        error = str(corrupt.get_step_failure_events()[0].step_failure_data.error)
+        assert "blocking check(s) failed: ids_match_mix on 00001;" in error
+        found = {(e.check_name, e.partition): e for e in corrupt.get_asset_check_evaluations()}
+        assert len(found) == 15 and {k for k, e in found.items() if not e.passed} == {(verify.IDS, "00001")}
+        line = found[(verify.IDS, "00001")].description
+        assert line.startswith("shard 00001: 1 stored sample(s) missing, unreadable or unlike their mix row")
+        assert "specforge-eagle3 row 5 unreadable" in line and "\n" not in line
+
+        withdrawn = checks_only(capture_asset, instance)  # the failed shard lost its record, as in a capture run
+        found = {(e.check_name, e.partition): e for e in withdrawn.get_asset_check_evaluations()}
+        assert {k for k, e in found.items() if not e.passed} == {(name, "00001") for name in verify.CHECKS}
+        line = found[(verify.IDS, "00001")].description
+        assert line.startswith("shard 00001: nothing captured of the current mix and settings (capture ")
+        assert line.endswith("materialize hidden_states partition 00001") and "\n" not in line
+        assert withdrawn.get_asset_materialization_events() == []
 
 
 def test_the_cli_materializes_a_capture_shard_on_the_demo_profile_with_its_checks_green(

@@ -6,11 +6,13 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from eagle_data import quality
+from eagle_data import layout, quality
 from eagle_data.catalog import Adapter, DatasetSpec, catalog
 from eagle_data.defs.checks import build_checks, check_keys
+from eagle_data.defs.estimate import estimate_asset
 from eagle_data.defs.io_managers import shard_resources
 from eagle_data.defs.resources import StorageResource
+from eagle_data.drafter import verify
 from eagle_data_tests.fixtures_quality import clean_frame, regression_frame
 
 SPEC = DatasetSpec(name="b9_fixture", title="Fixture", adapter=Adapter(prompt_field="q", response_field="r"),
@@ -27,6 +29,36 @@ def test_every_quality_check_of_the_definitions_can_execute_on_its_own():
     assert set(keys) <= set(graph.asset_check_keys)
     tied = [key.to_user_string() for key in keys if graph.get_execution_set_identifier(key)]
     assert not tied, f"checks that cannot execute without materializing their asset: {tied}"
+
+
+CAN_EXECUTE = """
+query CanExecute($key: AssetKeyInput!) {
+  assetNodeOrError(assetKey: $key) {
+    ... on AssetNode { assetChecksOrError { ... on AssetChecks { checks { name canExecuteIndividually } } } }
+  }
+}"""
+
+
+def can_execute(asset: str) -> dict[str, str]:
+    """check name -> the `canExecuteIndividually` the Checks tab reads for one asset of the definitions."""
+    from dagster._core.test_utils import in_process_test_workspace
+    from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
+    from dagster_graphql.test.utils import execute_dagster_graphql
+
+    origin = LoadableTargetOrigin(module_name="eagle_data.definitions")
+    with dg.instance_for_test() as instance, in_process_test_workspace(instance, origin) as context:
+        result = execute_dagster_graphql(context, CAN_EXECUTE, {"key": {"path": [asset]}})
+    assert not result.errors, result.errors
+    checks = result.data["assetNodeOrError"]["assetChecksOrError"]["checks"]
+    return {c["name"]: c["canExecuteIndividually"] for c in checks}
+
+
+def test_hidden_states_checks_can_execute_on_their_own_and_the_estimates_cannot():
+    """The Checks tab's "Execute all" on hidden_states re-verifies the stored shards; the estimate's canary and
+    budget judge a fresh sample in the estimate's own step, so its Checks tab keeps the button disabled."""
+    assert can_execute(layout.HIDDEN_STATES_ASSET) == dict.fromkeys(verify.CHECKS, "CAN_EXECUTE")
+    spec = next(iter(catalog().values()))
+    assert set(can_execute(estimate_asset(spec)).values()) == {"REQUIRES_MATERIALIZATION"}
 
 
 def stand_in_validated(spec: DatasetSpec) -> dg.AssetsDefinition:
@@ -70,8 +102,11 @@ def test_a_checks_only_run_without_a_partition_judges_each_materialized_shard(in
     assert all(e.target_materialization_data is not None for e in found.values())
     failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
     assert "blocking check(s) failed: empty_response on 00001" in failure.event_specific_data.error.message
-    status = {i.partition_key: i.latest_execution_status.value
-              for i in instance.event_log_storage.get_asset_check_partition_info([chosen]) if i.partition_key}
+    status = {
+        i.partition_key: i.latest_execution_status.value
+        for i in instance.event_log_storage.get_asset_check_partition_info([chosen])
+        if i.partition_key
+    }
     assert status == {"00000": "SUCCEEDED", "00001": "FAILED"}
 
 
@@ -97,4 +132,3 @@ def test_a_checks_only_run_before_any_materialization_fails_with_one_line(tmp_pa
     assert not result.success
     failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
     assert "no partition of b9_fixture_validated is materialized yet" in failure.event_specific_data.error.message
-

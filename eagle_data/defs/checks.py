@@ -62,9 +62,10 @@ def failed_blocking_checks(instance: dg.DagsterInstance, run_id: str) -> list[st
     return [name for names in blocked_steps(instance, run_id).values() for name in names]
 
 
-def judged_partitions(context: dg.AssetCheckExecutionContext, key: dg.AssetKey) -> list[str]:
-    """The shards a check step judges: its partition or range, or every materialized shard in a run without
-    a partition (the Checks tab's "Execute all")."""
+def judged_partitions(context: dg.AssetCheckExecutionContext | dg.AssetExecutionContext, key: dg.AssetKey) -> list[str]:
+    """The shards a check step judges (an asset check's, or a subsettable asset's checks-only step): its
+    partition or range, or every materialized shard in a run without a partition (the Checks tab's
+    "Execute all")."""
     if context.has_partition_key or context.has_partition_key_range:
         return list(context.partition_keys)
     keys = sorted(context.instance.get_materialized_partitions(key))

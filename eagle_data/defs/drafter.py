@@ -28,7 +28,7 @@ from eagle_data.drafter.settings import load_drafter_settings
 from eagle_data.quality import registry
 from eagle_data.stages.decontamination import DecontamReport, decontamination_report
 from eagle_data.stages.draft_vocab import write_draft_vocab
-from eagle_data.stages.hidden_states import PLAN_ASSET, write_hidden_state_plan, write_hidden_states
+from eagle_data.stages.hidden_states import PLAN_ASSET, verify_stored, write_hidden_state_plan, write_hidden_states
 
 # quality.registry's `decontamination`, judged by decontamination_report in decontamination_check below.
 DECONTAMINATION = registry.implemented("decontamination", ("decontamination",))[0].name
@@ -123,19 +123,17 @@ def follow_the_mix(instance: dg.DagsterInstance, mix_rows: int) -> list[str]:
 
 
 def build_capture_asset(owners: list[str], specs: list[DatasetSpec]) -> dg.AssetsDefinition:
-    """`hidden_states`, one partition per capture shard of the mix (CAPTURE_SHARDS)."""
+    """`hidden_states`, one partition per capture shard of the mix (CAPTURE_SHARDS). It can subset, so its
+    checks also run on their own (the Checks tab's "Execute all"): such a run re-verifies the stored shards
+    and never captures."""
     configured, shards = load_drafter_settings().capture, CAPTURE_SHARDS
-    checks = check_specs("capture", layout.HIDDEN_STATES_ASSET, shards)
-
-    @dg.asset(
-        name=layout.HIDDEN_STATES_ASSET,
+    key = dg.AssetKey(layout.HIDDEN_STATES_ASSET)
+    spec = dg.AssetSpec(
+        key,
         group_name="drafter",
         deps=["training_mix"],
         kinds={"pytorch", "safetensors"},
         code_version=settings_version(1, configured.model_dump(mode="json")),
-        partitions_def=shards,
-        backfill_policy=dg.BackfillPolicy.single_run(),
-        check_specs=checks,
         **catalog_labels(
             "drafter",
             owners,
@@ -144,27 +142,42 @@ def build_capture_asset(owners: list[str], specs: list[DatasetSpec]) -> dg.Asset
             "the mix, a re-capture and the plan.",
         ),
     )
+
+    @dg.multi_asset(
+        name=layout.HIDDEN_STATES_ASSET,
+        specs=[spec],
+        check_specs=check_specs("capture", key, shards),
+        partitions_def=shards,
+        backfill_policy=dg.BackfillPolicy.single_run(),
+        can_subset=True,
+    )
     @user_failure
     def hidden_states(context: dg.AssetExecutionContext, storage: StorageResource, capture: CaptureResource):
         tie_to_run_worker(context)  # a killed run stops capturing (GPU time nobody records), as generation does
-        keys = list(context.partition_keys)
-        figures, shards = write_hidden_states(
-            specs, storage.store(), keys, load_drafter_settings().capture, *capture.resolved(), log=context.log.info
-        )
-        for key, shard in shards.items():  # each partition's materialization: its own shard's figures
-            own = {name: _metadata_value(value) for name, value in shard.figures.items()}
-            context.add_asset_metadata({**own, SHARD_DIGEST: shard.found.shard_sha256}, partition_key=key)
-        metadata = {name: _metadata_value(value) for name, value in figures.items()}
-        metadata["path"] = dg.MetadataValue.path(figures["path"])
-        yield dg.MaterializeResult(metadata=metadata)  # recorded before the evaluations that name it
+        settings, store = load_drafter_settings().capture, storage.store()
+        if key not in context.selected_asset_keys:  # checks only: re-verify what is stored, capture nothing
+            keys = judged_partitions(context, key)
+            found = verify_stored(specs, store, keys, settings, *capture.resolved(), log=context.log.info)
+        else:
+            keys = list(context.partition_keys)
+            figures, captured = write_hidden_states(
+                specs, store, keys, settings, *capture.resolved(), log=context.log.info
+            )
+            for partition, shard in captured.items():  # each partition's materialization: its own shard's figures
+                own = {name: _metadata_value(value) for name, value in shard.figures.items()}
+                context.add_asset_metadata({**own, SHARD_DIGEST: shard.found.shard_sha256}, partition_key=partition)
+            metadata = {name: _metadata_value(value) for name, value in figures.items()}
+            metadata["path"] = dg.MetadataValue.path(figures["path"])
+            yield dg.MaterializeResult(asset_key=key, metadata=metadata)  # recorded before the evaluations that name it
+            found = {partition: shard.found for partition, shard in captured.items()}
 
         def judge(partition: str) -> tuple[str, list[dict[str, Any]]]:
-            found = shards[partition].found
-            return found.shard_sha256, [
-                check_outcome(name, found.passed(name), found.line(name), found.metadata()) for name in verify.CHECKS
+            shard = found[partition]
+            return shard.shard_sha256, [
+                check_outcome(name, shard.passed(name), shard.line(name), shard.metadata()) for name in verify.CHECKS
             ]
 
-        yield from report_shards(context, context.asset_key, keys, judge)
+        yield from report_shards(context, key, keys, judge)
 
     return hidden_states
 

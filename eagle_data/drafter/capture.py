@@ -288,6 +288,23 @@ def _figures(rows: int, aside: dict[int, str], batches_rows: list[list[list[Any]
     }
 
 
+def shard_material(provenance: dict[str, Any], settings: CaptureSettings, dtype: str) -> dict[str, Any]:
+    """What a shard's stored files depend on: its provenance, and the settings that shape the files and the
+    batches (a resume must re-form the same batches)."""
+    shaped_by = {"formats": list(settings.formats), "fp8": settings.fp8, "batch_tokens": settings.batch_tokens}
+    return {**provenance, **shaped_by, "dtype": dtype}
+
+
+def shard_key(material: dict[str, Any]) -> str:
+    """A shard record's key: the digest of its `shard_material`; a record with another key is stale."""
+    return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
+
+
+def read_record(store: ShardStore, cid: str, partition: str) -> dict[str, Any] | None:
+    """A finished shard's record in capture `cid`, or None when it has none."""
+    return _read_json(store, layout.capture_record(cid, SHARDS, partition))
+
+
 def capture_shard(
     store: ShardStore,
     cid: str,
@@ -300,11 +317,10 @@ def capture_shard(
     log: Log = print,
 ) -> ShardResult:
     """Capture one shard into capture `cid` (or skip it when its record's key matches), resuming from its
-    progress file. `provenance` names what the states depend on; its digest, with the settings that shape
-    the files and the batches (a resume must re-form the same batches), is the shard's key."""
-    shaped_by = {"formats": list(settings.formats), "fp8": settings.fp8, "batch_tokens": settings.batch_tokens}
-    material = {**provenance, **shaped_by, "dtype": backend.dtype}
-    key = hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
+    progress file. `provenance` names what the states depend on; the digest of its `shard_material` is the
+    shard's key."""
+    material = shard_material(provenance, settings, backend.dtype)
+    key = shard_key(material)
     folder = layout.capture_dir(cid)
     record_key, progress_key = (layout.capture_record(cid, kind, partition) for kind in (SHARDS, PROGRESS))
     old = _read_json(store, record_key)

@@ -53,6 +53,7 @@ class Findings:
     actual_bytes: dict[str, int] = field(default_factory=dict)
     planned_bytes: dict[str, int] = field(default_factory=dict)
     hasher: Any = field(default_factory=hashlib.sha256, repr=False)  # over every stored file read, in order
+    absent: str = ""  # why there was nothing to verify (no record of the current capture): every check fails
 
     @property
     def shard_sha256(self) -> str:
@@ -64,6 +65,8 @@ class Findings:
         return abs(actual - planned) / planned if planned else 0.0
 
     def passed(self, name: str) -> bool:
+        if self.absent:
+            return False
         if name == BYTES:
             return self.bytes_error() <= BYTES_TOLERANCE and not self.problems[BYTES]
         return not self.problems[name]
@@ -74,9 +77,11 @@ class Findings:
 
     def line(self, name: str) -> str:
         """The check's one line for this shard: what failed and what to do, or what passed."""
+        shard, redo = f"shard {self.partition}: ", f"re-materialize hidden_states partition {self.partition}"
+        if self.absent:
+            return f"{shard}{self.absent}: materialize hidden_states partition {self.partition}"
         found = self.problems[name]
         first = f" (first: {', '.join(found[:SHOWN])})" if found else ""
-        shard, redo = f"shard {self.partition}: ", f"re-materialize hidden_states partition {self.partition}"
         if name == BYTES:
             shown = f"{sum(self.actual_bytes.values()):,} bytes on disk vs {sum(self.planned_bytes.values()):,} planned"
             if self.passed(name):

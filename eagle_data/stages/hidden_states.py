@@ -1,13 +1,14 @@
 """The hidden states of the mix: the plan that sizes their capture (`hidden_state_plan`), and the capture
-itself, shard by shard, verified before its record stands (`hidden_states`)."""
+itself, shard by shard, verified before its record stands (`hidden_states`); and the stored shards verified
+again without capturing (`verify_stored`, a checks-only run of `hidden_states`)."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import polars as pl
 
@@ -21,6 +22,7 @@ from eagle_data.storage import ShardStore
 from eagle_data.targets import load_target
 
 PLAN_ASSET = "hidden_state_plan"
+T = TypeVar("T")  # what one shard's work gives: a CapturedShard, or verify.Findings
 
 
 def write_hidden_state_plan(store: ShardStore, recipe: HiddenStateRecipe) -> tuple[hidden_states.Plan, str]:
@@ -65,12 +67,7 @@ def write_hidden_states(
     `partitions`; returns the capture's figures (the same for every shard: provenance, layers, path) and
     each shard's own. A shard that fails verification loses its record, so the next run captures it again.
     Refuses, before loading the model, a shard past the end of the mix."""
-    with local_mix(store, layout.mix()) as path:
-        total = refuse_past_the_mix(path, partitions, settings.shard_rows)
-        run = load_capture(specs, path, settings, checkpoint, device)
-        log(f"hidden states: capture {run.cid}, {run.plan.record()}, {run.backend.dtype} on {device}, "
-            f"{total:,} mix rows")  # fmt: skip
-        shards = {partition: capture_one(store, run, path, partition, log) for partition in partitions}
+    run, shards = _each_shard(specs, store, partitions, settings, checkpoint, device, log, capture_one)
     figures = {
         "capture_id": run.cid,
         "path": store.uri(layout.capture_dir(run.cid)),
@@ -78,6 +75,42 @@ def write_hidden_states(
         **run.plan.record(),
     }
     return figures, shards
+
+
+def verify_stored(
+    specs: list[DatasetSpec],
+    store: ShardStore,
+    partitions: Sequence[str],
+    settings: CaptureSettings,
+    checkpoint: str,
+    device: str,
+    log: Log = print,
+) -> dict[str, verify.Findings]:
+    """Re-verify the stored capture shards `partitions` of the current mix and capture settings without
+    capturing any (a checks-only run): what `capture_one` verifies, the seeded re-capture included. A shard
+    with no record of that capture (never captured, stale, or withdrawn) fails every check; one that fails
+    verification loses its record, as in a capture run, so the next materialization captures it again."""
+    return _each_shard(specs, store, partitions, settings, checkpoint, device, log, _verify_stored_one)[1]
+
+
+def _each_shard(
+    specs: list[DatasetSpec],
+    store: ShardStore,
+    partitions: Sequence[str],
+    settings: CaptureSettings,
+    checkpoint: str,
+    device: str,
+    log: Log,
+    one: Callable[[ShardStore, Capture, Path, str, Log], T],
+) -> tuple[Capture, dict[str, T]]:
+    """`one` on each shard of `partitions`, with the local mix and the loaded capture, after refusing shards
+    past the mix's end (before loading the model)."""
+    with local_mix(store, layout.mix()) as path:
+        total = refuse_past_the_mix(path, partitions, settings.shard_rows)
+        run = load_capture(specs, path, settings, checkpoint, device)
+        log(f"hidden states: capture {run.cid}, {run.plan.record()}, {run.backend.dtype} on {device}, "
+            f"{total:,} mix rows")  # fmt: skip
+        return run, {partition: one(store, run, path, partition, log) for partition in partitions}
 
 
 def refuse_past_the_mix(path: Path, partitions: Sequence[str], shard_rows: int) -> int:
@@ -119,29 +152,61 @@ def load_capture(
 
 def capture_one(store: ShardStore, run: Capture, path: Path, partition: str, log: Log) -> CapturedShard:
     """Capture (or skip) and verify one shard; a shard that fails verification has its record withdrawn."""
-    settings, backend, cid = run.settings, run.backend, run.cid
-    frame = capture.shard_frame(path, int(partition), settings.shard_rows)
-    top = frame.select(pl.col("input_ids").list.max().max()).item()
-    if top is not None and top >= backend.vocab_size:
-        raise capture.CaptureError(
-            f"mix row in shard {partition} holds token id {top}, past the checkpoint's vocabulary of "
-            f"{backend.vocab_size}: the checkpoint {run.base['checkpoint']} is not the mix's target "
-            f"{run.base['target']}"
-        )
-    rows = frame["row"]
-    provenance = {**run.base, "mix_shard_sha256": capture.shard_hash(frame), "mix_rows": [rows.min(), rows.max() + 1]}
-    result = capture.capture_shard(store, cid, partition, frame, provenance, backend, run.plan, settings, log)
-    record = result.record
-    found = verify.verify_shard(
-        store, layout.capture_dir(cid), record, frame, run.plan, backend, settings.recapture_rows, settings.seed
+    frame, provenance = _shard_input(run, path, partition)
+    result = capture.capture_shard(
+        store, run.cid, partition, frame, provenance, run.backend, run.plan, run.settings, log
     )
-    if not found.data_ok():  # withdraw the record: the next run captures this shard again
-        store.delete(layout.capture_record(cid, capture.SHARDS, partition))
-        log(f"hidden states {partition}: failed verification; it will be captured again on the next run")
+    record = result.record
+    found = _verified(store, run, partition, record, frame, log)
     rate = f", {result.tokens_run / result.seconds:,.0f} tokens/s" if result.seconds else ""
     log(f"hidden states {partition}: {'captured' if result.captured else 'unchanged, skipped'}, "
         f"{record['captured_rows']} rows, {record['tokens']:,} tokens{rate}")  # fmt: skip
     return CapturedShard(shard_figures(result), found)
+
+
+def _verify_stored_one(store: ShardStore, run: Capture, path: Path, partition: str, log: Log) -> verify.Findings:
+    """Verify one shard's stored files, if its record is of the current mix rows and capture settings."""
+    frame, provenance = _shard_input(run, path, partition)
+    record = capture.read_record(store, run.cid, partition)
+    key = capture.shard_key(capture.shard_material(provenance, run.settings, run.backend.dtype))
+    if record is None or record["key"] != key:
+        log(f"hidden states {partition}: nothing stored for the current capture")
+        return verify.Findings(
+            partition, absent=f"nothing captured of the current mix and settings (capture {run.cid})"
+        )
+    found = _verified(store, run, partition, record, frame, log)
+    log(f"hidden states {partition}: stored shard re-verified, {found.samples} samples, {found.recaptured} re-captured")
+    return found
+
+
+def _shard_input(run: Capture, path: Path, partition: str) -> tuple[pl.DataFrame, dict[str, Any]]:
+    """A shard's mix rows and the provenance its states depend on; refuses a mix whose token ids run past the
+    checkpoint's vocabulary (not the mix's target)."""
+    frame = capture.shard_frame(path, int(partition), run.settings.shard_rows)
+    top = frame.select(pl.col("input_ids").list.max().max()).item()
+    if top is not None and top >= run.backend.vocab_size:
+        raise capture.CaptureError(
+            f"mix row in shard {partition} holds token id {top}, past the checkpoint's vocabulary of "
+            f"{run.backend.vocab_size}: the checkpoint {run.base['checkpoint']} is not the mix's target "
+            f"{run.base['target']}"
+        )
+    rows = frame["row"]
+    return frame, {**run.base, "mix_shard_sha256": capture.shard_hash(frame), "mix_rows": [rows.min(), rows.max() + 1]}
+
+
+def _verified(
+    store: ShardStore, run: Capture, partition: str, record: dict[str, Any], frame: pl.DataFrame, log: Log
+) -> verify.Findings:
+    """`verify.verify_shard` on a shard's stored files (its seeded rows re-captured); a shard whose samples fail
+    loses its record, so the next run captures it again."""
+    settings = run.settings
+    found = verify.verify_shard(
+        store, layout.capture_dir(run.cid), record, frame, run.plan, run.backend, settings.recapture_rows, settings.seed
+    )
+    if not found.data_ok():
+        store.delete(layout.capture_record(run.cid, capture.SHARDS, partition))
+        log(f"hidden states {partition}: failed verification; it will be captured again on the next run")
+    return found
 
 
 def shard_figures(result: capture.ShardResult) -> dict[str, Any]:
