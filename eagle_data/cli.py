@@ -41,6 +41,7 @@ LOG_LINE = re.compile(r"^\S+ \S+ \S+ - dagster - (?P<level>[A-Z]+) - \S+ - (?P<r
 EVENT = re.compile(r"^\d+ - (?:(?P<step>\S+) - )?(?P<event>[A-Z][A-Z_]+) - (?P<message>.*)$")
 USER_LOG = re.compile(r"^(?P<step>\S+) - (?P<message>.*)$")
 CHECK = re.compile(r"^Asset check '(?P<name>[^']+)' on '[^']+' (?P<outcome>passed|failed)")
+STEPS_FAILED = re.compile(r"Steps failed: \[(?P<steps>[^\]]*)\]")
 MAX_NOTES = 24  # progress lines shown; the rest of the run is in the log file
 HEARTBEAT_EVERY_S = 60.0  # the runner's sign of life comes every 30 s; the terminal needs less
 
@@ -92,6 +93,13 @@ class RunView:
         if event == "STEP_FAILURE":  # 'Execution of step "x" failed.': the why is on the next lines
             self.failed_steps.append(step)
             self.failing = step
+            return None
+        if event == "RUN_FAILURE" and (named := STEPS_FAILED.search(message)):
+            # A step process's own events can be lost when the run's process exits first (seen on a loaded
+            # machine): the run's failure names the failed steps, and the first one's error follows it.
+            unseen = [s for s in re.findall(r"'([^']+)'", named["steps"]) if s not in self.failed_steps]
+            self.failed_steps += unseen
+            self.failing = unseen[0] if unseen else ""
             return None
         if event == "ASSET_CHECK_EVALUATION" and (check := CHECK.match(message)):
             self.checks.setdefault(check["name"], []).append(check["outcome"] == "passed")

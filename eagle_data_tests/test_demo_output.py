@@ -78,6 +78,31 @@ def test_a_step_failure_and_a_failed_check_are_shown_even_after_the_budget_is_sp
     assert view.failed_steps == ["b7_sharegpt"]  # still in the summary
 
 
+def test_a_step_whose_own_failure_event_was_lost_is_shown_from_the_runs_failure():
+    """On a loaded machine the step process's STEP_FAILURE never reached the CLI's output (its parent exited
+    first): only RUN_FAILURE, with the error below it, as recorded in such a run's log."""
+    view = RunView()
+    raw = [
+        line("DEBUG", '2 - b7_sharegpt_prompts - STEP_START - Started execution of step "b7_sharegpt_prompts".'),
+        line("ERROR", "1 - RUN_FAILURE - Execution of run for \"__ASSET_JOB\" failed. Steps failed: "
+                      "['b7_sharegpt_prompts']."),
+        "",
+        "dagster._core.definitions.events.Failure: dataset 'b7_sharegpt': source file /x/nowhere.jsonl not found",
+        "",
+        "Stack Trace:",
+    ]  # fmt: skip
+    notes = [n for raw_line in raw if (n := view.note(raw_line, 0.0))]
+    assert notes == [
+        "  b7_sharegpt_prompts: started",
+        "  b7_sharegpt_prompts: FAILED: dataset 'b7_sharegpt': source file /x/nowhere.jsonl not found",
+    ]
+    assert view.failed_steps == ["b7_sharegpt_prompts"]
+    seen = RunView()  # where the step's own event arrived, the run's failure adds nothing
+    step_failure = line("DEBUG", "2 - b7_sharegpt_prompts - STEP_FAILURE - Execution of step failed.")
+    notes = [n for raw_line in [step_failure, raw[3], *raw[1:]] if (n := seen.note(raw_line, 0.0))]
+    assert [n for n in notes if "FAILED" in n] == [notes[0]] and seen.failed_steps == ["b7_sharegpt_prompts"]
+
+
 @pytest.fixture
 def demo_env(tmp_path: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("EAGLE_DATA_", "DAGSTER_"))}
