@@ -161,6 +161,10 @@ def test_a_checks_only_run_re_verifies_the_stored_shards_without_capturing(captu
         assert line.endswith("materialize hidden_states partition 00001") and "\n" not in line
         assert withdrawn.get_asset_materialization_events() == []
 
+        follow_the_mix(instance, 8)  # the mix shrank: training_mix dropped the last shard's partition
+        shrunk = checks_only(capture_asset, instance)
+        assert {e.partition for e in shrunk.get_asset_check_evaluations()} == set(SHARDS[:2])
+
 
 def test_the_cli_materializes_a_capture_shard_on_the_demo_profile_with_its_checks_green(
     tmp_path: Path, demo_model: Path

@@ -62,13 +62,18 @@ def failed_blocking_checks(instance: dg.DagsterInstance, run_id: str) -> list[st
     return [name for names in blocked_steps(instance, run_id).values() for name in names]
 
 
-def judged_partitions(context: dg.AssetCheckExecutionContext | dg.AssetExecutionContext, key: dg.AssetKey) -> list[str]:
+def judged_partitions(
+    context: dg.AssetCheckExecutionContext | dg.AssetExecutionContext,
+    key: dg.AssetKey,
+    shards: dg.PartitionsDefinition,
+) -> list[str]:
     """The shards a check step judges (an asset check's, or a subsettable asset's checks-only step): its
-    partition or range, or every materialized shard in a run without a partition (the Checks tab's
-    "Execute all")."""
+    partition or range, or in a run without a partition (the Checks tab's "Execute all") every materialized
+    shard that is still one of `shards` (a shrunk mix drops capture shards; the event log keeps them)."""
     if context.has_partition_key or context.has_partition_key_range:
         return list(context.partition_keys)
-    keys = sorted(context.instance.get_materialized_partitions(key))
+    current = set(shards.get_partition_keys(dynamic_partitions_store=context.instance))
+    keys = sorted(current & context.instance.get_materialized_partitions(key))
     if not keys:
         raise dg.Failure(f"no partition of {key.to_user_string()} is materialized yet: materialize one first")
     return keys
@@ -120,8 +125,8 @@ def stored_results(spec: DatasetSpec, store: ShardStore, log: Callable[[str], No
 
 
 def dataset_checks(spec: DatasetSpec) -> dg.AssetChecksDefinition:
-    key = validated_key(spec)
-    specs = check_specs("gates", key, partitions(spec))
+    key, shards = validated_key(spec), partitions(spec)
+    specs = check_specs("gates", key, shards)
 
     @dg.multi_asset_check(
         name=f"{spec.name}_quality_checks", specs=specs, can_subset=True, description=f"{spec.title}: quality gates."
@@ -129,7 +134,7 @@ def dataset_checks(spec: DatasetSpec) -> dg.AssetChecksDefinition:
     @user_failure
     def checks(context: dg.AssetCheckExecutionContext, storage: StorageResource):
         judge = stored_results(spec, storage.store(), context.log.warning)
-        yield from report_shards(context, key, judged_partitions(context, key), judge)
+        yield from report_shards(context, key, judged_partitions(context, key, shards), judge)
 
     return checks
 

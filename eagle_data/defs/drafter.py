@@ -156,7 +156,7 @@ def build_capture_asset(owners: list[str], specs: list[DatasetSpec]) -> dg.Asset
         tie_to_run_worker(context)  # a killed run stops capturing (GPU time nobody records), as generation does
         settings, store = load_drafter_settings().capture, storage.store()
         if key not in context.selected_asset_keys:  # checks only: re-verify what is stored, capture nothing
-            keys = judged_partitions(context, key)
+            keys = judged_partitions(context, key, shards)
             found = verify_stored(specs, store, keys, settings, *capture.resolved(), log=context.log.info)
         else:
             keys = list(context.partition_keys)
@@ -206,8 +206,8 @@ def _outcome(report: DecontamReport, index: BenchmarkIndex, sources: dict[str, s
 
 
 def decontamination_check(spec: DatasetSpec) -> dg.AssetChecksDefinition:
-    key = dg.AssetKey(layout.validated_asset(spec.name))
-    specs = check_specs("decontamination", key, partitions(spec))
+    key, shards = dg.AssetKey(layout.validated_asset(spec.name)), partitions(spec)
+    specs = check_specs("decontamination", key, shards)
 
     @dg.multi_asset_check(name=f"{spec.name}_decontamination", specs=specs, can_subset=True)
     @user_failure
@@ -219,7 +219,7 @@ def decontamination_check(spec: DatasetSpec) -> dg.AssetChecksDefinition:
             report = decontamination_report(spec.name, store, [partition], index, missing)
             return report.digests[partition], [_outcome(report, index, sources, key.to_user_string())]
 
-        yield from report_shards(context, key, judged_partitions(context, key), judge)
+        yield from report_shards(context, key, judged_partitions(context, key, shards), judge)
 
     return check
 
