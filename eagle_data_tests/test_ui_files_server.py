@@ -144,6 +144,9 @@ def test_s3_links_are_signed_for_the_address_a_browser_reaches(
     assert store.files.client().meta.endpoint_url == s3_endpoint  # the store itself still calls 127.0.0.1
     monkeypatch.delenv(LINK_URL_ENV)
     assert store.link(key).startswith(f"{s3_endpoint}/")
+    unsigned = S3ClientResource(endpoint_url=s3_endpoint, use_unsigned_session=True)
+    public = StorageResource(root=f"s3://{s3_bucket}/runs", s3=unsigned).store().link(key)
+    assert "Signature" not in public and "X-Amz-" not in public  # a public bucket's link stays unsigned
     monkeypatch.setenv(LINK_URL_ENV, "localhost:9000")
     with pytest.raises(StorageError, match=f"^{LINK_URL_ENV}='localhost:9000' is not an http"):
         store.link(key)

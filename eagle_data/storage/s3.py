@@ -174,9 +174,9 @@ class S3Files:
 
 def presign_with_sigv4(client: Any) -> Any:
     """Presign GETs with SigV4, as every other call is signed: botocore presigns with SigV2 by default where
-    S3 still takes it (`_default_s3_presign_to_sigv2`), which S3 refuses for buckets made since 2020 and
-    whose expiry S3 may cut short. A handler of botocore's `choose-signer` event, as dagster-aws's unsigned
-    session uses (docs/facts.md, "Presigned links")."""
+    S3 still takes it (`_default_s3_presign_to_sigv2`), a deprecated scheme that signs no host. A handler of
+    botocore's `choose-signer` event, as dagster-aws's unsigned session uses (docs/facts.md, "Presigned
+    links")."""
 
     def sigv4(signature_version: str, **_: Any) -> str | None:
         return "s3v4-query" if signature_version.endswith("-query") else None
