@@ -157,7 +157,7 @@ class DatasetSpec(_Frozen):
     max_turns: int = Field(8, gt=0, le=MAX_TURNS)
     token_budget: int = Field(0, ge=0)
     cost_budget_usd: float = Field(0.0, ge=0)
-    target: str = "qwen3"
+    target: str = "auto"
     mix_weight: float = Field(1.0, ge=0, le=MAX_WEIGHT)  # share of this dataset in the training mix (exports)
     mask_empty_think: bool = False  # loss mask 0 on an empty think block the model wrote (nothing to learn)
     # Before generation, an engine that reports the prompt ids its server rendered sends one prompt, and a server
