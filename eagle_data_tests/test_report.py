@@ -122,8 +122,9 @@ def test_a_record_of_an_older_schema_is_rebuilt_from_its_shard_with_one_notice(t
     assert notices == [
         "b9_fixture shard 00001: quality record missing or of an older schema; rebuilt from the validated shard"
     ]
-    judged = digest(store.shard_bytes(spec.name, "b9_fixture_validated", "00001"))
-    assert record == replace(shard_record("00001", shard, inputs_for(spec)), shard_sha256=judged)
+    data = store.shard_bytes(spec.name, "b9_fixture_validated", "00001")
+    rebuilt = shard_record("00001", shard, inputs_for(spec))
+    assert record == replace(rebuilt, shard_sha256=digest(data), shard_size=len(data))
     assert read_record(spec, store, "00001", notices.append) == record and len(notices) == 1  # stored: read as is
     stricter = spec.model_copy(update={"checks": spec.checks.model_copy(update={"max_short_share": 0.5})})
     assert read_record(stricter, store, "00001", notices.append).inputs.checks.max_short_share == 0.5

@@ -7,6 +7,11 @@ figures and check results, and the roll-up and the asset checks read that. The r
 were judged by other check definitions (a gate added, or made blocking) is stale and is rebuilt from its
 shard by the caller (report.py), which says so in one line. Fields added later get
 defaults, so a record written before them still reads.
+
+The record is the one home of a validated shard's check outcomes and digest: the gates judged at validation,
+the checks judged later on the stored shard (`judged_after`: decontamination), each with the digest of the
+bytes it judged, and the sha256 and size of the shard as stored. The asset checks, the export's admission
+(`exports.gate_records`) and the report read it; nothing reads outcomes back from Dagster's event log.
 """
 
 from __future__ import annotations
@@ -31,6 +36,18 @@ _TEXT_KEPT = 200  # characters of the most repeated completion kept
 
 
 @dataclass(frozen=True)
+class Judged:
+    """One check's outcome on one stored shard: whether it passed, its one line, the sha256 of the shard bytes
+    it judged and the run that judged them."""
+
+    check: str
+    passed: bool
+    message: str
+    shard_sha256: str
+    run_id: str = ""
+
+
+@dataclass(frozen=True)
 class ShardRecord:
     """What one verdicted shard left: its counts, figures and check results, and what it was judged with."""
 
@@ -45,6 +62,28 @@ class ShardRecord:
     inputs: Inputs
     shard_sha256: str = ""  # of the validated shard's bytes these results judged ("" until it is written)
     version: int = SCHEMA_VERSION
+    shard_size: int = 0  # of those bytes (0: recorded before sizes were)
+    run_id: str = ""  # the run that validated the shard ("": outside a Dagster run)
+    judged_after: tuple[Judged, ...] = ()  # checks judged on the stored shard after validation
+
+    def outcomes(self) -> dict[str, Judged]:
+        """Every check's stored outcome on this shard, by name: the gates, judged at validation on the bytes of
+        `shard_sha256`, and the checks judged after it, on the bytes each names."""
+        gates = {r.name: Judged(r.name, r.passed, r.message, self.shard_sha256, self.run_id) for r in self.results}
+        return gates | {judged.check: judged for judged in self.judged_after}
+
+    def with_judged(self, judged: Judged) -> ShardRecord:
+        """This record with `judged` in place of that check's earlier outcome."""
+        kept = tuple(j for j in self.judged_after if j.check != judged.check)
+        return replace(self, judged_after=(*kept, judged))
+
+    def carried_from(self, earlier: ShardRecord | None) -> ShardRecord:
+        """This record with the outcomes `earlier` holds of checks judged after validation on the very bytes
+        this one judged: re-validating a shard into the same bytes keeps their verdicts."""
+        if earlier is None or not self.shard_sha256:
+            return self
+        same = tuple(j for j in earlier.judged_after if j.shard_sha256 == self.shard_sha256)
+        return replace(self, judged_after=same)
 
     def figures(self) -> Figures:
         """The shard's report figures, as `figures()` gave them at validation."""
