@@ -9,9 +9,10 @@ formula (`hidden_states.capture_bytes`) for the same layers, dtype, format, samp
 Each shard is judged on its own (`Findings` of one shard), so a corrupt shard fails only its own verdicts,
 and each verdict carries the sha256 of the stored bytes it read. Every file read is hashed as it is read: the
 first verification after a capture records each file's digest (`Findings.files`), and every later one (the next
-capture run that skips the shard, a checks-only run) checks the files against them first: a file changed since
-(values rescaled, rows rewritten) fails every check of its shard with the line naming it, what changed and the
-command that captures the shard again, whatever the sampled re-capture would have caught.
+capture run that skips the shard, a checks-only run) checks the files against them: a file changed since
+(values rescaled, rows rewritten) fails `ids_match_mix` (the stored samples are no longer those made from the mix
+and verified) with the line naming it, what changed and the command that captures the shard again, whatever the
+sampled re-capture would have caught.
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ class Findings:
         return abs(actual - planned) / planned if planned else 0.0
 
     def passed(self, name: str) -> bool:
-        if self.absent or self.changed:
+        if self.absent or (name == IDS and self.changed):
             return False
         if name == BYTES:
             return self.bytes_error() <= BYTES_TOLERANCE and not self.problems[BYTES]
@@ -98,10 +99,10 @@ class Findings:
         shard, redo = f"shard {self.partition}: ", f"re-materialize hidden_states partition {self.partition}"
         if self.absent:
             return f"{shard}{self.absent}: materialize hidden_states partition {self.partition}"
-        if self.changed:
+        found = self.problems[name]
+        if name == IDS and self.changed and not found:
             more = f" (and {len(self.changed) - 1} more file(s))" if len(self.changed) > 1 else ""
             return f"{shard}{self.changed[0]}{more}"
-        found = self.problems[name]
         first = f" (first: {', '.join(found[:SHOWN])})" if found else ""
         if name == BYTES:
             shown = f"{sum(self.actual_bytes.values()):,} bytes on disk vs {sum(self.planned_bytes.values()):,} planned"

@@ -4,9 +4,9 @@ again without capturing (`verify_stored`, a checks-only run of `hidden_states`).
 
 The mix is read only once its bytes are those the export recorded (`mixfile.exported_file`). A shard's first
 verification after its capture records the sha256 and size of every file it read
-(`_digests/{partition}.json` beside the shard's record); every later one checks the files against them: a
-checks-only run fails the shard's checks, and a capture run captures a changed shard again instead of skipping
-it."""
+(`_digests/{partition}.json` beside the shard's record); every later one (a checks-only run, a capture run that
+skips the unchanged shard) checks the files against them first: a changed file fails `ids_match_mix` with the
+line naming it, and the shard loses its record, so the next capture run captures it again."""
 
 from __future__ import annotations
 
@@ -164,15 +164,8 @@ def capture_one(store: ShardStore, run: Capture, path: Path, partition: str, log
     result = capture.capture_shard(
         store, run.cid, partition, frame, provenance, run.backend, run.plan, run.settings, log
     )
-    found = _verified(store, run, partition, result.record, frame, log, fresh=result.captured)
-    if found.changed and not result.captured:  # its record was withdrawn: this capture is what repairs it
-        changed = found.changed[0]
-        log(f"hidden states {partition}: {changed.uri} {changed.what}; capturing the shard again")
-        result = capture.capture_shard(
-            store, run.cid, partition, frame, provenance, run.backend, run.plan, run.settings, log
-        )
-        found = _verified(store, run, partition, result.record, frame, log, fresh=True)
     record = result.record
+    found = _verified(store, run, partition, record, frame, log, fresh=result.captured)
     rate = f", {result.tokens_run / result.seconds:,.0f} tokens/s" if result.seconds else ""
     log(f"hidden states {partition}: {'captured' if result.captured else 'unchanged, skipped'}, "
         f"{record['captured_rows']} rows, {record['tokens']:,} tokens{rate}")  # fmt: skip
