@@ -23,6 +23,9 @@ import torch
 
 from eagle_data import layout
 from eagle_data.catalog import DatasetSpec, load_catalog
+from eagle_data.defs.assets import build_dataset_assets
+from eagle_data.defs.io_managers import shard_resources
+from eagle_data.defs.resources import EngineResource, StorageResource
 from eagle_data.drafter import verify
 from eagle_data.drafter.settings import CaptureSettings
 from eagle_data.engines import make_engine
@@ -114,6 +117,37 @@ def test_a_changed_or_lost_generation_shard_is_rebuilt_without_paying(generated:
     assert sorted(rebuilt["content"].to_list()) == sorted(whole["content"].to_list())
     done = stage.validate(spec, store, KEYS, log=lambda _: None)  # and the next stage reads it as written
     assert sum(done.rows.values()) == 40
+
+
+def test_re_materializing_a_changed_generation_partition_in_dagster_sends_no_request(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same repair through the assets and the shard IO manager: `dagster asset materialize --select
+    b7_sharegpt --partition 00001`, as the refusal line says, after the stored shard lost half its rows."""
+    server = FakeOpenAI()
+    server.start()
+    monkeypatch.setenv("EAGLE_DATA_ENGINE", "openai")
+    monkeypatch.setenv("EAGLE_DATA_BASE_URL", f"http://127.0.0.1:{server.port}/v1")
+    spec = load_catalog(profile="demo")["b7_sharegpt"]
+    resources = {**shard_resources(StorageResource(root=str(tmp_path))),
+                 "engine": EngineResource(kind="openai", model="m", api_key_env="")}  # fmt: skip
+    assets = build_dataset_assets(spec)
+    generation = dg.AssetSelection.assets(layout.prompts_asset(spec.name), spec.name)
+    try:
+        with dg.DagsterInstance.ephemeral() as instance:
+            for key in KEYS:
+                assert dg.materialize(assets, selection=generation, partition_key=key, resources=resources,
+                                      instance=instance).success  # fmt: skip
+            paid, path = server.received, tmp_path / layout.shard(spec.name, spec.name, "00001")
+            whole = pl.read_parquet(path)
+            half_rows(path)
+            again = dg.AssetSelection.assets(spec.name)
+            assert dg.materialize(assets, selection=again, partition_key="00001", resources=resources,
+                                  instance=instance).success  # fmt: skip
+    finally:
+        server.stop()
+    assert paid > 0 and server.received == paid
+    assert pl.read_parquet(path).select("prompt_id", "content").equals(whole.select("prompt_id", "content"))
 
 
 def test_capture_refuses_an_edited_mix(specs: list[DatasetSpec], demo_model: Path, tmp_path: Path) -> None:
