@@ -30,6 +30,8 @@ from eagle_data.drafter import verify
 from eagle_data.drafter.settings import CaptureSettings
 from eagle_data.engines import make_engine
 from eagle_data.exports import Admission
+from eagle_data.exports.check import check_exports
+from eagle_data.exports.settings import ExportSettings
 from eagle_data.runner import RunnerSettings
 from eagle_data.stages.export import export
 from eagle_data.stages.hidden_states import verify_stored, write_hidden_states
@@ -162,6 +164,20 @@ def test_capture_refuses_an_edited_mix(specs: list[DatasetSpec], demo_model: Pat
     assert line.startswith(f"{path} changed since it was written (sha256 ") and "\n" not in line
     assert line.endswith(REPAIR.format("training_mix"))
     assert not store.list(layout.capture_dir(""))  # nothing captured from it
+
+
+def test_trainer_parity_refuses_a_trainer_file_edited_after_the_export(tmp_path: Path) -> None:
+    """An exported file is read by the trainer's own code only once it is the file the export wrote: an edit
+    that keeps the rows loadable fails the check as `not_loaded`, with the line naming it, instead of being
+    compared as if the export had written it."""
+    spec, store = exported_mix(tmp_path)
+    path = tmp_path / layout.mix_file("prompts.jsonl")
+    lines = path.read_bytes().splitlines(keepends=True)
+    path.write_bytes(b"".join(lines[:-1]))  # the last row dropped: what the trainer loads is still consistent
+    report = check_exports(store, [spec], ExportSettings(parity_rows=0))
+    [failure] = report.failures
+    assert failure.startswith(f"mix prompts.jsonl: not_loaded 1 ({path} changed since it was written (sha256 ")
+    assert failure.endswith(REPAIR.format("training_mix") + ")") and "\n" not in failure
 
 
 def exported_mix(root: Path) -> tuple[DatasetSpec, ShardStore]:

@@ -238,13 +238,10 @@ def verify_shard(
     seed: int,
     recorded: Recorded | None = None,
 ) -> Findings:
-    """Check one captured shard (its record from capture_shard) against its recorded digests, its mix rows and
-    the target (`recorded` None: nothing recorded yet)."""
+    """Check one captured shard (its record from capture_shard) against `recorded`, its mix rows and the target."""
     import torch
 
-    recorded = recorded or Recorded(None, "")
-    partition = record["partition"]
-    found = Findings(partition)
+    partition, found = record["partition"], Findings(record["partition"])
     mix = {
         row: (np.asarray(ids), np.asarray(mask))
         for row, ids, mask in frame.select("row", "input_ids", "loss_mask").iter_rows()
@@ -258,7 +255,7 @@ def verify_shard(
         layers = formats.stored_layers(trainers.REGISTRY[fmt], plan)
         recipe = HiddenStateRecipe(captured_layers=layers, hidden_size=backend.hidden_size, dtype=dtype, format=fmt)
         found.planned_bytes[fmt] = capture_bytes(recipe, len(rows), tokens)
-        for sample in _stored(store, folder, partition, fmt, rows, plan, found, recorded):
+        for sample in _stored(store, folder, partition, fmt, rows, plan, found, recorded or Recorded(None, "")):
             found.samples += 1
             name = f"{fmt} row {sample.row}"
             ids, mask = mix.get(sample.row, (None, None))
