@@ -16,7 +16,7 @@ from eagle_data.catalog import DatasetSpec
 from eagle_data.quality import CHECK_COLUMNS, Inputs, ShardRecord, rollup, row_verdicts, shard_record
 from eagle_data.quality.figures import Bins, Figures, markdown_table
 from eagle_data.quality.gates import CheckResult
-from eagle_data.quality.records import Judged
+from eagle_data.quality.records import Judged, judged_rollup
 from eagle_data.storage import ShardStore, digest, read_columns
 
 Log = Callable[[str], None]
@@ -292,5 +292,6 @@ def write_dataset_report(spec: DatasetSpec, store: ShardStore, log: Log = print)
     records = [read_record(spec, store, p.partition, log) for p in parsed if p and p.kind == "quality_record"]
     fig, results = rollup(records)
     title = f"{spec.title or spec.name} ({spec.name}): {len(records)} of {spec.num_shards} shards"
-    uri = store.write_bytes(layout.quality_index(spec.name), render_report(title, fig, results, spec.name))
+    page = render_report(title, fig, results, spec.name, judged_rollup(records))
+    uri = store.write_bytes(layout.quality_index(spec.name), page)
     return DatasetReport(uri, len(records), fig, tuple(results))

@@ -17,6 +17,7 @@ bytes it judged, and the sha256 and size of the shard as stored. The asset check
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import polars as pl
@@ -110,6 +111,23 @@ class ShardRecord:
 
 
 _ADAPTER = TypeAdapter(ShardRecord)
+
+
+def judged_rollup(records: Sequence[ShardRecord]) -> list[Judged]:
+    """The checks judged after validation, over every shard's record: one outcome per check, failed when it
+    failed on a shard or has not judged a shard's current bytes yet, saying on how many."""
+    names = sorted({j.check for r in records for j in r.judged_after})
+    out = []
+    for name in names:
+        outcomes = [(r.partition, r.outcomes().get(name), r.shard_sha256) for r in records]
+        current = [(p, o) for p, o, sha in outcomes if o is not None and o.shard_sha256 == sha]
+        failed = [(p, o) for p, o in current if not o.passed]
+        first = f" ({failed[0][0]}: {failed[0][1].message})" if failed else ""
+        missing = len(records) - len(current)
+        said = [f"{len(failed)} of {len(records)} shards failed{first}"]
+        said += [f"{missing} not judged on their current bytes yet"] if missing else []
+        out.append(Judged(name, not failed and not missing, "; ".join(said), ""))
+    return out
 
 
 def shard_record(partition: str, frame: pl.DataFrame, inputs: Inputs) -> ShardRecord:
