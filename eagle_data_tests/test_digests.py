@@ -130,7 +130,7 @@ def test_re_materializing_a_changed_generation_partition_in_dagster_sends_no_req
     server.start()
     monkeypatch.setenv("EAGLE_DATA_ENGINE", "openai")
     monkeypatch.setenv("EAGLE_DATA_BASE_URL", f"http://127.0.0.1:{server.port}/v1")
-    spec = load_catalog(profile="demo")["b7_sharegpt"]
+    spec = load_catalog(profile="demo")["b7_sharegpt"].model_copy(update={"target": "qwen3-test"})
     resources = {**shard_resources(StorageResource(root=str(tmp_path))),
                  "engine": EngineResource(kind="openai", model="m", api_key_env="")}  # fmt: skip
     assets = build_dataset_assets(spec)
@@ -190,7 +190,8 @@ def exported_mix(root: Path) -> tuple[DatasetSpec, ShardStore]:
 
 @pytest.fixture(scope="module")
 def specs() -> list[DatasetSpec]:
-    return list(load_catalog(profile="demo").values())
+    """The demo catalog's datasets, tokenized for the target whose vocabulary ships with the package."""
+    return [spec.model_copy(update={"target": "qwen3-test"}) for spec in load_catalog(profile="demo").values()]
 
 
 @pytest.fixture(scope="module")
