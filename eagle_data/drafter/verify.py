@@ -58,14 +58,12 @@ class Findings:
     recapture_worst: float = 0.0  # the largest error as a share of the allowed error (<= 1 passes)
     actual_bytes: dict[str, int] = field(default_factory=dict)
     planned_bytes: dict[str, int] = field(default_factory=dict)
-    hasher: Any = field(default_factory=hashlib.sha256, repr=False)  # over every stored file read, in order
     absent: str = ""  # why there was nothing to verify (no record of the current capture): every check fails
     files: dict[str, FileDigest] = field(default_factory=dict)  # every stored file read, by key
     changed: list[ChangedFile] = field(default_factory=list)  # files unlike their recorded digests
 
     def took(self, uri: str, key: str, data: bytes, recorded: dict[str, FileDigest] | None, repair: str) -> None:
         """Hash one stored file as read; with `recorded` digests, note it when it is not the file recorded."""
-        self.hasher.update(data)
         self.files[key] = found = FileDigest.of(data)
         if recorded is None:
             return
@@ -76,8 +74,10 @@ class Findings:
 
     @property
     def shard_sha256(self) -> str:
-        """The sha256 of the stored bytes these findings judged."""
-        return self.hasher.hexdigest()
+        """The sha256 of the stored bytes these findings judged: over each file's key and digest, in read order
+        (every byte hashed once, as read)."""
+        listed = "".join(f"{key}\0{d.sha256}\0{d.size}\n" for key, d in self.files.items())
+        return hashlib.sha256(listed.encode()).hexdigest()
 
     def bytes_error(self) -> float:
         planned, actual = sum(self.planned_bytes.values()), sum(self.actual_bytes.values())
