@@ -52,12 +52,12 @@ CAPTURE = CaptureSettings(formats=("specforge-eagle3",), shard_rows=8, batch_tok
 
 @dataclass
 class Generated:
-    """Two generation shards of 20 prompts, stored as a run stores them, and the server that answered."""
+    """Two generation shards of 20 prompts, stored as a run stores them (on a folder, then on moto's S3 server),
+    and the server that answered."""
 
     spec: DatasetSpec
     store: ShardStore
     server: FakeOpenAI
-    root: Path
 
     def generate(self) -> None:
         engine = make_engine("openai", base_url=f"http://127.0.0.1:{self.server.port}/v1", model="qwen/qwen3-8b",
@@ -65,15 +65,26 @@ class Generated:
         stage.generate(self.spec, self.store, KEYS, engine, log=lambda _: None,
                        settings=RunnerSettings(progress_bar=False))  # fmt: skip
 
-    def shard(self, key: str) -> Path:
-        return self.root / layout.shard(self.spec.name, self.spec.name, key)
+    def key(self, partition: str) -> str:
+        return layout.shard(self.spec.name, self.spec.name, partition)
+
+    def damage(self, partition: str, how: str) -> None:
+        """Half its rows (a valid parquet file), torn (its footer cut), or deleted."""
+        key = self.key(partition)
+        if how == "deleted":
+            self.store.delete(key)
+        elif how == "torn":
+            self.store.write_bytes(key, self.store.read_bytes(key)[:-200])
+        else:
+            frame = self.store.read_frame(key)
+            self.store.write_frame(key, frame.head(frame.height // 2))
 
 
 @pytest.fixture
-def generated(server: FakeOpenAI, tmp_path: Path) -> Iterator[Generated]:
-    spec, store = spec_for_tests(target="qwen3-test"), ShardStore(str(tmp_path))
+def generated(server: FakeOpenAI, store: ShardStore) -> Iterator[Generated]:
+    spec = spec_for_tests(target="qwen3-test")
     write_shards(store, spec.name, layout.prompts_asset(spec.name), prompt_shards(2, 20))
-    done = Generated(spec, store, server, tmp_path)
+    done = Generated(spec, store, server)
     done.generate()
     yield done
 
@@ -87,13 +98,12 @@ def half_rows(path: Path) -> None:
 def test_validation_refuses_a_generation_shard_rewritten_with_half_its_rows(generated: Generated) -> None:
     """Probe: a generation shard rewritten as valid parquet with half its rows validated as {'pass': 10}."""
     spec, store = generated.spec, generated.store
-    path = generated.shard("00000")
-    half_rows(path)
+    generated.damage("00000", "half_rows")
     with pytest.raises(UserError) as refused:
         stage.validate(spec, store, KEYS, log=lambda _: None)
     line = str(refused.value)
-    assert line.startswith(f"{path} changed since it was written (sha256 ") and "\n" not in line
-    assert " bytes recorded, " in line  # what changed: both digests and both sizes
+    assert line.startswith(f"{store.uri(generated.key('00000'))} changed since it was written (sha256 ")
+    assert " bytes recorded, " in line and "\n" not in line  # what changed: both digests and both sizes
     assert line.endswith(REPAIR.format(f"{spec.name} --partition 00000"))
     assert not store.exists(layout.quality_record(spec.name, "00000"))  # nothing downstream used it
     assert not store.shard_exists(spec.name, layout.validated_asset(spec.name), "00000")
@@ -103,18 +113,13 @@ def test_validation_refuses_a_generation_shard_rewritten_with_half_its_rows(gene
 def test_a_changed_or_lost_generation_shard_is_rebuilt_without_paying(generated: Generated, damage: str) -> None:
     """Probe: a corrupted stored generation shard was paid for again in full (the turn log was dropped once the
     shard was stored). Re-materializing the partition now rebuilds it from the kept rows: 0 requests."""
-    spec, store, path = generated.spec, generated.store, generated.shard("00001")
-    whole = pl.read_parquet(path)
+    spec, store = generated.spec, generated.store
+    whole = store.read_frame(generated.key("00001"))
     paid = generated.server.received
-    if damage == "half_rows":
-        half_rows(path)
-    elif damage == "torn":
-        path.write_bytes(path.read_bytes()[:-200])
-    else:
-        path.unlink()
+    generated.damage("00001", damage)
     generated.generate()
     assert generated.server.received == paid  # nothing asked again
-    rebuilt = pl.read_parquet(path)
+    rebuilt = store.read_frame(generated.key("00001"))
     assert rebuilt.height == whole.height == 20
     assert sorted(rebuilt["content"].to_list()) == sorted(whole["content"].to_list())
     done = stage.validate(spec, store, KEYS, log=lambda _: None)  # and the next stage reads it as written
