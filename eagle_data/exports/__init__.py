@@ -28,6 +28,7 @@ import io
 import random
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +53,7 @@ TRAINING_COLUMNS = ("prompt_id", "dataset", "input_ids", "loss_mask")
 STRUCTURE_FLAGS = ("structure_ok", "roundtrip_ok", "prefix_ok")  # False: the ids are not the target's
 REQUIRED_COLUMNS = tuple(dict.fromkeys((*TRAINING_COLUMNS, "messages", "verdict", *JUDGED_COLUMNS)))
 ROW_GROUP_ROWS = 1024  # parquet row groups of the exports: small enough that writing them stays flat
+READERS = 16  # quality records the gate reads at once
 BUCKET_BYTES = 8 << 20  # rows of the mix held at once while writing it, in bytes of token lists
 
 
@@ -129,11 +131,13 @@ def gate_records(spec: DatasetSpec, store: ShardStore, blocking: Sequence[str]) 
     stored = frozenset(shards_written(store, spec.name, layout.validated_asset(spec.name)))
     parsed = (layout.parse(key) for key in store.list(layout.quality_prefix(spec.name)))
     partitions = [key.partition for key in parsed if key is not None and key.kind == "quality_record"]
-    records = {}
-    for partition in partitions:
-        if (record := stored_record(spec, store, partition)) is not None:
-            digest = FileDigest(record.shard_sha256, record.shard_size) if record.shard_sha256 else None
-            records[partition] = StoredShard(digest, record.outcomes())
+    with ThreadPoolExecutor(READERS) as pool:  # one small GET each on S3: read side by side
+        found = dict(zip(partitions, pool.map(lambda p: stored_record(spec, store, p), partitions), strict=True))
+    records = {
+        partition: StoredShard(FileDigest(r.shard_sha256, r.shard_size) if r.shard_sha256 else None, r.outcomes())
+        for partition, r in found.items()
+        if r is not None
+    }
     return GateRecords(tuple(blocking), stored, records)
 
 
