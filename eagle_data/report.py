@@ -18,6 +18,7 @@ from eagle_data.quality.figures import Bins, Figures, markdown_table
 from eagle_data.quality.gates import CheckResult
 from eagle_data.quality.records import Judged, judged_rollup
 from eagle_data.storage import ShardStore, digest, read_columns
+from eagle_data.storage.digests import FileDigest, check, materialize_command
 
 Log = Callable[[str], None]
 
@@ -197,8 +198,23 @@ def write_shard_report(spec: DatasetSpec, store: ShardStore, record: ShardRecord
 
 def stored_record(spec: DatasetSpec, store: ShardStore, key: str) -> ShardRecord | None:
     """A shard's stored record as it is (None: none, or of another schema); `read_record` rebuilds a stale one."""
-    path = layout.quality_record(spec.name, key)
+    return _stored(store, spec.name, key)
+
+
+def _stored(store: ShardStore, dataset: str, key: str) -> ShardRecord | None:
+    path = layout.quality_record(dataset, key)
     return ShardRecord.from_json(store.read_bytes(path)) if store.exists(path) else None
+
+
+def validated_bytes(store: ShardStore, dataset: str, key: str) -> bytes:
+    """A validated shard's bytes, once they are those its quality record says validation stored (a
+    `digests.ChangedFile` line otherwise; a shard without a digest in its record is read as it is)."""
+    asset = layout.validated_asset(dataset)
+    data = store.shard_bytes(dataset, asset, key)
+    record = _stored(store, dataset, key)
+    recorded = FileDigest(record.shard_sha256, record.shard_size) if record and record.shard_sha256 else None
+    check(store.uri(layout.shard(dataset, asset, key)), FileDigest.of(data), recorded, materialize_command(asset, key))
+    return data
 
 
 def record_judged(spec: DatasetSpec, store: ShardStore, key: str, judged: Judged, log: Log = print) -> None:

@@ -14,7 +14,7 @@ from eagle_data.catalog import DatasetSpec
 from eagle_data.drafter import decontam
 from eagle_data.quality import KEPT, registry
 from eagle_data.quality.records import Judged
-from eagle_data.report import Log, record_judged
+from eagle_data.report import Log, record_judged, validated_bytes
 from eagle_data.storage import ShardStore, digest, read_columns
 
 # quality.registry's `decontamination`, judged by decontamination_report (the check in defs/drafter.py reports it)
@@ -85,9 +85,8 @@ def decontamination_report(
     """Scan each validated shard of the range against the benchmark index, one shard in memory at a time;
     `unread` names the configured benchmarks the index lacks (evalsets.unread)."""
     report = DecontamReport(unread=list(unread))
-    asset = layout.validated_asset(dataset)
     for key in partitions:
-        data = store.shard_bytes(dataset, asset, key)
+        data = validated_bytes(store, dataset, key)  # the bytes validation stored, or a one-line refusal
         shard = read_columns(data, ["prompt_id", "messages", "verdict"])  # no token lists
         report.add(shard, decontam.scan(shard, index))
         report.digests[key] = digest(data)
