@@ -27,12 +27,14 @@ from eagle_data.defs.assets import build_dataset_assets
 from eagle_data.defs.io_managers import shard_resources
 from eagle_data.defs.resources import EngineResource, StorageResource
 from eagle_data.drafter import verify
-from eagle_data.drafter.settings import CaptureSettings
+from eagle_data.drafter.evalsets import benchmark_index
+from eagle_data.drafter.settings import CaptureSettings, Decontamination
 from eagle_data.engines import make_engine
 from eagle_data.exports import Admission
 from eagle_data.exports.check import check_exports
 from eagle_data.exports.settings import ExportSettings
 from eagle_data.runner import RunnerSettings
+from eagle_data.stages.decontamination import decontamination_report
 from eagle_data.stages.export import export
 from eagle_data.stages.hidden_states import verify_stored, write_hidden_states
 from eagle_data.standins.openai_fake import FakeOpenAI, prompt_shards, spec_for_tests
@@ -124,6 +126,19 @@ def test_a_changed_or_lost_generation_shard_is_rebuilt_without_paying(generated:
     assert sorted(rebuilt["content"].to_list()) == sorted(whole["content"].to_list())
     done = stage.validate(spec, store, KEYS, log=lambda _: None)  # and the next stage reads it as written
     assert sum(done.rows.values()) == 40
+
+
+def test_the_decontamination_check_refuses_a_validated_shard_changed_since_validation(generated: Generated) -> None:
+    """The check judged after validation reads the bytes validation stored (its quality record's digest), or
+    says in one line that they changed, instead of recording a verdict on other rows."""
+    spec, store = generated.spec, generated.store
+    stage.validate(spec, store, KEYS, log=lambda _: None)
+    key = layout.shard(spec.name, layout.validated_asset(spec.name), "00001")
+    store.write_frame(key, store.read_frame(key).head(5))
+    with pytest.raises(UserError) as refused:
+        decontamination_report(spec.name, store, KEYS, benchmark_index(Decontamination())[0])
+    assert str(refused.value).startswith(f"{store.uri(key)} changed since it was written (sha256 ")
+    assert str(refused.value).endswith(REPAIR.format(f"{spec.name}_validated --partition 00001"))
 
 
 def test_re_materializing_a_changed_generation_partition_in_dagster_sends_no_request(
