@@ -219,13 +219,14 @@ def validated_bytes(store: ShardStore, dataset: str, key: str) -> bytes:
 
 def record_judged(spec: DatasetSpec, store: ShardStore, key: str, judged: Judged, log: Log = print) -> None:
     """Store a check judged after validation (decontamination) in the shard's record and page: where the
-    export's admission reads it. A shard without a record of this schema keeps none (the gates' check step
-    rebuilds it; the export leaves the shard out until this check judges it again)."""
-    record = stored_record(spec, store, key)
-    if record is None:
+    export's admission reads it. A record judged with other thresholds is rebuilt first, exactly as the gates'
+    check step (which may run beside this one) rebuilds it, so neither write puts back stale gate results. A
+    shard without a record of this schema keeps none (the gates' check step rebuilds it; the export leaves the
+    shard out until this check judges it again)."""
+    if stored_record(spec, store, key) is None:
         log(f"{spec.name} shard {key}: no quality record to hold its {judged.check} outcome; re-run its checks")
         return
-    write_shard_report(spec, store, record.with_judged(judged))
+    write_shard_report(spec, store, read_record(spec, store, key, log, judged.run_id).with_judged(judged))
 
 
 def read_record(spec: DatasetSpec, store: ShardStore, key: str, log: Log = print, run_id: str = "") -> ShardRecord:
