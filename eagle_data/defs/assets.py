@@ -302,7 +302,8 @@ def build_validated(spec: DatasetSpec) -> dg.AssetsDefinition:
     ) -> dg.Output[LazyShards]:
         previous = previous_figure(context.instance, context.asset_key, context.run.run_id)
         store = storage.store()
-        done = validation_stage.validate(spec, store, shards, previous, log=context.log.warning)
+        run_id = context.run.run_id
+        done = validation_stage.validate(spec, store, shards, previous, log=context.log.warning, run_id=run_id)
         verdicts: Counter[str] = Counter()
         for key, record in done.records.items():  # the IO manager adds the shard's URI and digest
             page = file_locations(store, {"shard_report": layout.quality_page(ds, key)})

@@ -1,8 +1,9 @@
 """Stage 4, validation: token ids, loss masks and per-row verdicts for each generation shard, with its
 quality record and HTML report.
 
-Each shard is serialized once here, so its sha256 (in its quality record, its materialization and its
-check evaluations) is the digest of exactly the bytes the IO manager then stores: the export's admission
+Each generation shard is read only once its bytes are those generation stored (`storage.digests`). Each
+validated shard is serialized once here, so its sha256 and size (in its quality record, its materialization
+and its check evaluations) are those of exactly the bytes the IO manager then stores: the export's admission
 reads only the bytes the checks judged."""
 
 from __future__ import annotations
@@ -94,6 +95,7 @@ def validate(
     *,
     workers: int | None = None,
     log: Log = print,
+    run_id: str = "",
 ) -> Validation:
     """Build the validated shards of `generations` (partition -> frame, read when looked up) and write their
     HTML quality reports; returns each partition's quality record (summary, figures, check results and shard
@@ -102,7 +104,9 @@ def validate(
     Shards are built in a pool of `workers` processes (default: every core, for runs of POOL_MIN_PROMPTS
     prompts or more) while this process reads them, at most two shards per worker in flight; a shard's
     result does not depend on where it was built, so any worker count makes the same bytes.
-    `previous_avg_completion_tokens` (the last materialization's) feeds the length-shift check.
+    `previous_avg_completion_tokens` (the last materialization's) feeds the length-shift check; `run_id` (the
+    Dagster run) is recorded in each quality record. A shard validated into the bytes it already had keeps the
+    outcomes of the checks judged after validation (decontamination) on them.
     """
     inputs = report.inputs_for(spec, previous_avg_completion_tokens)
     partitions = list(generations)
@@ -112,7 +116,8 @@ def validate(
         done.rows[record.partition], done.columns = rows.height, dict(rows.schema)
         data = parquet_bytes(rows)
         done.shards.add(record.partition, data)
-        record = replace(record, shard_sha256=digest(data))
+        record = replace(record, shard_sha256=digest(data), shard_size=len(data), run_id=run_id)
+        record = record.carried_from(report.stored_record(spec, store, record.partition))
         report.write_shard_report(spec, store, record)
         done.records[record.partition] = record
 
