@@ -13,7 +13,7 @@ from html import escape
 
 from eagle_data import layout
 from eagle_data.catalog import DatasetSpec
-from eagle_data.quality import CHECK_COLUMNS, Inputs, ShardRecord, rollup, row_verdicts, shard_record
+from eagle_data.quality import CHECK_COLUMNS, Inputs, ShardRecord, on_policy, rollup, row_verdicts, shard_record
 from eagle_data.quality.figures import Bins, Figures, markdown_table
 from eagle_data.quality.gates import CheckResult
 from eagle_data.storage import ShardStore, digest, read_columns
@@ -143,6 +143,8 @@ def render_report(title: str, figures: Figures, results: Sequence[CheckResult], 
         "<h2>Token accounting</h2>",
         bar_chart(figures.ratio_hist, "Replies by rebuilt tokens, % of the tokens the engine reported"),
     ]
+    if agreement := on_policy.agreement_bins(figures.numbers):  # the target's own score (quality/on_policy.py)
+        sections += ["<h2>On-policy score</h2>", bar_chart(agreement, "Scored rows by top-1 agreement with the target")]
     if figures.shards:
         xs = [str(r["shard"]) for r in figures.shards]
         shares = {k: [float(r[k]) for r in figures.shards] for k in ("truncated_share", "failed_share", "short_share")}
@@ -196,7 +198,8 @@ def read_record(spec: DatasetSpec, store: ShardStore, key: str, log: Log = print
         return record
     previous = record.inputs.previous_avg_completion_tokens if record else None
     data = store.shard_bytes(spec.name, layout.validated_asset(spec.name), key)
-    frame = row_verdicts(read_columns(data, CHECK_COLUMNS), spec.checks, spec.generation.thinking)  # no token lists
+    columns = (*CHECK_COLUMNS, on_policy.COLUMN)  # no token lists
+    frame = row_verdicts(read_columns(data, columns), spec.checks, spec.generation.thinking)
     log(f"{spec.name} shard {key}: quality record {why}; rebuilt from the validated shard")
     rebuilt = replace(shard_record(key, frame, inputs_for(spec, previous)), shard_sha256=digest(data))
     write_shard_report(spec, store, rebuilt)

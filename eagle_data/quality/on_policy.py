@@ -54,6 +54,10 @@ ROW_DTYPE = pl.Struct(
         "think_expected": pl.Float64,
     }
 )
+PREFIX = "on_policy_"  # of every metadata figure
+RAW = ("tokens", "hits", "expected_hits", "logprob", "expected_logprob")  # the sums shards add up
+SUM_SUFFIX = {"logprob": "_sum", "expected_logprob": "_sum"}
+AGREEMENT_EDGES = (0.5, 0.8, 0.9, 0.95, 0.99)  # the report's histogram of rows by top-1 agreement
 SUMMED = tuple(name for name in ROW_DTYPE.to_schema() if name not in ("scorer", "temperature", "top_p"))
 
 
@@ -230,14 +234,13 @@ class Totals:
         tokens = self.get("tokens")
         return self.get("expected_logprob") / tokens if tokens else None
 
-    def figures(self, prefix: str = "on_policy") -> dict[str, float | int | str]:
-        """Plain metadata: rows and tokens scored, agreement and mean log-probability, observed and expected."""
-        out: dict[str, float | int | str] = {f"{prefix}_rows": self.rows, f"{prefix}_tokens": int(self.get("tokens"))}
+    def numbers(self) -> dict[str, float | int]:
+        """Plain metadata: the sums (which add up across shards) and the shares and means they give."""
+        out: dict[str, float | int] = {f"{PREFIX}rows": self.rows}
+        out |= {f"{PREFIX}{name}{SUM_SUFFIX.get(name, '')}": round(self.get(name), 4) for name in RAW}
         for name in ("agreement", "expected_agreement", "mean_logprob", "expected_logprob"):
             if (value := getattr(self, name)) is not None:
-                out[f"{prefix}_{name}"] = round(value, 4)
-        if self.scorers:
-            out[f"{prefix}_scorer"] = ", ".join(self.scorers)
+                out[f"{PREFIX}{name.replace('expected_logprob', 'expected_mean_logprob')}"] = round(value, 4)
         return out
 
 
@@ -342,7 +345,7 @@ def judge(t: Totals, limits: Limits, *, unscored: str = "") -> Verdict:
     )
     if first_n:
         text += f"; first reply tokens {t.get('first_hits') / first_n:.3f} vs {t.get('first_expected') / first_n:.3f}"
-    details = {**t.figures(), "agreement_shortfall_bound": round(agreement_short, 4),
+    details = {**t.numbers(), "scorer": ", ".join(t.scorers), "agreement_shortfall_bound": round(agreement_short, 4),
                "logprob_shortfall_bound": round(lp_short, 4)}  # fmt: skip
     if passed:
         return Verdict(True, round(agreement_short, 4), limits.agreement_tolerance, f"on-policy: {text}", "", details)
@@ -352,17 +355,54 @@ def judge(t: Totals, limits: Limits, *, unscored: str = "") -> Verdict:
     return Verdict(False, round(agreement_short, 4), limits.agreement_tolerance, line, cause, details)
 
 
-def agreement_bins(frame: pl.DataFrame, edges: Sequence[float] = (0.5, 0.8, 0.9, 0.95, 0.99)) -> list[tuple[str, int]]:
-    """Rows scored per band of top-1 agreement (the report's histogram)."""
-    if COLUMN not in frame.columns:
-        return []
+def _bin_labels() -> list[str]:
+    bounds = [0.0, *AGREEMENT_EDGES, 1.0]
+    return [f"{lo:g}-{hi:g}" for lo, hi in itertools.pairwise(bounds)]
+
+
+def numbers(frame: pl.DataFrame) -> dict[str, float | int]:
+    """A validated frame's on-policy metadata ({} when no row was scored): the totals, and rows per band of
+    top-1 agreement (`on_policy_rows_agreement_<band>`, the report's histogram)."""
+    t = frame_totals(frame)
+    if not t.rows:
+        return {}
     shares = [r["hits"] / r["tokens"] for r in frame[COLUMN].to_list() if r and r["tokens"]]
-    bounds = [0.0, *edges, 1.0 + 1e-9]
-    labels = [f"{lo:.2f}-{hi:.2f}" if hi <= 1 else f"{lo:.2f}-1.00" for lo, hi in itertools.pairwise(bounds)]
-    counts = np.histogram(np.asarray(shares, dtype=float), bins=bounds)[0] if shares else np.zeros(len(labels), int)
-    return list(zip(labels, (int(c) for c in counts), strict=True))
+    index = np.searchsorted(np.asarray(AGREEMENT_EDGES), np.asarray(shares, dtype=float), side="right")
+    counts = np.bincount(index, minlength=len(AGREEMENT_EDGES) + 1)
+    bins = {f"{PREFIX}rows_agreement_{label}": int(n) for label, n in zip(_bin_labels(), counts, strict=True)}
+    return t.numbers() | bins
+
+
+def rolled(many: Sequence[Mapping[str, float | int]]) -> dict[str, float | int]:
+    """Shards' on-policy metadata added up into the dataset's ({} when no shard was scored)."""
+    keys = [f"{PREFIX}rows", *(f"{PREFIX}rows_agreement_{label}" for label in _bin_labels())]
+    keys += [f"{PREFIX}{name}{SUM_SUFFIX.get(name, '')}" for name in RAW]
+    summed = {key: sum(float(n.get(key, 0)) for n in many) for key in keys}
+    if not summed[f"{PREFIX}rows"]:
+        return {}
+    t = Totals(
+        int(summed[f"{PREFIX}rows"]), {name: summed[f"{PREFIX}{name}{SUM_SUFFIX.get(name, '')}"] for name in RAW}
+    )
+    return {key: int(v) for key, v in summed.items() if "_rows" in key} | t.numbers()
+
+
+def agreement_bins(numbers_: Mapping[str, float | int]) -> list[tuple[str, int]]:
+    """The histogram of rows by top-1 agreement, read back from metadata ([] when nothing was scored)."""
+    found = [(label, int(numbers_.get(f"{PREFIX}rows_agreement_{label}", -1))) for label in _bin_labels()]
+    return found if all(n >= 0 for _, n in found) else []
 
 
 def limits_of(settings: Any) -> Limits:
     """The catalog's on-policy settings as judging limits (any object with the three fields)."""
     return Limits(*(getattr(settings, f.name) for f in fields(Limits)))
+
+
+UNSCORED = (
+    "no row of it was scored: scorer \"auto\" scores the embedded engine's rows; set [defaults.on_policy] scorer "
+    "(transformers with checkpoint, sglang or vllm with url) to score another engine's, or capture hidden states"
+)
+
+
+def shard_verdict(frame: pl.DataFrame, limits: Limits) -> Verdict:
+    """One validated shard's `on_policy` check from its stored column (a shard without one was not scored)."""
+    return judge(frame_totals(frame), limits, unscored=UNSCORED)
