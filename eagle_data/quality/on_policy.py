@@ -398,7 +398,7 @@ def limits_of(settings: Any) -> Limits:
 
 
 UNSCORED = (
-    "no row of it was scored: scorer \"auto\" scores the embedded engine's rows; set [defaults.on_policy] scorer "
+    'no row of it was scored: scorer "auto" scores the embedded engine\'s rows; set [defaults.on_policy] scorer '
     "(transformers with checkpoint, sglang or vllm with url) to score another engine's, or capture hidden states"
 )
 
