@@ -1,6 +1,10 @@
 """A fault-injecting OpenAI-compatible server on 127.0.0.1 (aiohttp), in a thread or a subprocess.
 
-Serves `POST {/v1,/api/v1}/chat/completions`, `GET {/v1,/api/v1}/models`, `GET /api/v1/key`, and for
+Serves `POST {/v1,/api/v1}/chat/completions`, `POST /v1/completions` (vLLM's: with `score_model`, a prompt of
+token ids and `prompt_logprobs` k answer `choices[0].prompt_logprobs` as vLLM does, one entry per prompt token, the
+first null, each `{token id: {logprob, rank, decoded_token}}` for the token there and the k most likely, values
+from the real model; without it the field is ignored, as a server that does not know it would),
+`GET {/v1,/api/v1}/models`, `GET /api/v1/key`, and for
 tests `GET /_stats`, `POST /_faults`. Replies are deterministic per prompt: the natural length of a prompt's reply is
 fixed by its id, so raising max_tokens un-truncates exactly the rows that hit the old cap. Requests
 are counted per prompt and turn (prompt id from the `X-Eagle-Prompt-Id` header, else `user`), and
@@ -81,6 +85,7 @@ class Faults:
     # writes this preamble at the head of the system turn, opening one where a conversation has none, as Llama
     # 3.1's template writes its knowledge dates.
     system_preamble: str = ""
+    score_model: str = ""  # a transformers folder: /v1/completions answers prompt_logprobs with its real values
 
 
 class FakeOpenAI:
@@ -107,6 +112,7 @@ class FakeOpenAI:
         for prefix in ("/v1", "/api/v1"):
             app.router.add_post(f"{prefix}/chat/completions", self.chat)
             app.router.add_get(f"{prefix}/models", self.models)
+        app.router.add_post("/v1/completions", self.completions)
         app.router.add_get("/api/v1/key", self.key)
         app.router.add_get("/_stats", self.stats_view)
         app.router.add_post("/_faults", self.set_faults)
@@ -132,6 +138,30 @@ class FakeOpenAI:
     async def models(self, request: web.Request) -> web.Response:
         data = [{"id": name, "object": "model", "owned_by": "fake"} for name in self.faults.served_models]
         return web.json_response({"object": "list", "data": data})
+
+    async def completions(self, request: web.Request) -> web.Response:
+        """vLLM's `/v1/completions` with a prompt of token ids: one empty completion token, and with a scoring
+        model the prompt's log-probabilities (`CompletionResponseChoice.prompt_logprobs`)."""
+        body = await request.json()
+        self.received += 1
+        ids = [int(t) for t in body["prompt"]]
+        k, listed = body.get("prompt_logprobs"), None
+        if k is not None and self.faults.score_model:
+            from eagle_data.standins import model_logprobs
+
+            rows = model_logprobs.logprobs(self.faults.score_model, ids)
+            listed = [None]
+            for t in range(1, len(ids)):
+                entries = {i: lp for lp, i in model_logprobs.top(rows[t], int(k))} | {ids[t]: float(rows[t, ids[t]])}
+                listed.append({
+                    str(i): {"logprob": lp, "rank": model_logprobs.rank(rows[t], i), "decoded_token": None}
+                    for i, lp in entries.items()
+                })  # fmt: skip
+        choice = {"index": 0, "text": "", "logprobs": None, "finish_reason": "length", "stop_reason": None,
+                  "prompt_logprobs": listed}  # fmt: skip
+        usage = {"prompt_tokens": len(ids), "completion_tokens": 1, "total_tokens": len(ids) + 1}
+        return web.json_response({"id": "cmpl-fake", "object": "text_completion", "created": 0,
+                                  "model": body.get("model", ""), "choices": [choice], "usage": usage})  # fmt: skip
 
     async def key(self, request: web.Request) -> web.Response:
         self.auth_headers.add(request.headers.get("Authorization", ""))

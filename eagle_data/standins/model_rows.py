@@ -1,7 +1,7 @@
-"""SmolLM2-135M-Instruct rows for the on-policy tests and benchmark: the model's own replies (greedy, sampled),
-the sample dataset's original answers and "OK." filler, as (input_ids, loss_mask) built with the checkpoint's
-own chat template (prompt = apply_chat_template(messages, add_generation_prompt=True); reply = the generated
-ids with the end token; mask 1 on the reply)."""
+"""A real instruct model's rows for the on-policy tests and benchmark (SmolLM2-135M-Instruct): its own replies
+(greedy, sampled), the sample dataset's original answers and "OK." filler, as (input_ids, loss_mask) built with
+the checkpoint's own chat template (prompt = apply_chat_template(messages, add_generation_prompt=True); reply =
+the generated ids with the end token; mask 1 on the reply)."""
 
 from __future__ import annotations
 
