@@ -212,15 +212,25 @@ def _scored(logp: np.ndarray, tokens: np.ndarray, point: op.SamplingPoint, k: in
     return op.Scored(tokens, logp[np.arange(len(tokens)), tokens], order, np.take_along_axis(logp, order, 1), log_z)
 
 
-@pytest.mark.parametrize("point", [op.SamplingPoint(0.7, 0.9), op.SamplingPoint(1.0, 1.0), op.SamplingPoint(1.3, 0.8)])
+@pytest.mark.parametrize(
+    "point",
+    [
+        op.SamplingPoint(0.7, 0.9),
+        op.SamplingPoint(1.0, 1.0),
+        op.SamplingPoint(1.3, 0.8),
+        op.SamplingPoint(0.8, 0.95, 0, 5),
+    ],
+)
 def test_expectations_equal_the_tempered_truncated_distribution_computed_directly(point: op.SamplingPoint) -> None:
     rng = np.random.default_rng(0)
     logp = _softmax_rows(rng, 50, 40)
     hit, mean, var = op.expectations(_scored(logp, np.zeros(50, int), point, 40).top_logp, point, None)
     for p in range(50):
         q = np.exp(logp[p] / point.temperature)
-        q /= q.sum()
         order = np.argsort(-q)
+        if point.top_k:
+            q[order[point.top_k :]] = 0.0
+        q /= q.sum()
         keep = order[(np.cumsum(q[order]) - q[order]) < point.top_p]
         nucleus = np.zeros_like(q)
         nucleus[keep] = q[keep] / q[keep].sum()
@@ -250,6 +260,14 @@ def test_min_tokens_takes_the_blocked_end_of_turn_out_of_the_distribution() -> N
     assert list(scored.top_ids[0]) == [1, 2]
     assert np.exp(scored.top_logp[0]) == pytest.approx([0.75, 0.25])
     assert op.expectations(scored.top_logp, point, scored.log_z)[0][0] == pytest.approx(0.75)
+
+
+def test_the_embedded_engines_rows_were_drawn_with_transformers_default_top_k() -> None:
+    local = op.row_sampling('{"engine": "local", "temperature": 0.8, "top_p": 0.95, "min_tokens": 24}', "", GREEDY)
+    served = op.row_sampling('{"engine": "sglang", "temperature": 0.8, "top_p": 0.95}', "", GREEDY)
+    assert (local.top_k, local.min_tokens, served.top_k) == (op.HF_TOP_K, 24, 0)
+    mixed = '{"temperature": 0.7, "mixture": [{"name": "cold", "temperature": 0.2}]}'
+    assert op.row_sampling(mixed, "cold", GREEDY).temperature == 0.2
 
 
 def test_segments_place_the_first_reply_token_and_the_think_block() -> None:

@@ -32,6 +32,7 @@ from eagle_data.catalog import OnPolicy
 from eagle_data.quality.canary import rank
 from eagle_data.quality.on_policy import (
     COLUMN,
+    LOCAL_ENGINE,
     ROW_DTYPE,
     SamplingPoint,
     Scored,
@@ -45,7 +46,6 @@ from eagle_data.quality.verdicts import KEPT
 from eagle_data.targets.target import Target
 from eagle_data.types import UserError
 
-LOCAL = "local"  # the embedded engine's kind (its rows' `engine`), whose checkpoint "auto" scores with
 TIMEOUT_S = 120.0
 BATCH_TOKENS = 8192  # padded tokens per forward pass of the in-process scorer
 
@@ -80,7 +80,7 @@ class Scorer(Protocol):
 
 def supervised(row: Row) -> np.ndarray:
     """The positions whose tokens are supervised (the first token never is: nothing predicts it)."""
-    mask = np.asarray(row.loss_mask, dtype=bool)
+    mask = np.array(row.loss_mask, dtype=bool)
     mask[:1] = False
     return np.flatnonzero(mask)
 
@@ -92,7 +92,7 @@ def head_figures(torch: Any, hidden: Any, head: Any, row: Row, top_k: int) -> Sc
     ids = torch.as_tensor(np.asarray(row.input_ids, dtype=np.int64)[positions])
     logits = head(hidden[torch.as_tensor(positions - 1, device=hidden.device)]).float().cpu()
     logp = torch.log_softmax(logits, dim=-1)
-    top = torch.topk(logp, min(top_k, logp.shape[-1]), dim=-1)
+    top = torch.topk(logp, min(max(top_k, row.point.top_k), logp.shape[-1]), dim=-1)  # every token top_k keeps
     log_z = None
     if row.point.temperature > 0:
         log_z = torch.logsumexp(logp / row.point.temperature, dim=-1).numpy()
@@ -311,7 +311,7 @@ def resolve_scorer(settings: OnPolicy, frame: pl.DataFrame) -> Scorer | None:
         return make_scorer(settings.scorer, checkpoint=settings.checkpoint, url=settings.url, model=settings.model)
     if "engine" not in frame.columns or "sampling" not in frame.columns:
         return None
-    local = frame.filter(pl.col("engine") == LOCAL)["sampling"].drop_nulls().unique().to_list()
+    local = frame.filter(pl.col("engine") == LOCAL_ENGINE)["sampling"].drop_nulls().unique().to_list()
     models = {str(json.loads(s).get("model", "")) for s in local if s.startswith("{")}
     models.discard("")
     return transformers_scorer(sorted(models)[0]) if models else None
@@ -346,7 +346,7 @@ class TargetIds:
 def figures_for(scored: Scored, row: Row, target: TargetIds, scorer: str) -> dict[str, Any]:
     """One row's on-policy struct from its scored positions: the end of turn taken out where min_tokens blocked
     it, each position placed in its segment."""
-    mask = np.asarray(row.loss_mask, dtype=np.uint8)
+    mask = np.array(row.loss_mask, dtype=np.uint8)  # a copy: the row's own may be a read-only view
     mask[:1] = 0
     blocked = reply_index(mask) < row.point.min_tokens
     labels = segments(row.input_ids, mask, target.think)

@@ -30,6 +30,8 @@ import polars as pl
 from eagle_data.quality.summary import wilson_lower
 
 COLUMN = "on_policy"  # the validated shard's per-row struct (null on rows not scored)
+LOCAL_ENGINE = "local"  # the embedded engine's kind (a row's `engine`, in its `sampling` config)
+HF_TOP_K = 50  # transformers 5.24 generate()'s top_k when neither the call nor the checkpoint sets one
 # Supervised tokens after a think block's closing token that still count as "right after" it.
 AFTER_THINK = 2
 FIRST, THINK, REST = 0, 1, 2  # where a supervised position sits (segments)
@@ -72,6 +74,7 @@ class SamplingPoint:
     temperature: float
     top_p: float = 1.0
     min_tokens: int = 0  # the end-of-turn token was blocked at a reply's first min_tokens positions
+    top_k: int = 0  # 0: no top-k cut
 
 
 def row_sampling(sampling: str | None, setting: str | None, default: SamplingPoint) -> SamplingPoint:
@@ -87,7 +90,11 @@ def row_sampling(sampling: str | None, setting: str | None, default: SamplingPoi
     temperature = chosen.get("temperature", config.get("temperature", default.temperature))
     top_p = chosen.get("top_p", config.get("top_p", default.top_p))
     min_tokens = config.get("min_tokens", default.min_tokens)
-    return SamplingPoint(float(temperature or 0.0), float(top_p or 1.0), int(min_tokens or 0))
+    # transformers' generate cuts to 50 tokens unless told otherwise: the embedded engine's rows were drawn so
+    top_k = chosen.get(
+        "top_k", config.get("top_k", HF_TOP_K if config.get("engine") == LOCAL_ENGINE else default.top_k)
+    )
+    return SamplingPoint(float(temperature or 0.0), float(top_p or 1.0), int(min_tokens or 0), int(top_k or 0))
 
 
 @dataclass(frozen=True)
@@ -114,9 +121,10 @@ def expectations(
     top_logp: np.ndarray, point: SamplingPoint, log_z: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per position: the chance the sampler draws the argmax, and the mean and variance of the drawn token's
-    log-probability (temperature 1), under the target's distribution tempered by T and cut to the top_p nucleus
-    (temperature first, as HF, vLLM and SGLang apply them). Exact where the nucleus lies within the k listed
-    tokens and `log_z` is given; otherwise the unlisted mass counts as tokens as likely as the k-th."""
+    log-probability (temperature 1), under the target's distribution tempered by T, cut to its top_k tokens and
+    then to the top_p nucleus of what is left (the order HF, vLLM and SGLang apply them). Exact where the
+    nucleus lies within the k listed tokens and `log_z` is given; otherwise the unlisted mass counts as tokens
+    as likely as the k-th."""
     n = top_logp.shape[0]
     if point.temperature <= 0:
         return np.ones(n), top_logp[:, 0].copy(), np.zeros(n)
@@ -127,9 +135,13 @@ def expectations(
         tail = np.clip(1.0 - listed, 0.0, None) * np.exp(top_logp[:, -1] * (inv - 1.0))
         log_z = np.log(np.exp(scaled).sum(axis=1) + tail)
     p = np.exp(scaled - log_z[:, None])
+    unlisted = np.clip(1.0 - p.sum(axis=1), 0.0, None)
+    if 0 < point.top_k <= top_logp.shape[1]:  # every token the sampler may draw is listed
+        top_logp, p = top_logp[:, : point.top_k], p[:, : point.top_k]
+        p, unlisted = p / p.sum(axis=1, keepdims=True), np.zeros(n)
     ahead = np.cumsum(p, axis=1) - p
     q = np.where(ahead < point.top_p, p, 0.0)
-    tail_in = np.clip(point.top_p - q.sum(axis=1), 0.0, np.clip(1.0 - p.sum(axis=1), 0.0, None))
+    tail_in = np.clip(point.top_p - q.sum(axis=1), 0.0, unlisted)
     total = q.sum(axis=1) + tail_in
     q, tail_in = q / total[:, None], tail_in / total
     last = top_logp[:, -1]

@@ -62,7 +62,8 @@ def prompt_ids(smol: Smol, instruction: str, *, system: bool = True) -> list[int
 def generate(
     smol: Smol, prompts: Sequence[list[int]], temperature: float, top_p: float, max_new_tokens: int, seed: int = 0
 ) -> list[list[int]]:
-    """Each prompt's reply ids (the end token included when it came), batched with left padding."""
+    """Each prompt's reply ids (the end token included when it came), batched with left padding; sampled with
+    no top-k cut (transformers would otherwise cut to 50 tokens)."""
     import torch
 
     torch.manual_seed(seed)
@@ -75,7 +76,7 @@ def generate(
         with torch.no_grad():
             made = smol.model.generate(
                 input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=temperature > 0,
-                temperature=temperature or None, top_p=top_p if temperature else None, pad_token_id=eos,
+                temperature=temperature or None, top_p=top_p if temperature else None, top_k=0, pad_token_id=eos,
             )  # fmt: skip
         for reply in made[:, width:].tolist():
             out.append(reply[: reply.index(eos) + 1] if eos in reply else reply)
