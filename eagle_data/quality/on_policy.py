@@ -42,6 +42,7 @@ ROW_DTYPE = pl.Struct(
         "scorer": pl.String,  # where the figures came from: transformers, sglang, vllm, capture
         "temperature": pl.Float64,  # the row's sampling settings the expectations were taken at
         "top_p": pl.Float64,
+        "top_k": pl.Int32,  # 0: none
         "tokens": pl.Int32,  # supervised tokens scored
         "hits": pl.Int32,  # ... that are the target's top choice
         "expected_hits": pl.Float64,  # what the target's sampling distribution predicts for `hits`
@@ -60,7 +61,7 @@ PREFIX = "on_policy_"  # of every metadata figure
 RAW = ("tokens", "hits", "expected_hits", "logprob", "expected_logprob")  # the sums shards add up
 SUM_SUFFIX = {"logprob": "_sum", "expected_logprob": "_sum"}
 AGREEMENT_EDGES = (0.5, 0.8, 0.9, 0.95, 0.99)  # the report's histogram of rows by top-1 agreement
-SUMMED = tuple(name for name in ROW_DTYPE.to_schema() if name not in ("scorer", "temperature", "top_p"))
+SUMMED = tuple(name for name in ROW_DTYPE.to_schema() if name not in ("scorer", "temperature", "top_p", "top_k"))
 
 
 class OnPolicyError(ValueError):
@@ -203,7 +204,7 @@ def row_figures(scored: Scored, labels: np.ndarray, point: SamplingPoint, scorer
     hits = scored.tokens == scored.top_ids[:, 0]
     first, think = labels == FIRST, labels == THINK
     return {
-        "scorer": scorer, "temperature": point.temperature, "top_p": point.top_p,
+        "scorer": scorer, "temperature": point.temperature, "top_p": point.top_p, "top_k": point.top_k,
         "tokens": int(hits.size), "hits": int(hits.sum()), "expected_hits": float(hit_p.sum()),
         "logprob": float(scored.token_logp.sum()), "expected_logprob": float(mean.sum()),
         "logprob_var": float(var.sum()),
@@ -265,7 +266,8 @@ def totals(rows: Iterable[Mapping[str, Any] | None]) -> Totals:
         count += 1
         for name in SUMMED:
             sums[name] += float(row.get(name) or 0.0)
-        points.add(f"T={row['temperature']:g} top_p={row['top_p']:g}")
+        top_k = f" top_k={row['top_k']}" if row.get("top_k") else ""
+        points.add(f"T={row['temperature']:g} top_p={row['top_p']:g}{top_k}")
         scorers.add(str(row.get("scorer") or ""))
     return Totals(count, sums, tuple(sorted(points)), tuple(sorted(scorers - {""})))
 
@@ -273,12 +275,6 @@ def totals(rows: Iterable[Mapping[str, Any] | None]) -> Totals:
 def frame_totals(frame: pl.DataFrame) -> Totals:
     """The totals of a validated frame's `on_policy` column (empty when it has none)."""
     return totals(frame[COLUMN].to_list()) if COLUMN in frame.columns else Totals()
-
-
-def add(a: Totals, b: Totals) -> Totals:
-    """Two totals as one (shards into a dataset)."""
-    sums = {name: a.get(name) + b.get(name) for name in SUMMED}
-    return Totals(a.rows + b.rows, sums, tuple(sorted({*a.points, *b.points})), tuple(sorted({*a.scorers, *b.scorers})))
 
 
 @dataclass(frozen=True)
@@ -295,7 +291,7 @@ class Verdict:
     """A judged total: pass/fail, the figure quoted against its threshold, one line, and the likely cause."""
 
     passed: bool
-    figure: float | None  # the agreement shortfall (expected minus observed share)
+    figure: float | None  # the agreement shortfall: the miss share's bound minus the predicted miss share
     threshold: float | None
     line: str
     cause: str = ""  # "rendering", "thinking", "not_target", or "" when it passed
