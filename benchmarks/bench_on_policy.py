@@ -94,7 +94,7 @@ def main() -> None:
     }
     print(f"{'set':17} {'rows':>4} {'tokens':>6} {'agree':>6} {'expect':>6} {'logp':>7} {'expect':>7}  verdict")
     for name, (rows, ids) in sets.items():
-        scorer = TransformersScorer(smol.folder if ids is smol.ids else ensure_demo_model())
+        scorer = TransformersScorer(smol.folder if ids == smol.ids else ensure_demo_model())
         t = op.totals(score_rows(rows, scorer, ids, 20))
         v = op.judge(t, op.Limits())
         said = "pass" if v.passed else f"FAIL {v.cause}"

@@ -76,7 +76,7 @@ def generate(
         with torch.no_grad():
             made = smol.model.generate(
                 input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=temperature > 0,
-                temperature=temperature or None, top_p=top_p if temperature else None, top_k=0, pad_token_id=eos,
+                pad_token_id=eos, **({"temperature": temperature, "top_p": top_p, "top_k": 0} if temperature else {}),
             )  # fmt: skip
         for reply in made[:, width:].tolist():
             out.append(reply[: reply.index(eos) + 1] if eos in reply else reply)
