@@ -92,7 +92,8 @@ def head_figures(torch: Any, hidden: Any, head: Any, row: Row, top_k: int) -> Sc
     ids = torch.as_tensor(np.asarray(row.input_ids, dtype=np.int64)[positions])
     logits = head(hidden[torch.as_tensor(positions - 1, device=hidden.device)]).float().cpu()
     logp = torch.log_softmax(logits, dim=-1)
-    top = torch.topk(logp, min(max(top_k, row.point.top_k), logp.shape[-1]), dim=-1)  # every token top_k keeps
+    # every token a top_k cut keeps, and one more for an end of turn min_tokens takes out (on_policy.without_token)
+    top = torch.topk(logp, min(max(top_k, row.point.top_k + 1), logp.shape[-1]), dim=-1)
     log_z = None
     if row.point.temperature > 0:
         log_z = torch.logsumexp(logp / row.point.temperature, dim=-1).numpy()
