@@ -17,9 +17,12 @@ import polars as pl
 import pytest
 from aiohttp import web
 
+from eagle_data import layout
+from eagle_data.catalog import OnPolicy, load_catalog
 from eagle_data.drafter.capture import TransformersBackend, capture_shard
 from eagle_data.drafter.layers import resolve
 from eagle_data.drafter.settings import CaptureSettings
+from eagle_data.engines import make_engine
 from eagle_data.engines.scoring import (
     Row,
     ScorerError,
@@ -29,10 +32,12 @@ from eagle_data.engines.scoring import (
     score_rows,
 )
 from eagle_data.quality import on_policy as op
+from eagle_data.quality.verdicts import KEPT
 from eagle_data.standins import model_rows as smol_rows
 from eagle_data.standins.openai_fake import FakeOpenAI, Faults
 from eagle_data.standins.sglang_fake import FakeSGLang
 from eagle_data.storage import ShardStore
+from eagle_data_tests.fixtures_stages import generate, validate, write_prompts
 
 PROMPTS = 12
 REPLY_TOKENS = 24
@@ -311,3 +316,27 @@ def test_a_capture_records_the_figures_from_its_own_forward_passes(
     by_scorer = score_rows(rows, TransformersScorer(smol.folder), smol.ids, 20)
     captured = [result.record[op.COLUMN]["rows"][str(i)] for i in range(len(rows))]
     assert [c["hits"] for c in captured] == [s["hits"] for s in by_scorer]
+
+
+def test_validation_scores_the_embedded_engines_rows_and_a_wrong_scorer_is_one_line(
+    demo_model: Path, smol: smol_rows.Smol, tmp_path: Path
+) -> None:
+    """The demo profile's own run (random-weight model, T=0.8, top_p 0.95, min_tokens 24): validation scores a
+    sample of its rows with the checkpoint that generated them and the shard passes; told to score with
+    another model's checkpoint, validation stops in one line before any forward pass."""
+    spec = load_catalog(profile="demo")["b3_magicoder"].model_copy(deep=True)
+    store, parts = ShardStore(str(tmp_path)), ["00000"]
+    write_prompts(spec, store, parts)
+    generate(spec, store, parts, make_engine("local", model=str(demo_model), **spec.generation.model_dump()))
+    done = validate(spec, store, parts)
+    shard = store.read_shard(spec.name, layout.validated_asset(spec.name), "00000")
+    scored = [r for r in shard[op.COLUMN].to_list() if r]
+    assert len(scored) == min(spec.on_policy.sample_rows, int(shard["verdict"].is_in(list(KEPT)).sum())) > 0
+    assert {(r["scorer"], r["temperature"], r["top_k"]) for r in scored} == {("transformers", 0.8, op.HF_TOP_K)}
+    judged = op.shard_verdict(shard, op.limits_of(spec.on_policy))
+    assert judged.passed, judged.line
+    assert done.records["00000"].numbers["on_policy_rows"] == len(scored)
+    wrong = spec.model_copy(update={"on_policy": OnPolicy(scorer="transformers", checkpoint=str(smol.folder))})
+    with pytest.raises(ScorerError, match="is not the rows' target") as caught:
+        validate(wrong, store, parts)
+    assert "\n" not in str(caught.value)
