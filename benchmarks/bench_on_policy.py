@@ -35,7 +35,7 @@ from eagle_data.drafter.capture import TransformersBackend, capture_shard
 from eagle_data.drafter.layers import resolve
 from eagle_data.drafter.settings import CaptureSettings
 from eagle_data.engines.local import _checkpoint, _fingerprint
-from eagle_data.engines.scoring import BATCH_TOKENS, Row, TargetIds, TransformersScorer, _batches, score_rows
+from eagle_data.engines.scoring import BATCH_TOKENS, Row, TargetIds, TransformersScorer, batches, score_rows
 from eagle_data.quality import on_policy as op
 from eagle_data.standins import model_rows as smol_rows
 from eagle_data.storage import ShardStore
@@ -105,7 +105,7 @@ def main() -> None:
     scorer, model = TransformersScorer(smol.folder), smol.model
 
     def forward_loop() -> None:
-        for group in _batches([len(r.input_ids) for r in rows], BATCH_TOKENS):
+        for group in batches([len(r.input_ids) for r in rows], BATCH_TOKENS):
             width = len(rows[group[0]].input_ids)
             ids = torch.zeros((len(group), width), dtype=torch.long)
             mask = torch.zeros_like(ids)

@@ -35,6 +35,7 @@ from eagle_data.drafter import formats, trainers
 from eagle_data.drafter.layers import LayerPlan
 from eagle_data.drafter.settings import CaptureSettings
 from eagle_data.engines import scoring
+from eagle_data.engines.scoring import batches  # one batching for the capture and the scorer
 from eagle_data.quality import on_policy
 from eagle_data.quality.canary import rank
 from eagle_data.quality.on_policy import SamplingPoint, Scored
@@ -172,19 +173,6 @@ def checkpoint_hash(path: Path) -> str:
     files = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
     signature = tuple((str(p.relative_to(path)), p.stat().st_size, p.stat().st_mtime_ns) for p in files)
     return _folder_hash(path, signature)
-
-
-def batches(lengths: Sequence[int], batch_tokens: int) -> list[list[int]]:
-    """Row positions grouped longest first, each group padding to at most `batch_tokens` tokens (a row
-    longer than that alone); deterministic, so a resumed shard re-forms the same batches."""
-    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-    groups: list[list[int]] = []
-    for i in order:
-        if groups and (len(groups[-1]) + 1) * lengths[groups[-1][0]] <= batch_tokens:
-            groups[-1].append(i)
-        else:
-            groups.append([i])
-    return groups
 
 
 def shard_frame(path: Path, index: int, shard_rows: int) -> pl.DataFrame:

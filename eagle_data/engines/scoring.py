@@ -102,12 +102,14 @@ def head_figures(torch: Any, hidden: Any, head: Any, row: Row, top_k: int) -> Sc
     )
 
 
-def _batches(lengths: Sequence[int], budget: int) -> list[list[int]]:
-    """Row positions grouped longest first, each group padding to at most `budget` tokens."""
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+def batches(lengths: Sequence[int], batch_tokens: int) -> list[list[int]]:
+    """Row positions grouped longest first, each group padding to at most `batch_tokens` tokens (a row
+    longer than that alone); deterministic, so a resumed capture shard re-forms the same batches (the
+    hidden-state capture batches with it too)."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
     groups: list[list[int]] = []
     for i in order:
-        if groups and (len(groups[-1]) + 1) * lengths[groups[-1][0]] <= budget:
+        if groups and (len(groups[-1]) + 1) * lengths[groups[-1][0]] <= batch_tokens:
             groups[-1].append(i)
         else:
             groups.append([i])
@@ -149,7 +151,7 @@ class TransformersScorer:
         _, model = self._load()
         base, head = model.get_decoder(), model.get_output_embeddings()
         out: list[Scored | None] = [None] * len(rows)
-        for group in _batches([len(r.input_ids) for r in rows], BATCH_TOKENS):
+        for group in batches([len(r.input_ids) for r in rows], BATCH_TOKENS):
             width = len(rows[group[0]].input_ids)
             ids = torch.zeros((len(group), width), dtype=torch.long)
             mask = torch.zeros_like(ids)
