@@ -213,7 +213,9 @@ def rounded(value: object) -> object:
 
 SHARD_TABLE_ROWS = 20  # shards in the asset page's per-shard table
 
-HEADLINE_FIGURES = ("rows", "train_rows", "pass_share", "avg_completion_tokens")  # of the dataset page
+HEADLINE_FIGURES = (  # of the dataset page
+    "rows", "train_rows", "pass_share", "avg_completion_tokens", "on_policy_agreement", "on_policy_expected_agreement",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
