@@ -113,6 +113,10 @@ DECONTAMINATION_ROW = (
     "<tr><td>decontamination</td><td>see Dagster</td><td>ERROR (blocking)</td><td>judged after validation by "
     "the {check} check: each shard's result is on {asset}'s Checks tab</td></tr>"
 )
+ON_POLICY_ROW = (  # judged from the shard's stored scores by its own check (eagle_data/defs/on_policy.py)
+    "<tr><td>on_policy</td><td>see Dagster</td><td>ERROR (blocking)</td><td>judged from the scored rows by the "
+    "{check} check: each shard's result is on {asset}'s Checks tab; the figures are below</td></tr>"
+)
 
 
 def _shard_links(figures: Figures) -> str:
@@ -132,6 +136,7 @@ def render_report(title: str, figures: Figures, results: Sequence[CheckResult], 
         DECONTAMINATION_ROW.format(check=escape(f"{dataset}_decontamination"), asset=escape(f"{dataset}_validated"))
         if dataset
         else "",
+        ON_POLICY_ROW.format(check=escape(f"{dataset}_on_policy"), asset=escape(f"{dataset}_validated")) if dataset else "",
         "</table>",
         _shard_links(figures),
         "<h2>Figures</h2>",
