@@ -136,7 +136,9 @@ def render_report(title: str, figures: Figures, results: Sequence[CheckResult], 
         DECONTAMINATION_ROW.format(check=escape(f"{dataset}_decontamination"), asset=escape(f"{dataset}_validated"))
         if dataset
         else "",
-        ON_POLICY_ROW.format(check=escape(f"{dataset}_on_policy"), asset=escape(f"{dataset}_validated")) if dataset else "",
+        ON_POLICY_ROW.format(check=escape(f"{dataset}_on_policy"), asset=escape(f"{dataset}_validated"))
+        if dataset
+        else "",
         "</table>",
         _shard_links(figures),
         "<h2>Figures</h2>",
