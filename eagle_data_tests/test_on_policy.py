@@ -32,7 +32,9 @@ from eagle_data.engines.scoring import (
     score_rows,
 )
 from eagle_data.quality import on_policy as op
+from eagle_data.quality.figures import Figures
 from eagle_data.quality.verdicts import KEPT
+from eagle_data.report import render_report
 from eagle_data.standins import model_rows as smol_rows
 from eagle_data.standins.openai_fake import FakeOpenAI, Faults
 from eagle_data.standins.sglang_fake import FakeSGLang
@@ -340,3 +342,26 @@ def test_validation_scores_the_embedded_engines_rows_and_a_wrong_scorer_is_one_l
     with pytest.raises(ScorerError, match="is not the rows' target") as caught:
         validate(wrong, store, parts)
     assert "\n" not in str(caught.value)
+
+
+def _scored_row(tokens: int, hits: int) -> dict[str, Any]:
+    zero = dict.fromkeys(op.SUMMED, 0)
+    given = {"tokens": tokens, "hits": hits, "expected_hits": float(tokens), "logprob": -0.5 * tokens}
+    return {**zero, **given, "scorer": "transformers", "temperature": 0.0, "top_p": 1.0, "top_k": 0}
+
+
+def test_shard_figures_add_up_to_the_dataset_and_its_page_draws_the_histogram() -> None:
+    shards = [
+        pl.DataFrame({op.COLUMN: [_scored_row(100, 99), None, _scored_row(50, 20)]}, schema={op.COLUMN: op.ROW_DTYPE}),
+        pl.DataFrame({op.COLUMN: [_scored_row(10, 10)]}, schema={op.COLUMN: op.ROW_DTYPE}),
+    ]
+    numbers = [op.numbers(shard) for shard in shards]
+    assert numbers[0]["on_policy_rows"] == 2 and numbers[0]["on_policy_rows_agreement_0.99-1"] == 1
+    dataset = op.rolled(numbers)
+    assert (dataset["on_policy_rows"], dataset["on_policy_tokens"]) == (3, 160)
+    assert dataset["on_policy_agreement"] == round(129 / 160, 4)
+    assert dict(op.agreement_bins(dataset)) == {"0-0.5": 1, "0.5-0.8": 0, "0.8-0.9": 0, "0.9-0.95": 0,
+                                                "0.95-0.99": 0, "0.99-1": 2}  # fmt: skip
+    page = render_report("fixture", Figures(dataset, {}, [], [], [], {}, []), [], "ds").decode()
+    assert "On-policy score" in page and "ds_on_policy" in page
+    assert op.numbers(pl.DataFrame({"prompt_id": ["a"]})) == {} and op.rolled([{}]) == {}
