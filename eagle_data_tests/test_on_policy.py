@@ -277,6 +277,11 @@ def test_the_embedded_engines_rows_were_drawn_with_transformers_default_top_k() 
     assert op.row_sampling(mixed, "cold", GREEDY).temperature == 0.2
 
 
+def test_a_row_is_scored_on_its_final_reply() -> None:
+    assert op.final_reply([0, 1, 1, 0, 0, 1, 1, 1, 0]) == [0, 0, 0, 0, 0, 1, 1, 1, 0]
+    assert op.final_reply([0, 0]) == [0, 0] and op.final_reply([1, 1]) == [1, 1]
+
+
 def test_segments_place_the_first_reply_token_and_the_think_block() -> None:
     think = (7, 8)
     ids = [1, 2, 7, 5, 8, 9, 9, 9, 3, 4, 6]

@@ -366,7 +366,11 @@ def capture_shard(
     started = time.perf_counter()
     figures: dict[str, Any] = dict(progress.get(on_policy.COLUMN, {}))
     for b in range(done, len(groups)):
-        score = {j: scoring.Row(ids[i], masks[i], points[i]) for j, i in enumerate(groups[b]) if rows[i][0] in chosen}
+        score = {
+            j: scoring.Row(ids[i], on_policy.final_reply(masks[i]), points[i])
+            for j, i in enumerate(groups[b])
+            if rows[i][0] in chosen
+        }
         if score and scored_by is not None and isinstance(backend, TransformersBackend):
             states, scored = backend.capture_scored([ids[i] for i in groups[b]], plan, score)
             for j, one in scored.items():

@@ -36,6 +36,7 @@ from eagle_data.quality.on_policy import (
     ROW_DTYPE,
     SamplingPoint,
     Scored,
+    final_reply,
     reply_index,
     row_figures,
     row_sampling,
@@ -368,13 +369,14 @@ def on_policy_column(
     frame: pl.DataFrame, settings: OnPolicy, target: TargetIds, default: SamplingPoint, scorer: Scorer | None
 ) -> pl.Series:
     """The validated frame's `on_policy` column: a sample of `settings.sample_rows` training rows scored by
-    `scorer` (None on the others, and on every row without a scorer)."""
+    `scorer` on their final reply (`on_policy.final_reply`; None on the others, and on every row without a
+    scorer)."""
     values: list[dict[str, Any] | None] = [None] * frame.height
     chosen = sample(frame, settings.sample_rows) if scorer is not None else []
     if scorer is not None and chosen:
         columns = ("input_ids", "loss_mask", _or_null(frame, "sampling"), _or_null(frame, "sampling_setting"))
         rows = [
-            Row(ids, mask, row_sampling(s, setting, default))
+            Row(ids, final_reply(mask), row_sampling(s, setting, default))
             for ids, mask, s, setting in frame[chosen].select(*columns).iter_rows()
         ]
         for at, value in zip(chosen, score_rows(rows, scorer, target, settings.top_logprobs), strict=True):

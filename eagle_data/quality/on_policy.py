@@ -170,6 +170,19 @@ def without_token(scored: Scored, blocked: np.ndarray, token: int, point: Sampli
     return Scored(scored.tokens, scored.token_logp - log_c, top_ids, top_logp, log_z)
 
 
+def final_reply(loss_mask: Sequence[int]) -> list[int]:
+    """The loss mask cut to the row's last reply (its last run of supervised tokens): the reply generated in the
+    very context the row holds. An earlier turn was generated before later turns existed, and a template that
+    rewrites history (Qwen3's drops earlier think blocks) renders it in another context than it was made in, so
+    the target would not write it there, however much it is the target's own."""
+    mask = [int(m) for m in loss_mask]
+    end = max((i for i, m in enumerate(mask) if m), default=-1)
+    start = end
+    while start > 0 and mask[start - 1]:
+        start -= 1
+    return [1 if start <= i <= end and end >= 0 else 0 for i in range(len(mask))]
+
+
 def reply_index(loss_mask: Sequence[int]) -> np.ndarray:
     """Each supervised position's index within its reply (a run of supervised tokens), for min_tokens."""
     out, run = [], 0
