@@ -14,7 +14,7 @@ from html import escape
 from eagle_data import layout
 from eagle_data.catalog import DatasetSpec
 from eagle_data.quality import CHECK_COLUMNS, Inputs, ShardRecord, on_policy, rollup, row_verdicts, shard_record
-from eagle_data.quality.figures import Bins, Figures, markdown_table
+from eagle_data.quality.figures import Bins, Figures, markdown_table, on_policy_bins
 from eagle_data.quality.gates import CheckResult
 from eagle_data.storage import ShardStore, digest, read_columns
 
@@ -150,7 +150,7 @@ def render_report(title: str, figures: Figures, results: Sequence[CheckResult], 
         "<h2>Token accounting</h2>",
         bar_chart(figures.ratio_hist, "Replies by rebuilt tokens, % of the tokens the engine reported"),
     ]
-    if agreement := on_policy.agreement_bins(figures.numbers):  # the target's own score (quality/on_policy.py)
+    if agreement := on_policy_bins(figures.numbers):  # the target's own score (quality/on_policy.py)
         sections += ["<h2>On-policy score</h2>", bar_chart(agreement, "Scored rows by top-1 agreement with the target")]
     if figures.shards:
         xs = [str(r["shard"]) for r in figures.shards]

@@ -32,7 +32,7 @@ from eagle_data.engines.scoring import (
     score_rows,
 )
 from eagle_data.quality import on_policy as op
-from eagle_data.quality.figures import Figures
+from eagle_data.quality.figures import Figures, on_policy_bins, on_policy_numbers, on_policy_rolled
 from eagle_data.quality.verdicts import KEPT
 from eagle_data.report import render_report
 from eagle_data.standins import model_rows as smol_rows
@@ -360,13 +360,13 @@ def test_shard_figures_add_up_to_the_dataset_and_its_page_draws_the_histogram() 
         pl.DataFrame({op.COLUMN: [_scored_row(100, 99), None, _scored_row(50, 20)]}, schema={op.COLUMN: op.ROW_DTYPE}),
         pl.DataFrame({op.COLUMN: [_scored_row(10, 10)]}, schema={op.COLUMN: op.ROW_DTYPE}),
     ]
-    numbers = [op.numbers(shard) for shard in shards]
+    numbers = [on_policy_numbers(shard) for shard in shards]
     assert numbers[0]["on_policy_rows"] == 2 and numbers[0]["on_policy_rows_agreement_0.99-1"] == 1
-    dataset = op.rolled(numbers)
+    dataset = on_policy_rolled(numbers)
     assert (dataset["on_policy_rows"], dataset["on_policy_tokens"]) == (3, 160)
     assert dataset["on_policy_agreement"] == round(129 / 160, 4)
-    assert dict(op.agreement_bins(dataset)) == {"0-0.5": 1, "0.5-0.8": 0, "0.8-0.9": 0, "0.9-0.95": 0,
+    assert dict(on_policy_bins(dataset)) == {"0-0.5": 1, "0.5-0.8": 0, "0.8-0.9": 0, "0.9-0.95": 0,
                                                 "0.95-0.99": 0, "0.99-1": 2}  # fmt: skip
     page = render_report("fixture", Figures(dataset, {}, [], [], [], {}, []), [], "ds").decode()
     assert "On-policy score" in page and "ds_on_policy" in page
-    assert op.numbers(pl.DataFrame({"prompt_id": ["a"]})) == {} and op.rolled([{}]) == {}
+    assert on_policy_numbers(pl.DataFrame({"prompt_id": ["a"]})) == {} and on_policy_rolled([{}]) == {}

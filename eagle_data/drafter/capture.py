@@ -33,12 +33,12 @@ from eagle_data import layout
 from eagle_data.demo import ensure_demo_model
 from eagle_data.drafter import formats, trainers
 from eagle_data.drafter.layers import LayerPlan
+from eagle_data.drafter.scores import ShardScores, forward
 from eagle_data.drafter.settings import CaptureSettings
 from eagle_data.engines import scoring
 from eagle_data.engines.scoring import batches  # one batching for the capture and the scorer
 from eagle_data.quality import on_policy
-from eagle_data.quality.canary import rank
-from eagle_data.quality.on_policy import SamplingPoint, Scored
+from eagle_data.quality.on_policy import Scored
 from eagle_data.settings import get as environment
 from eagle_data.storage import ShardStore
 from eagle_data.types import UserError
@@ -47,7 +47,6 @@ Log = Callable[[str], None]
 SHARDS, PROGRESS = "shards", "progress"
 EMPTY = "empty"
 TOP_K = 20  # the target's most likely tokens read per scored position (as the validation scorers')
-GREEDY = SamplingPoint(0.0)  # a mix row without its generation's sampling settings is judged as greedy
 FLOOR_REASONS = {  # a chosen trainer's supervised-token floor (trainers.Trainer.floor) -> the set-aside reason
     "consecutive": "no_adjacent_supervised_tokens",  # SpecForge's DFlash family (since 2026-07-30)
     "supervised": "unsupervised",  # speculators' prepare step drops rows without a supervised token
@@ -221,17 +220,6 @@ def _arrays(column: pl.Series, dtype: type) -> list[np.ndarray]:
     return np.split(values.to_numpy().astype(dtype, copy=False), np.cumsum(column.list.len().to_numpy())[:-1])
 
 
-def _scored_rows(kept: pl.DataFrame, masks: Sequence[np.ndarray], settings: CaptureSettings) -> set[int]:
-    """The mix rows whose on-policy figures the capture takes: `on_policy_rows` of smallest seeded hash of their
-    prompt id among the rows with a supervised token past the first."""
-    able = [
-        (rank(settings.seed, p), r)
-        for r, p, m in zip(kept["row"], kept["prompt_id"], masks, strict=True)
-        if m[1:].any()
-    ]
-    return {r for _, r in sorted(able)[: settings.on_policy_rows]}
-
-
 def capture_id(provenance: dict[str, Any]) -> str:
     """The capture folder's name: what makes states comparable across shards (not the shard, not formats)."""
     keep = ("checkpoint_sha256", "layers", "dtype", "fp8", "tokenizer_hash")
@@ -334,8 +322,7 @@ def capture_shard(
 ) -> ShardResult:
     """Capture one shard into capture `cid` (or skip it when its record's key matches), resuming from its
     progress file. `provenance` names what the states depend on; the digest of its `shard_material` is the
-    shard's key. With `scored_by` (the rows' target), `settings.on_policy_rows` rows (seeded) also get their
-    on-policy figures from the same forward passes, in the record's `on_policy`."""
+    shard's key. With `scored_by` (the rows' target), some rows' on-policy figures too (`scores.py`)."""
     material = shard_material(provenance, settings, backend.dtype)
     key = shard_key(material)
     folder = layout.capture_dir(cid)
@@ -348,11 +335,6 @@ def capture_shard(
     rows = list(zip(kept["row"].to_list(), kept["prompt_id"].to_list(), strict=True))
     ids, masks = _arrays(kept["input_ids"], np.int64), _arrays(kept["loss_mask"], np.uint8)
     groups = batches([len(i) for i in ids], settings.batch_tokens)
-    chosen = _scored_rows(kept, masks, settings) if scored_by is not None else set()
-    points = [
-        on_policy.row_sampling(s, None, GREEDY) if s else GREEDY
-        for s in (kept["sampling"] if "sampling" in kept.columns else [None] * kept.height)
-    ]
     progress = _read_json(store, progress_key)
     if progress is None or progress["key"] != key:
         for stale in (old, progress):
@@ -364,20 +346,9 @@ def capture_shard(
     if done:
         log(f"hidden states {partition}: resuming at batch {done + 1} of {len(groups)}")
     started = time.perf_counter()
-    figures: dict[str, Any] = dict(progress.get(on_policy.COLUMN, {}))
+    scores = ShardScores.plan(kept, ids, masks, settings, scored_by, progress) if scored_by else None
     for b in range(done, len(groups)):
-        score = {
-            j: scoring.Row(ids[i], on_policy.final_reply(masks[i]), points[i])
-            for j, i in enumerate(groups[b])
-            if rows[i][0] in chosen
-        }
-        if score and scored_by is not None and isinstance(backend, TransformersBackend):
-            states, scored = backend.capture_scored([ids[i] for i in groups[b]], plan, score)
-            for j, one in scored.items():
-                figures[str(rows[groups[b][j]][0])] = scoring.figures_for(one, score[j], scored_by, "capture")
-            progress[on_policy.COLUMN] = figures
-        else:
-            states = backend.capture([ids[i] for i in groups[b]], plan)
+        states = forward(backend, [ids[i] for i in groups[b]], plan, scores, groups[b], [r for r, _ in rows])
         samples = [
             formats.Sample(*rows[i], ids[i], masks[i], s, index=i) for i, s in zip(groups[b], states, strict=True)
         ]  # fmt: skip
@@ -390,8 +361,8 @@ def capture_shard(
     batches_rows = progress["batches"]
     _write_shard_files(store, folder, partition, batches_rows, kept, plan, settings)
     record = {"key": key, "partition": partition, **material, **_figures(frame.height, aside, batches_rows)}
-    if figures:  # the on-policy figures of the scored rows, and their totals
-        record[on_policy.COLUMN] = {"figures": on_policy.totals(figures.values()).numbers(), "rows": figures}
+    if scores is not None and (scored := scores.record()):
+        record[on_policy.COLUMN] = scored
     store.write_bytes(record_key, json.dumps(record).encode())
     store.delete(progress_key)
     result.record = record

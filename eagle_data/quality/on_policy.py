@@ -16,7 +16,6 @@ Pure: numpy and polars only (the scorers that run the target live in `eagle_data
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
@@ -60,12 +59,7 @@ ROW_DTYPE = pl.Struct(
 PREFIX = "on_policy_"  # of every metadata figure
 RAW = ("tokens", "hits", "expected_hits", "logprob", "expected_logprob")  # the sums shards add up
 SUM_SUFFIX = {"logprob": "_sum", "expected_logprob": "_sum"}
-AGREEMENT_EDGES = (0.5, 0.8, 0.9, 0.95, 0.99)  # the report's histogram of rows by top-1 agreement
 SUMMED = tuple(name for name in ROW_DTYPE.to_schema() if name not in ("scorer", "temperature", "top_p", "top_k"))
-
-
-class OnPolicyError(ValueError):
-    """Figures that cannot be taken as asked (a scorer that returned no log-probabilities)."""
 
 
 @dataclass(frozen=True)
@@ -263,11 +257,16 @@ class Totals:
     def numbers(self) -> dict[str, float | int]:
         """Plain metadata: the sums (which add up across shards) and the shares and means they give."""
         out: dict[str, float | int] = {f"{PREFIX}rows": self.rows}
-        out |= {f"{PREFIX}{name}{SUM_SUFFIX.get(name, '')}": round(self.get(name), 4) for name in RAW}
+        out |= {sum_figure(name): round(self.get(name), 4) for name in RAW}
         for name in ("agreement", "expected_agreement", "mean_logprob", "expected_logprob"):
             if (value := getattr(self, name)) is not None:
                 out[f"{PREFIX}{name.replace('expected_logprob', 'expected_mean_logprob')}"] = round(value, 4)
         return out
+
+
+def sum_figure(name: str) -> str:
+    """The metadata name of one of the RAW sums (`on_policy_tokens`, `on_policy_logprob_sum`)."""
+    return f"{PREFIX}{name}{SUM_SUFFIX.get(name, '')}"
 
 
 def totals(rows: Iterable[Mapping[str, Any] | None]) -> Totals:
@@ -374,43 +373,6 @@ def judge(t: Totals, limits: Limits, *, unscored: str = "") -> Verdict:
     line = f"off-policy rows: {text}; likely cause: {CAUSES[cause]}"
     details = {**details, "cause": cause}
     return Verdict(False, round(agreement_short, 4), limits.agreement_tolerance, line, cause, details)
-
-
-def _bin_labels() -> list[str]:
-    bounds = [0.0, *AGREEMENT_EDGES, 1.0]
-    return [f"{lo:g}-{hi:g}" for lo, hi in itertools.pairwise(bounds)]
-
-
-def numbers(frame: pl.DataFrame) -> dict[str, float | int]:
-    """A validated frame's on-policy metadata ({} when no row was scored): the totals, and rows per band of
-    top-1 agreement (`on_policy_rows_agreement_<band>`, the report's histogram)."""
-    t = frame_totals(frame)
-    if not t.rows:
-        return {}
-    shares = [r["hits"] / r["tokens"] for r in frame[COLUMN].to_list() if r and r["tokens"]]
-    index = np.searchsorted(np.asarray(AGREEMENT_EDGES), np.asarray(shares, dtype=float), side="right")
-    counts = np.bincount(index, minlength=len(AGREEMENT_EDGES) + 1)
-    bins = {f"{PREFIX}rows_agreement_{label}": int(n) for label, n in zip(_bin_labels(), counts, strict=True)}
-    return t.numbers() | bins
-
-
-def rolled(many: Sequence[Mapping[str, float | int]]) -> dict[str, float | int]:
-    """Shards' on-policy metadata added up into the dataset's ({} when no shard was scored)."""
-    keys = [f"{PREFIX}rows", *(f"{PREFIX}rows_agreement_{label}" for label in _bin_labels())]
-    keys += [f"{PREFIX}{name}{SUM_SUFFIX.get(name, '')}" for name in RAW]
-    summed = {key: sum(float(n.get(key, 0)) for n in many) for key in keys}
-    if not summed[f"{PREFIX}rows"]:
-        return {}
-    t = Totals(
-        int(summed[f"{PREFIX}rows"]), {name: summed[f"{PREFIX}{name}{SUM_SUFFIX.get(name, '')}"] for name in RAW}
-    )
-    return {key: int(v) for key, v in summed.items() if "_rows" in key} | t.numbers()
-
-
-def agreement_bins(numbers_: Mapping[str, float | int]) -> list[tuple[str, int]]:
-    """The histogram of rows by top-1 agreement, read back from metadata ([] when nothing was scored)."""
-    found = [(label, int(numbers_.get(f"{PREFIX}rows_agreement_{label}", -1))) for label in _bin_labels()]
-    return found if all(n >= 0 for _, n in found) else []
 
 
 def limits_of(settings: Any) -> Limits:

@@ -52,3 +52,40 @@ def top(row: Any, k: int) -> list[tuple[float, int]]:
 def rank(row: Any, token: int) -> int:
     """vLLM's rank of a token: 1 for the most likely."""
     return int((row > row[token]).sum()) + 1
+
+
+def sglang_logprobs(path: str, input_ids: list[int], output_ids: list[int], start: int, k: int) -> dict[str, Any]:
+    """SGLang's `meta_info` logprob fields for one `/generate` request (return_text_in_logprobs off: each text
+    null): from `start` (-1: the output tokens only) one `[logprob, id, null]` per token, the first without a
+    value, and with `k` the k most likely at each."""
+    start = len(input_ids) - 1 if start < 0 else start
+    ids = [*input_ids, *output_ids]
+    rows = logprobs(path, ids)
+
+    def entry(t: int) -> list[Any]:
+        return [float(rows[t, ids[t]]), ids[t], None]
+
+    def tops(t: int) -> list[list[Any]]:
+        return [[v, i, None] for v, i in top(rows[t], k)]
+
+    inputs, outputs = range(start + 1, len(input_ids)), range(len(input_ids), len(ids))
+    out = {
+        "input_token_logprobs": [[None, ids[start], None], *map(entry, inputs)],
+        "output_token_logprobs": [entry(t) for t in outputs],
+    }
+    if k:
+        out |= {"input_top_logprobs": [None, *map(tops, inputs)], "output_top_logprobs": [tops(t) for t in outputs]}
+    return out
+
+
+def vllm_prompt_logprobs(path: str, ids: list[int], k: int) -> list[dict[str, Any] | None]:
+    """vLLM's `choices[0].prompt_logprobs`: per prompt token (the first null) a dict of token id -> {logprob, rank,
+    decoded_token} holding the token there and the k most likely."""
+    rows = logprobs(path, ids)
+    listed: list[dict[str, Any] | None] = [None]
+    for t in range(1, len(ids)):
+        entries = {i: lp for lp, i in top(rows[t], k)} | {ids[t]: float(rows[t, ids[t]])}
+        listed.append(
+            {str(i): {"logprob": lp, "rank": rank(rows[t], i), "decoded_token": None} for i, lp in entries.items()}
+        )
+    return listed

@@ -1,10 +1,7 @@
 """A fault-injecting OpenAI-compatible server on 127.0.0.1 (aiohttp), in a thread or a subprocess.
 
-Serves `POST {/v1,/api/v1}/chat/completions`, `POST /v1/completions` (vLLM's: with `score_model`, a prompt of
-token ids and `prompt_logprobs` k answer `choices[0].prompt_logprobs` as vLLM does, one entry per prompt token, the
-first null, each `{token id: {logprob, rank, decoded_token}}` for the token there and the k most likely, values
-from the real model; without it the field is ignored, as a server that does not know it would),
-`GET {/v1,/api/v1}/models`, `GET /api/v1/key`, and for
+Serves `POST {/v1,/api/v1}/chat/completions`, `POST /v1/completions` (vLLM's `prompt_logprobs`, computed with a real
+model: `Faults.score_model`; ignored without one), `GET {/v1,/api/v1}/models`, `GET /api/v1/key`, and for
 tests `GET /_stats`, `POST /_faults`. Replies are deterministic per prompt: the natural length of a prompt's reply is
 fixed by its id, so raising max_tokens un-truncates exactly the rows that hit the old cap. Requests
 are counted per prompt and turn (prompt id from the `X-Eagle-Prompt-Id` header, else `user`), and
@@ -32,6 +29,7 @@ import polars as pl
 from aiohttp import web
 
 from eagle_data.catalog import DatasetSpec, load_catalog
+from eagle_data.standins import model_logprobs
 from eagle_data.standins.drip import drip
 from eagle_data.targets.vocab import qwen_tokenizer
 from eagle_data.types import PROMPT_ID_HEADER
@@ -141,24 +139,11 @@ class FakeOpenAI:
 
     async def completions(self, request: web.Request) -> web.Response:
         """vLLM's `/v1/completions` with a prompt of token ids: one empty completion token, and with a scoring
-        model the prompt's log-probabilities (`CompletionResponseChoice.prompt_logprobs`)."""
-        body = await request.json()
-        self.received += 1
-        ids = [int(t) for t in body["prompt"]]
-        k, listed = body.get("prompt_logprobs"), None
-        if k is not None and self.faults.score_model:
-            from eagle_data.standins import model_logprobs
-
-            rows = model_logprobs.logprobs(self.faults.score_model, ids)
-            listed = [None]
-            for t in range(1, len(ids)):
-                entries = {i: lp for lp, i in model_logprobs.top(rows[t], int(k))} | {ids[t]: float(rows[t, ids[t]])}
-                listed.append({
-                    str(i): {"logprob": lp, "rank": model_logprobs.rank(rows[t], i), "decoded_token": None}
-                    for i, lp in entries.items()
-                })  # fmt: skip
-        choice = {"index": 0, "text": "", "logprobs": None, "finish_reason": "length", "stop_reason": None,
-                  "prompt_logprobs": listed}  # fmt: skip
+        model the prompt's log-probabilities (`CompletionResponseChoice.prompt_logprobs`, model_logprobs.py)."""
+        body, self.received = await request.json(), self.received + 1
+        ids, k, model = [int(t) for t in body["prompt"]], body.get("prompt_logprobs"), self.faults.score_model
+        listed = model_logprobs.vllm_prompt_logprobs(model, ids, int(k)) if k is not None and model else None
+        choice = {"index": 0, "text": "", "finish_reason": "length", "prompt_logprobs": listed}
         usage = {"prompt_tokens": len(ids), "completion_tokens": 1, "total_tokens": len(ids) + 1}
         return web.json_response({"id": "cmpl-fake", "object": "text_completion", "created": 0,
                                   "model": body.get("model", ""), "choices": [choice], "usage": usage})  # fmt: skip

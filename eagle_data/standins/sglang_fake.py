@@ -186,35 +186,13 @@ class FakeSGLang:
             "cached_tokens": 0,
         }
         if body.get("return_logprob") and self.score_model:
-            meta |= self._logprobs(input_ids, output_ids, body)
+            start, k = int(body.get("logprob_start_len", -1)), int(body.get("top_logprobs_num") or 0)
+            meta |= model_logprobs.sglang_logprobs(self.score_model, input_ids, output_ids, start, k)
         answer = {"output_ids": output_ids, "meta_info": meta}
         if self.drip_s:
             return await drip(request, json.dumps(answer).encode(), self.drip_s)
         self._record(request, "generate", body.get("rid", ""), output_ids, len(input_ids))
         return web.json_response(answer)
-
-    def _logprobs(self, input_ids: list[int], output_ids: list[int], body: dict[str, Any]) -> dict[str, Any]:
-        """SGLang's logprob fields for one request (return_text_in_logprobs off: each text null)."""
-        start, k = int(body.get("logprob_start_len", -1)), int(body.get("top_logprobs_num") or 0)
-        start = len(input_ids) - 1 if start < 0 else start  # SGLang's -1: the output tokens only
-        ids = [*input_ids, *output_ids]
-        rows = model_logprobs.logprobs(self.score_model, ids)
-
-        def entry(t: int) -> list[Any]:
-            return [float(rows[t, ids[t]]), ids[t], None]
-
-        def tops(t: int) -> list[list[Any]]:
-            return [[v, i, None] for v, i in model_logprobs.top(rows[t], k)]
-
-        inputs = range(start, len(input_ids))
-        out = {
-            "input_token_logprobs": [[None, ids[start], None], *(entry(t) for t in inputs[1:])],
-            "output_token_logprobs": [entry(t) for t in range(len(input_ids), len(ids))],
-        }
-        if k:
-            out["input_top_logprobs"] = [None, *(tops(t) for t in inputs[1:])]
-            out["output_top_logprobs"] = [tops(t) for t in range(len(input_ids), len(ids))]
-        return out
 
     async def chat(self, request: web.Request) -> web.Response:
         body = await request.json()
