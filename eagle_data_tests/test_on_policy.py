@@ -17,8 +17,8 @@ import polars as pl
 import pytest
 from aiohttp import web
 
-from eagle_data import layout
-from eagle_data.catalog import OnPolicy, load_catalog
+from eagle_data import layout, quality
+from eagle_data.catalog import Checks, OnPolicy, load_catalog
 from eagle_data.drafter.capture import TransformersBackend, capture_shard
 from eagle_data.drafter.layers import resolve
 from eagle_data.drafter.settings import CaptureSettings
@@ -32,6 +32,7 @@ from eagle_data.engines.scoring import (
     score_rows,
 )
 from eagle_data.quality import on_policy as op
+from eagle_data.quality.canary import judge as canary_judge
 from eagle_data.quality.figures import Figures, on_policy_bins, on_policy_numbers, on_policy_rolled
 from eagle_data.quality.verdicts import KEPT
 from eagle_data.report import render_report
@@ -39,6 +40,7 @@ from eagle_data.standins import model_rows as smol_rows
 from eagle_data.standins.openai_fake import FakeOpenAI, Faults
 from eagle_data.standins.sglang_fake import FakeSGLang
 from eagle_data.storage import ShardStore
+from eagle_data_tests.fixtures_quality import validated_frame, varied_replies
 from eagle_data_tests.fixtures_stages import generate, validate, write_prompts
 
 PROMPTS = 12
@@ -370,3 +372,20 @@ def test_shard_figures_add_up_to_the_dataset_and_its_page_draws_the_histogram() 
     page = render_report("fixture", Figures(dataset, {}, [], [], [], {}, []), [], "ds").decode()
     assert "On-policy score" in page and "ds_on_policy" in page
     assert on_policy_numbers(pl.DataFrame({"prompt_id": ["a"]})) == {} and on_policy_rolled([{}]) == {}
+
+
+def test_the_canary_fails_on_a_sample_the_target_would_not_have_written_naming_the_cause() -> None:
+    """Rows whose first reply token the target rejects (a rendering that differs from the server's) pass every
+    gate, yet the canary stops the run before it pays for the rest."""
+    frame = quality.row_verdicts(validated_frame(varied_replies(64)), Checks(), thinking=True)
+    own = {**_scored_row(40, 40), "first_tokens": 1, "first_hits": 1, "first_expected": 1.0}
+    misrendered = {**_scored_row(40, 34), "first_tokens": 1, "first_hits": 0, "first_expected": 1.0}
+
+    def sample(row: dict[str, Any]) -> pl.DataFrame:
+        return frame.with_columns(pl.Series(op.COLUMN, [row] * frame.height, dtype=op.ROW_DTYPE))
+
+    settings = dict(dataset="fx", max_tokens=4096, suggested_max_tokens=256, config_hash="h")
+    assert canary_judge(sample(own), Checks(), True, **settings, on_policy_limits=LIMITS).passed
+    failed = canary_judge(sample(misrendered), Checks(), True, **settings, on_policy_limits=LIMITS)
+    assert failed.failing == ("on_policy",)
+    assert "rendering differs from the server's" in failed.line and "\n" not in failed.line
