@@ -10,8 +10,9 @@
 
 Each takes rows as the validated contract holds them (input_ids, loss_mask) with the sampling settings their
 replies were drawn at, and returns one `on_policy.Scored` per row. A scorer whose vocabulary is not the rows'
-target, or a server that answers without the log-probabilities asked for, is one line (`ScorerError`) before
-any forward pass or further request. docs/quality.md says which the catalog's `[defaults.on_policy]` picks.
+target is one line (`ScorerError`): in process before its first forward pass, a server (which reports no vocabulary)
+on its first answer naming ids past the target's; so is a server that answers without the log-probabilities asked
+for, before any further request. docs/quality.md says which the catalog's `[defaults.on_policy]` picks.
 """
 
 from __future__ import annotations
