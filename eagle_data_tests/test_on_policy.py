@@ -27,6 +27,7 @@ from eagle_data.engines.scoring import (
     Row,
     ScorerError,
     SGLangScorer,
+    TargetIds,
     TransformersScorer,
     VLLMScorer,
     score_rows,
@@ -175,13 +176,17 @@ def test_vllm_stand_in_answers_prompt_logprobs_as_vllm_and_the_scorer_reads_them
     _same_figures(served, score_rows(rows, TransformersScorer(smol.folder), smol.ids, 20))
 
 
-def test_a_server_that_ignores_the_logprob_request_is_one_line_after_its_first_answer(
+def test_a_server_ignoring_the_logprob_request_or_of_another_vocabulary_is_one_line_on_its_first_answer(
     sets: dict, smol: smol_rows.Smol, sglang: tuple[str, FakeSGLang, FakeSGLang]
 ) -> None:
-    urls, _, ignoring = sglang
+    urls, scoring, ignoring = sglang
     with pytest.raises(ScorerError, match="ignores return_logprob") as caught:
         score_rows(sets["greedy"], SGLangScorer(urls.split("|")[1]), smol.ids, 20)
     assert len(ignoring.requests) == 1 and "\n" not in str(caught.value)
+    before = len(scoring.requests)  # a server of another vocabulary: its first answer names ids past the target's
+    with pytest.raises(ScorerError, match="past the rows' target vocabulary"):
+        score_rows(sets["greedy"], SGLangScorer(urls.split("|")[0]), TargetIds(1000, 2), 20)
+    assert len(scoring.requests) == before + 1
     fake = FakeOpenAI(Faults(served_models=("smol",)))
     url = fake.start()
     try:
