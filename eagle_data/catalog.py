@@ -139,6 +139,27 @@ class Breaker(_Frozen):
         return self
 
 
+class OnPolicy(_Frozen):
+    """The on-policy score of validated shards and its blocking check (eagle_data/quality/on_policy.py).
+
+    `scorer`: where the target's log-probabilities come from: "auto" (the embedded engine's own checkpoint for
+    rows it generated; other engines' rows are not scored here, the hidden-state capture scores them), "none",
+    "transformers" (`checkpoint`), "sglang" or "vllm" (a server at `url`, serving `model`). `sample_rows` rows
+    of each shard are scored (seeded by prompt id); the check fails when agreement or mean log-probability is
+    surely (at `confidence`) further below the target's own prediction than the tolerances.
+    """
+
+    scorer: Literal["auto", "none", "transformers", "sglang", "vllm"] = "auto"
+    checkpoint: str = ""
+    url: str = ""
+    model: str = ""
+    sample_rows: int = Field(32, ge=0)
+    top_logprobs: int = Field(20, gt=0, le=1000)
+    agreement_tolerance: float = Field(0.05, ge=0, le=1)
+    logprob_tolerance: float = Field(0.5, ge=0)
+    confidence: float = Field(0.999, gt=0.5, lt=1)
+
+
 class DatasetSpec(_Frozen):
     """One catalog entry with defaults and the active profile applied."""
 
@@ -168,6 +189,7 @@ class DatasetSpec(_Frozen):
     generation: Generation = Generation()
     checks: Checks = Checks()
     breaker: Breaker = Breaker()
+    on_policy: OnPolicy = OnPolicy()
     # Shown as the assets' owners in the Dagster catalog: an email or "team:<name>" (Dagster's two forms).
     owners: tuple[str, ...] = ()
 

@@ -13,8 +13,8 @@ from html import escape
 
 from eagle_data import layout
 from eagle_data.catalog import DatasetSpec
-from eagle_data.quality import CHECK_COLUMNS, Inputs, ShardRecord, rollup, row_verdicts, shard_record
-from eagle_data.quality.figures import Bins, Figures, markdown_table
+from eagle_data.quality import CHECK_COLUMNS, Inputs, ShardRecord, on_policy, rollup, row_verdicts, shard_record
+from eagle_data.quality.figures import Bins, Figures, markdown_table, on_policy_bins
 from eagle_data.quality.gates import CheckResult
 from eagle_data.quality.records import Judged, judged_rollup
 from eagle_data.storage import ShardStore, digest, read_columns
@@ -116,6 +116,10 @@ DECONTAMINATION_ROW = (
     "<tr><td>decontamination</td><td>not judged yet</td><td>ERROR (blocking)</td><td>judged after validation by "
     "the {check} check: each shard's result is on its own page and {asset}'s Checks tab</td></tr>"
 )
+ON_POLICY_ROW = (  # judged from the shard's stored scores by its own check (eagle_data/defs/on_policy.py)
+    "<tr><td>on_policy</td><td>see Dagster</td><td>ERROR (blocking)</td><td>judged from the scored rows by the "
+    "{check} check: each shard's result is on {asset}'s Checks tab; the figures are below</td></tr>"
+)
 
 
 def _judged_rows(judged: Sequence[Judged]) -> list[str]:
@@ -148,6 +152,9 @@ def render_report(
         DECONTAMINATION_ROW.format(check=escape(f"{dataset}_decontamination"), asset=escape(f"{dataset}_validated"))
         if pending
         else "",
+        ON_POLICY_ROW.format(check=escape(f"{dataset}_on_policy"), asset=escape(f"{dataset}_validated"))
+        if dataset
+        else "",
         "</table>",
         _shard_links(figures),
         "<h2>Figures</h2>",
@@ -159,6 +166,8 @@ def render_report(
         "<h2>Token accounting</h2>",
         bar_chart(figures.ratio_hist, "Replies by rebuilt tokens, % of the tokens the engine reported"),
     ]
+    if agreement := on_policy_bins(figures.numbers):  # the target's own score (quality/on_policy.py)
+        sections += ["<h2>On-policy score</h2>", bar_chart(agreement, "Scored rows by top-1 agreement with the target")]
     if figures.shards:
         xs = [str(r["shard"]) for r in figures.shards]
         shares = {k: [float(r[k]) for r in figures.shards] for k in ("truncated_share", "failed_share", "short_share")}
@@ -245,7 +254,8 @@ def read_record(spec: DatasetSpec, store: ShardStore, key: str, log: Log = print
         return record
     previous = record.inputs.previous_avg_completion_tokens if record else None
     data = store.shard_bytes(spec.name, layout.validated_asset(spec.name), key)
-    frame = row_verdicts(read_columns(data, CHECK_COLUMNS), spec.checks, spec.generation.thinking)  # no token lists
+    columns = (*CHECK_COLUMNS, on_policy.COLUMN)  # no token lists
+    frame = row_verdicts(read_columns(data, columns), spec.checks, spec.generation.thinking)
     log(f"{spec.name} shard {key}: quality record {why}; rebuilt from the validated shard")
     run = run_id or (record.run_id if record else "")
     fresh = shard_record(key, frame, inputs_for(spec, previous))
@@ -261,7 +271,9 @@ def rounded(value: object) -> object:
 
 SHARD_TABLE_ROWS = 20  # shards in the asset page's per-shard table
 
-HEADLINE_FIGURES = ("rows", "train_rows", "pass_share", "avg_completion_tokens")  # of the dataset page
+HEADLINE_FIGURES = (  # of the dataset page
+    "rows", "train_rows", "pass_share", "avg_completion_tokens", "on_policy_agreement", "on_policy_expected_agreement",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -133,7 +133,7 @@ def test_a_record_of_an_older_schema_is_rebuilt_from_its_shard_with_one_notice(t
     assert notices[-1].endswith("quality record judged with other thresholds; rebuilt from the validated shard")
 
 
-def test_the_dataset_page_links_each_shard_page_and_names_all_eight_checks(tmp_path: Path) -> None:
+def test_the_dataset_page_links_each_shard_page_and_names_all_nine_checks(tmp_path: Path) -> None:
     from eagle_data.quality import CHECKS
 
     spec = DatasetSpec(name="b9_fixture", title="Fixture", adapter=Adapter(prompt_field="q", response_field="r"))
@@ -143,8 +143,11 @@ def test_the_dataset_page_links_each_shard_page_and_names_all_eight_checks(tmp_p
     assert links == ["00000.html", "00001.html"]
     assert all((Path(uri).parent / link).is_file() for link in links)  # relative: opens from a folder or a download
     named = set(re.findall(r"<tr><td>([a-z_]+)</td>", page))
-    assert {d.name for d in CHECKS} | {"decontamination"} <= named and len({d.name for d in CHECKS}) + 1 == 8
+    assert {d.name for d in CHECKS} | {"decontamination", "on_policy"} <= named and len(
+        {d.name for d in CHECKS}
+    ) + 2 == 9
     assert "b9_fixture_decontamination" in page and "b9_fixture_validated's Checks tab" in page
+    assert "b9_fixture_on_policy" in page
 
 
 def test_the_asset_pages_shard_table_shows_the_worst_shards_and_stays_bounded(tmp_path: Path) -> None:

@@ -25,6 +25,7 @@ from statistics import NormalDist
 import polars as pl
 
 from eagle_data.catalog import Checks, shard_key
+from eagle_data.quality import on_policy
 from eagle_data.quality.gates import FAILED_RATE, TRUNCATION_RATE, CheckResult, Inputs, pct, run_checks
 from eagle_data.quality.summary import share, wilson_lower
 from eagle_data.quality.verdicts import (
@@ -40,6 +41,7 @@ EXAMPLES = 3  # prompt ids quoted in the one-line verdict
 # How sure a failed share gate must be on the sample: at 0.999, 64 prompts with 18% of replies cut fail a 5%
 # gate, and 4 of 64 short replies fail a 1% gate, while a healthy 0.8% rate does so about once in 400 canaries.
 CONFIDENCE = 0.999
+ON_POLICY = "on_policy"  # the target's own score of the sample (eagle_data/quality/on_policy.py)
 IGNORE_SETTING = "ignore_canary"  # the generation run config's override (eagle_data/defs/assets.py)
 # The row verdicts each gate counts, so a failure names the verdict behind it (a failed row's by its error kind).
 GATE_VERDICTS: dict[str, tuple[str, ...]] = {
@@ -128,19 +130,22 @@ def judge(
     suggested_max_tokens: int,
     config_hash: str,
     target: str = "",
+    on_policy_limits: on_policy.Limits | None = None,
 ) -> Canary:
-    """Judge the sample's validated rows (with verdicts) by the validation gates; `max_tokens` is the cap
-    the sample ran under and `suggested_max_tokens` the one covering 95% of its replies; `target` the target the
-    rows were tokenized for (named when the server counted other prompts)."""
+    """Judge the sample's validated rows (with verdicts) by the validation gates, and with `on_policy_limits`
+    their on-policy score (already a confidence bound); `max_tokens` is the cap the sample ran under,
+    `suggested_max_tokens` the one covering 95% of its replies, and `target` the target the rows were tokenized
+    for (named when the server counted other prompts)."""
     results = run_checks(rows, Inputs(checks, thinking))
     answered = rows.filter(is_answered())
+    scored = on_policy.shard_verdict(rows, on_policy_limits) if on_policy_limits else None
     failing = tuple(
         r.name
         for r in results
         if not r.passed
         and (r.severity == "ERROR" or r.name == TRUNCATION_RATE)
         and sure(r, answered.height if r.name == TRUNCATION_RATE else rows.height)
-    )
+    ) + ((ON_POLICY,) if scored and not scored.passed else ())
     named = labels(rows)
     counts = Counter(named.to_list())
     truncated = share(answered.filter(is_truncated()).height, answered.height)
@@ -155,7 +160,7 @@ def judge(
                 f"training, {pct(truncated)} of replies hit max_tokens={max_tokens}")  # fmt: skip
         return Canary(**common, line=line)  # type: ignore[arg-type]
     head = f"{dataset}: canary failed on {', '.join(failing)} ({rows.height} prompts drawn across the dataset)"
-    gates = [r for r in results if r.name in failing and r.name != TRUNCATION_RATE]
+    gates = [r for r in results if r.name in failing and r.name not in (TRUNCATION_RATE, ON_POLICY)]
     behind = {v for r in gates for v in GATE_VERDICTS.get(r.name, ())}  # the verdicts the failing gates count
     rejected = Counter({v: n for v, n in counts.items() if v.split(":")[0] in behind})
     parts, examples = [], ()
@@ -172,7 +177,9 @@ def judge(
             )
     elif gates:  # every row passed on its own, but together they fail (one completion or loss-mask sum dominating)
         parts.append(gates[0].message)
-    if gates:
+    if scored and not scored.passed:
+        parts.append(scored.line)
+    if gates or ON_POLICY in failing:
         parts.append(f"fix the engine or its server, then materialize {dataset}_estimate again")
     if TRUNCATION_RATE in failing:
         cut = tuple(answered.filter(is_truncated())["prompt_id"].head(EXAMPLES).to_list())

@@ -10,7 +10,7 @@ import polars as pl
 
 from eagle_data import sources
 from eagle_data.catalog import DatasetSpec
-from eagle_data.quality import canary
+from eagle_data.quality import canary, on_policy
 from eagle_data.quality.canary import Canary
 from eagle_data.quality.truncation import ReplyLengths, truncation_report
 from eagle_data.report import Log
@@ -72,6 +72,7 @@ def estimate(
     judged = canary.judge(
         validated, spec.checks, spec.generation.thinking, dataset=spec.name, max_tokens=key.max_tokens,
         suggested_max_tokens=cut.suggested_max_tokens, config_hash=key.config_hash, target=target,
+        on_policy_limits=on_policy.limits_of(spec.on_policy),
     )  # fmt: skip
     if not answered.height:
         return PreFlight(judged, None)

@@ -23,6 +23,8 @@ from eagle_data.catalog import DatasetSpec
 from eagle_data.drafter import capture, hidden_states, layers, verify
 from eagle_data.drafter.mixfile import local_mix, mix_target
 from eagle_data.drafter.settings import CaptureSettings, HiddenStateRecipe
+from eagle_data.engines.scoring import TargetIds
+from eagle_data.quality import on_policy
 from eagle_data.report import Log
 from eagle_data.storage import ShardStore
 from eagle_data.storage.digests import materialize_command, read_record, write_record
@@ -60,6 +62,7 @@ class Capture:
     plan: layers.LayerPlan
     base: dict[str, Any]  # the provenance every shard's record carries
     cid: str  # the capture id: the hash of `base`
+    scored_by: TargetIds | None = None  # the rows' target, against which the capture scores a sample of rows
 
 
 def write_hidden_states(
@@ -155,14 +158,14 @@ def load_capture(
         "tokenizer_hash": target.tokenizer_hash,
         "formats": list(settings.formats),
     }
-    return Capture(settings, backend, plan, base, capture.capture_id(base))
+    return Capture(settings, backend, plan, base, capture.capture_id(base), TargetIds.of(target))
 
 
 def capture_one(store: ShardStore, run: Capture, path: Path, partition: str, log: Log) -> CapturedShard:
     """Capture (or skip) and verify one shard; a shard that fails verification has its record withdrawn."""
     frame, provenance = _shard_input(run, path, partition)
     result = capture.capture_shard(
-        store, run.cid, partition, frame, provenance, run.backend, run.plan, run.settings, log
+        store, run.cid, partition, frame, provenance, run.backend, run.plan, run.settings, log, run.scored_by
     )
     record = result.record
     found = _verified(store, run, partition, record, frame, log, fresh=result.captured)
@@ -242,4 +245,5 @@ def shard_figures(result: capture.ShardResult) -> dict[str, Any]:
         "tokens_per_s": round(result.tokens_run / result.seconds, 1) if result.seconds else 0.0,
         "batches_run": result.batches_run,
         "batches_resumed": result.batches_resumed,
+        **record.get(on_policy.COLUMN, {}).get("figures", {}),
     }

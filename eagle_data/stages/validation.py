@@ -22,6 +22,8 @@ from eagle_data.catalog import DatasetSpec, shard_index
 from eagle_data.drafter.decontam import contamination
 from eagle_data.drafter.evalsets import benchmark_index
 from eagle_data.drafter.settings import load_drafter_settings
+from eagle_data.engines.scoring import TargetIds, on_policy_column, resolve_scorer
+from eagle_data.quality.on_policy import SamplingPoint
 from eagle_data.storage import ShardStore, digest, parquet_bytes
 from eagle_data.storage.shards import SpilledShards
 from eagle_data.targets import build_training_rows, load_target, resolve_target
@@ -40,7 +42,8 @@ def target_name(spec: DatasetSpec, generations: pl.DataFrame) -> str:
 def validated_rows(spec: DatasetSpec, generations: pl.DataFrame, partition: str) -> pl.DataFrame:
     """Token ids, loss masks and per-row verdicts for one generation shard; rows overlapping a benchmark
     (`contamination`: its name) get the verdict `contaminated`; every row names the tokenizer and chat
-    template that made its ids (eagle_data.provenance)."""
+    template that made its ids (eagle_data.provenance); a sample of training rows carries the target's own
+    score of them (`on_policy`, eagle_data/quality/on_policy.py)."""
     target = load_target(target_name(spec, generations))
     rows = build_training_rows(
         target, generations, thinking=spec.generation.thinking, mask_empty_think=spec.mask_empty_think
@@ -53,7 +56,10 @@ def validated_rows(spec: DatasetSpec, generations: pl.DataFrame, partition: str)
         tokenizer_hash=pl.lit(target.tokenizer_hash),
         chat_template_hash=pl.lit(target.chat_template_hash),
     )
-    return quality.row_verdicts(rows, spec.checks, thinking=spec.generation.thinking)
+    rows = quality.row_verdicts(rows, spec.checks, thinking=spec.generation.thinking)
+    g = spec.generation
+    default, scorer = SamplingPoint(g.temperature, g.top_p, g.min_tokens), resolve_scorer(spec.on_policy, generations)
+    return rows.with_columns(on_policy_column(rows, spec.on_policy, TargetIds.of(target), default, scorer))
 
 
 def check_shard(
