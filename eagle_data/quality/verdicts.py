@@ -25,6 +25,11 @@ out of training when their token structure is broken, when their text was lost, 
 nothing to learn (no reasoning and no content, or a loss-mask sum at or under `min_loss_tokens`):
 whatever the finish reason, no empty row is ever kept.
 
+A reply that loops (`loop`: the same run of words repeated back to back over a large share of the reply,
+as a small model's greedy decoding does: "a gentle rain, a gentle rain, a gentle rain, ...") is set aside:
+it would teach a draft model to predict the loop. `loop_span` says what counts; a refrain between verses, a
+list or code whose lines share words are no loop, since their repeats are not back to back.
+
 Token accounting: a server can report tokens it never put in the text (one that strips special tokens
 answers content "" with completion_tokens = max_tokens; reasoning can come back in a field not read; a
 stream can be cut). `lost_tokens` is what the engine reported beyond the tokens rebuilt for the row's
@@ -35,6 +40,8 @@ regenerated turns (`reply_tokens`, from the targets room); a row that lost more 
 
 from __future__ import annotations
 
+import re
+
 import polars as pl
 
 from eagle_data.catalog import Checks
@@ -42,6 +49,9 @@ from eagle_data.catalog import Checks
 PASS = "pass"
 TRUNCATED = "truncated"
 LOST_TEXT = "lost_text"
+LOOP = "loop"
+SHORT_REASONS = ("empty_completion", "short_loss")  # what the empty_response gate counts
+EMPTY_REPLY = "empty_reply"  # a failed row's error kind when its billed replies held no text (eagle_data/runner)
 CONTAMINATED = "contaminated"
 CONTAMINATION = "contamination"  # the benchmark a row overlaps (eagle_data.drafter.decontam), else null
 # Tokens per regenerated turn an engine may count that the rebuilt text need not hold: the stop token,
@@ -86,6 +96,7 @@ OPTIONAL_COLUMNS: dict[str, pl.DataType] = {
     "reply_tokens": pl.Int32(),
     "reply_turns": pl.Int32(),
     "prompt_ok": pl.Boolean(),
+    "error": pl.String(),  # why a failed row failed, `kind: detail` (a billed empty reply: `empty_reply: ...`)
 }
 ACCOUNTING_COLUMNS = ("lost_tokens", "token_ratio")  # added by row_verdicts
 CHECK_COLUMNS = (*REQUIRED_COLUMNS, *OPTIONAL_COLUMNS, *ACCOUNTING_COLUMNS, "verdict")  # not token lists, messages
@@ -115,6 +126,51 @@ def _false(column: str) -> pl.Expr:
 
 def _blank(column: str) -> pl.Expr:
     return pl.col(column).fill_null("").str.strip_chars() == ""
+
+
+# A loop: words repeated back to back (each copy right after the text it copies) over at least LOOP_SHARE of a
+# reply's words, in at least LOOP_CYCLES cycles and LOOP_MIN_WORDS words. Tuned on SmolLM2-135M-Instruct's real
+# replies (eagle_data_tests/fixtures/smollm2_replies.json; docs/quality.md).
+LOOP_SHARE = 0.4
+LOOP_CYCLES = 3
+LOOP_MIN_WORDS = 24
+_GRAM = 3  # words per n-gram whose earlier occurrence marks a copy
+_WORD = re.compile(r"\w+|[^\w\s]")  # words and punctuation marks; a CJK sentence between marks is one word
+
+
+def loop_span(text: str) -> tuple[int, int, int]:
+    """(words in the longest back-to-back repetition, its period in words, words in the text).
+
+    Each n-gram of words is matched to its latest earlier occurrence; a run of consecutive n-grams copied from
+    the same distance d is a copy of the text d words back, and when the copy is at least d words long it
+    repeats the text right before it: the span from the copied text's start to the copy's end is periodic
+    with period d. A refrain after a verse is copied from further back than its own length, so it is none."""
+    words = _WORD.findall(text)
+    last: dict[tuple[str, ...], int] = {}
+    best = (0, 0)
+    run_start, run_distance = 0, 0
+    for i in range(len(words) - _GRAM + 1):
+        gram = tuple(words[i : i + _GRAM])
+        distance = i - last[gram] if gram in last else 0
+        last[gram] = i
+        if distance != run_distance or not distance:
+            run_start, run_distance = i, distance
+        if distance:
+            copied = i + _GRAM - run_start  # words in this run's copy so far
+            if copied >= distance and copied + distance > best[0]:
+                best = (copied + distance, distance)
+    return best[0], best[1], len(words)
+
+
+def is_loop(text: str | None) -> bool:
+    """Whether a reply loops (see LOOP_SHARE)."""
+    span, period, words = loop_span(text or "")
+    return span >= LOOP_MIN_WORDS and span >= LOOP_SHARE * words and span >= LOOP_CYCLES * period
+
+
+def error_kind() -> pl.Expr:
+    """A failed row's error kind (`empty_reply` of `empty_reply: no content ...`), "" without one."""
+    return pl.col("error").fill_null("").str.split(":").list.first().alias("error_kind")
 
 
 def reported_tokens() -> pl.Expr:
@@ -150,6 +206,7 @@ def _rules(checks: Checks, thinking: bool) -> list[tuple[str, pl.Expr]]:
         (LOST_TEXT, pl.col("lost_tokens").fill_null(0) > checks.lost_text_tolerance * reported_tokens()),
         ("empty_completion", nothing_written),
         ("short_loss", pl.col("loss_tokens").fill_null(0) <= checks.min_loss_tokens),
+        (LOOP, pl.col("content").map_elements(is_loop, return_dtype=pl.Boolean, skip_nulls=False)),
         (TRUNCATED, is_truncated()),
         ("missing_eot", _false("eot_ok")),
         ("missing_reasoning", _blank("reasoning") & pl.lit(thinking)),

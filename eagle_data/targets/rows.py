@@ -35,6 +35,7 @@ PASS_THROUGH = (
     "sampling",
     "sampling_setting",
     "messages",  # the conversations export (SpecForge JSONL) reads it
+    "error",  # why a failed row failed (`empty_reply: ...`): the quality gates name the cause
 )
 FLAGS = ("roundtrip_ok", "prefix_ok", "structure_ok", "eot_ok")
 OUTPUT_COLUMNS: dict[str, Any] = {  # built here; then PASS_THROUGH columns follow

@@ -1,0 +1,161 @@
+"""The quality gates on real text: SmolLM2-135M-Instruct's own replies (eagle_data_tests/fixtures/
+smollm2_replies.json, written by make_smollm2_replies.py beside it), a real runner against a server that goes
+empty mid-run, and the real `{ds}_validated` asset judging two shards one after the other.
+
+Each test here failed on the code before the gates judged shares by a confidence bound, counted each row under
+one verdict, set looping replies aside, compared length_shift shard by shard and counted empty replies recorded
+failed (see docs/quality.md)."""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import polars as pl
+import pytest
+
+from eagle_data.catalog import Adapter, Breaker, Checks, DatasetSpec
+from eagle_data.defs.assets import build_dataset_assets
+from eagle_data.defs.checks import build_checks
+from eagle_data.defs.io_managers import shard_resources
+from eagle_data.defs.resources import EngineResource, StorageResource
+from eagle_data.engines import make_engine
+from eagle_data.quality import Inputs, row_verdicts, run_checks
+from eagle_data.runner import RunnerSettings, run_generation
+from eagle_data.standins.openai_fake import FakeOpenAI, Faults, prompt_shards, spec_for_tests
+from eagle_data.storage import ShardStore
+from eagle_data.targets.rows import MESSAGE_DTYPE
+from eagle_data_tests.fixtures_quality import generation_frame
+from eagle_data_tests.fixtures_stages import validate
+
+FIXTURE = Path(__file__).parent / "fixtures" / "smollm2_replies.json"
+DEFAULTS = Checks()
+
+
+@cache
+def replies() -> dict[str, Any]:
+    return json.loads(FIXTURE.read_text())
+
+
+def smollm2_frame(rows: list[dict[str, Any]]) -> pl.DataFrame:
+    """Validated-shaped rows of real replies: SmolLM2's own token counts (its end-of-turn token included, as the
+    loss mask trains it), structure verified, thinking off as SmolLM2 has none."""
+    out = []
+    for i, r in enumerate(rows):
+        cut = r["finish_reason"] == "length"
+        out.append({
+            "prompt_id": f"{r.get('id', 'x')}-{r.get('turn', 1)}-{i}", "status": "truncated" if cut else "ok",
+            "finish_reason": r["finish_reason"], "content": r["content"], "reasoning": "",
+            "completion_tokens": r["completion_tokens"], "loss_tokens": r["completion_tokens"],
+            "roundtrip_ok": True, "prefix_ok": True, "structure_ok": True, "special_in_text": r.get("special", 0),
+            "eot_ok": not cut, "ids_match": None, "target_error": "", "reply_tokens": r["completion_tokens"],
+            "reply_turns": 1,
+        })  # fmt: skip
+    return pl.DataFrame(out, schema_overrides={"ids_match": pl.Boolean, "reply_tokens": pl.Int32,
+                                               "reply_turns": pl.Int32})  # fmt: skip
+
+
+def results(frame: pl.DataFrame, checks: Checks = DEFAULTS) -> dict[str, Any]:
+    return {r.name: r for r in run_checks(frame, Inputs(checks, thinking=False))}
+
+
+def demo(key: str = "demo_greedy", turn: int = 1) -> list[dict[str, Any]]:
+    return [r for r in replies()[key] if r["turn"] == turn]
+
+
+def reply(key: str, prompt_id: str, turn: int = 1) -> dict[str, Any]:
+    return next(r for r in replies()[key] if r["id"] == prompt_id and r["turn"] == turn)
+
+
+# ---- shares judged with a confidence bound, each row counted once ------------------------------------------
+def test_one_short_real_reply_set_aside_for_its_prompt_does_not_block_a_10_row_shard() -> None:
+    """sg_0014 asks what `<|im_end|>` means (set aside: special_token_in_text) and SmolLM2 answers "In ChatML, `"
+    (6 tokens): one short reply already set aside used to fail empty_response, 10% over a 1% gate."""
+    asked = {**reply("demo_greedy", "sg_0014"), "special": 1}
+    others = [r for r in demo() if r["id"] != "sg_0014" and r["completion_tokens"] > 16][:9]
+    shard = smollm2_frame([asked, *others])
+    assert row_verdicts(shard, DEFAULTS, False)["verdict"][0] == "special_token_in_text"
+    gates = results(shard)
+    assert gates["empty_response"].passed, gates["empty_response"].message
+
+
+def test_one_short_real_reply_in_10_is_not_sure_while_2_percent_of_10000_is() -> None:
+    """One 6-token reply in a 10-row shard (10%, over the 1% gate) says nothing sure at 99.9%; 2% of 10,000 rows
+    (the same real replies, repeated under other prompt ids) does."""
+    short = reply("demo_greedy", "sg_0014")
+    long = [r for r in demo() if r["completion_tokens"] > 16]
+    small = results(smollm2_frame([short, *long[:9]]))["empty_response"]
+    assert small.passed and "10.0% of 10 replies were empty or had loss-mask sum <= 16" in small.message
+    big = [short] * 200 + [long[i % len(long)] for i in range(9800)]
+    gate = results(smollm2_frame(big))["empty_response"]
+    assert not gate.passed and gate.message.startswith("2.0% of 10000 replies were empty or had loss-mask sum <= 16")
+
+
+# ---- a server that goes empty mid-run --------------------------------------------------------------------
+def test_a_server_that_goes_empty_mid_run_fails_empty_response_beside_failed_rate(tmp_path: Path) -> None:
+    """4 healthy answers, then every reply empty: 6 of 10 rows are recorded failed after their retry. failed_rate
+    fails, and so does empty_response, which names the empty replies as the cause."""
+    spec = spec_for_tests(breaker=Breaker(enabled=False))
+    server = FakeOpenAI(Faults(healthy_first=4, p_empty=1.0, reply_tokens=(40, 60)))
+    server.start()
+    try:
+        engine = make_engine("openai", base_url=f"http://127.0.0.1:{server.port}/v1", model="m", max_tokens=96)
+        one_at_a_time = {"initial_in_flight": 1, "min_in_flight": 1, "max_in_flight": 1}
+        settings = RunnerSettings(backoff_base_s=0.0, backoff_cap_s=0.0, progress_bar=False, **one_at_a_time)
+        store = ShardStore(str(tmp_path))
+        run_generation(engine, spec, prompt_shards(1, 10), store, settings=settings, log=lambda _: None)
+    finally:
+        server.stop()
+    record = validate(spec, store, ["00000"], workers=1, log=lambda _: None).records["00000"]
+    gates = {r.name: r for r in record.results}
+    assert not gates["failed_rate"].passed and gates["failed_rate"].figure == pytest.approx(0.6)
+    assert not gates["empty_response"].passed
+    assert "60.0% of 10 replies were empty" in gates["empty_response"].message
+    assert "6 of them rows that failed after empty replies" in gates["empty_response"].message
+
+
+# ---- length_shift, shard by shard ------------------------------------------------------------------------
+def shortened(frame: pl.DataFrame, words: int) -> pl.DataFrame:
+    """A generation shard whose replies keep their first `words` words (reasoning and content each)."""
+    cut = [" ".join(text.split()[:words]) for text in frame["content"]]
+    thought = [" ".join(text.split()[:words]) for text in frame["reasoning"]]
+    messages = [[m[0], {**m[1], "content": c, "reasoning": r}] for m, c, r in zip(frame["messages"], cut, thought,
+                                                                                 strict=True)]  # fmt: skip
+    return frame.with_columns(
+        content=pl.Series(cut), reasoning=pl.Series(thought),
+        completion_tokens=pl.Series([len(c.split()) + len(r.split()) for c, r in zip(cut, thought, strict=True)]),
+        messages=pl.Series(messages, dtype=pl.List(MESSAGE_DTYPE)),
+    )  # fmt: skip
+
+
+def test_length_shift_compares_each_shard_with_its_own_last_validation(tmp_path: Path) -> None:
+    """The real `{ds}_validated`: shard 00001 (replies of about 40 tokens) after shard 00000 (about 200) has no
+    earlier figure of its own, so it is not compared with 00000's; validated again, it is compared with itself."""
+    spec = DatasetSpec(
+        name="b9_shift", title="Shift", adapter=Adapter(prompt_field="q", response_field="r"), max_prompts=400,
+        shard_size=200, target="qwen3-test",
+    )  # fmt: skip
+    store = ShardStore(str(tmp_path))
+    store.write_shard(spec.name, spec.name, "00000", generation_frame(200, empty_share=0.0, dataset=spec.name))
+    store.write_shard(spec.name, spec.name, "00001", shortened(generation_frame(200, 0.0, dataset=spec.name), 20))
+    defs = dg.Definitions(
+        assets=build_dataset_assets(spec), asset_checks=build_checks([spec]),
+        resources={**shard_resources(StorageResource(root=str(tmp_path))), "engine": EngineResource()},
+    )  # fmt: skip
+    job = defs.resolve_implicit_global_asset_job_def().get_subset(asset_selection={dg.AssetKey("b9_shift_validated")})
+    shifts = []
+    with dg.instance_for_test() as instance:
+        for key in ("00000", "00001", "00001"):
+            result = job.execute_in_process(partition_key=key, instance=instance, raise_on_error=False)
+            shifts += [e for e in result.get_asset_check_evaluations() if e.check_name == "length_shift"]
+    first, second, again = shifts
+    assert (first.passed, second.passed, again.passed) == (True, True, True)
+    assert "no previous figure" in (second.description or "")  # not 00000's ~200 tokens against its ~40
+    own = second.metadata["avg_completion_tokens"].value
+    assert again.metadata["previous_avg_completion_tokens"].value == pytest.approx(own)
+    assert "(+0.0%" in (again.description or "")
+
+
