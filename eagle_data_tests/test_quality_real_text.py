@@ -17,17 +17,23 @@ import dagster as dg
 import polars as pl
 import pytest
 
-from eagle_data.catalog import Adapter, Breaker, Checks, DatasetSpec
+from eagle_data.catalog import Adapter, Checks, DatasetSpec
+from eagle_data.catalog import Breaker as BreakerSettings
 from eagle_data.defs.assets import build_dataset_assets
 from eagle_data.defs.checks import build_checks
 from eagle_data.defs.io_managers import shard_resources
 from eagle_data.defs.resources import EngineResource, StorageResource
 from eagle_data.engines import make_engine
 from eagle_data.quality import Inputs, row_verdicts, run_checks
+from eagle_data.quality.canary import judge
+from eagle_data.quality.reply import reply_verdict
+from eagle_data.quality.truncation import ReplyLengths, truncation_report
 from eagle_data.runner import RunnerSettings, run_generation
+from eagle_data.runner.breaker import Breaker
 from eagle_data.standins.openai_fake import FakeOpenAI, Faults, prompt_shards, spec_for_tests
 from eagle_data.storage import ShardStore
 from eagle_data.targets.rows import MESSAGE_DTYPE
+from eagle_data.types import Completion
 from eagle_data_tests.fixtures_quality import generation_frame
 from eagle_data_tests.fixtures_stages import validate
 
@@ -94,11 +100,70 @@ def test_one_short_real_reply_in_10_is_not_sure_while_2_percent_of_10000_is() ->
     assert not gate.passed and gate.message.startswith("2.0% of 10000 replies were empty or had loss-mask sum <= 16")
 
 
+# ---- loops: caught in real replies, one verdict for validation, the breaker and the canary ------------------
+# SmolLM2's replies that loop, (set, prompt id, turn): greedy decoding repeating a sentence or a paragraph to the
+# cap ("The box is like a transformer, and the room is like a computer's processing unit." over and over), a
+# list whose items 2 to 5 are one paragraph, code ending "time.sleep.time.sleep...", and sampled replies
+# ending "Risk-Risk-Risk-...".
+LOOPS = [
+    ("demo_greedy", "sg_0008", 2), ("demo_greedy", "sg_0017", 2), ("demo_greedy", "sg_0023", 2),
+    ("demo_greedy", "sg_0013", 1), ("demo_greedy", "sg_0011", 2), ("demo_greedy", "sg_0005", 1),
+    ("demo_greedy", "sg_0017", 1), ("demo_sampled", "sg_0017", 1), ("demo_sampled", "sg_0017", 2),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("key", "prompt_id", "turn"), LOOPS)
+def test_a_real_loop_is_set_aside_by_the_row_verdict_and_the_breaker(key: str, prompt_id: str, turn: int) -> None:
+    looped = reply(key, prompt_id, turn)
+    verdict = row_verdicts(smollm2_frame([looped]), DEFAULTS, False)["verdict"][0]
+    done = Completion(content=looped["content"], completion_tokens=looped["completion_tokens"],
+                      finish_reason=looped["finish_reason"])  # fmt: skip
+    assert (verdict, reply_verdict(done, DEFAULTS)) == ("loop", "loop")
+
+
+def test_a_shard_of_looping_real_replies_fails_the_loops_gate_and_the_canary_names_them() -> None:
+    looped = [reply(*k) for k in LOOPS]
+    healthy = [r for r in demo("demo_sampled") if r["id"] != "sg_0017"][:16]
+    shard = smollm2_frame(healthy + looped)  # 9 of 25 loop
+    gate = results(shard)["loops"]
+    assert (gate.passed, gate.blocking) == (False, True)
+    assert gate.message.startswith("36.0% of 25 answered replies loop")
+    rows = row_verdicts(shard, DEFAULTS, False)
+    sample = judge(rows, DEFAULTS, False, dataset="b7", max_tokens=256, suggested_max_tokens=256, config_hash="h")
+    assert "loops" in sample.failing and "36.0% of them are loop" in sample.line
+
+
+def test_the_breaker_stops_a_model_that_loops_on_real_replies() -> None:
+    looped = [reply(*k) for k in LOOPS]
+    healthy = [r for r in demo("demo_sampled") if r["id"] != "sg_0017"]
+    breaker = Breaker(spec_for_tests())
+    for i in range(200):  # one reply in three loops
+        r = looped[i % len(looped)] if i % 3 == 0 else healthy[i % len(healthy)]
+        breaker.judge(f"p{i}", Completion(content=r["content"], completion_tokens=r["completion_tokens"],
+                                          finish_reason=r["finish_reason"]))  # fmt: skip
+        if breaker.tripped:
+            break
+    assert "were loop (checks.max_loop_share 0.05)" in breaker.tripped and i < 200
+
+
+# ---- the canary's suggested max_tokens --------------------------------------------------------------------
+def test_the_suggested_max_tokens_follows_real_reply_lengths_and_never_exceeds_a_cap_that_covered_them() -> None:
+    """SmolLM2's replies that ended under 96 tokens, as a canary under max_tokens 96 with none cut: the suggestion
+    is their 95th percentile with headroom, at most 96 (it was 256 whatever the replies)."""
+    ended = [r for key in ("demo_greedy", "demo_sampled") for r in replies()[key] if r["completion_tokens"] < 96]
+    lengths = ReplyLengths.of([r["completion_tokens"] for r in ended], [r["finish_reason"] for r in ended])
+    cut = truncation_report(lengths, max_new_tokens=96, threshold=DEFAULTS.max_truncated_share)
+    assert cut.rate == 0.0 and cut.p95_tokens < 96
+    assert cut.p95_tokens <= cut.suggested_max_tokens <= 96
+    cut_at_256 = truncation_report(lengths, max_new_tokens=256, threshold=DEFAULTS.max_truncated_share)
+    assert cut_at_256.suggested_max_tokens <= 1.4 * cut.p95_tokens  # not a round 256 the data never asked for
+
+
 # ---- a server that goes empty mid-run --------------------------------------------------------------------
 def test_a_server_that_goes_empty_mid_run_fails_empty_response_beside_failed_rate(tmp_path: Path) -> None:
     """4 healthy answers, then every reply empty: 6 of 10 rows are recorded failed after their retry. failed_rate
     fails, and so does empty_response, which names the empty replies as the cause."""
-    spec = spec_for_tests(breaker=Breaker(enabled=False))
+    spec = spec_for_tests(breaker=BreakerSettings(enabled=False))
     server = FakeOpenAI(Faults(healthy_first=4, p_empty=1.0, reply_tokens=(40, 60)))
     server.start()
     try:

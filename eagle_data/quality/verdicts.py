@@ -25,10 +25,10 @@ out of training when their token structure is broken, when their text was lost, 
 nothing to learn (no reasoning and no content, or a loss-mask sum at or under `min_loss_tokens`):
 whatever the finish reason, no empty row is ever kept.
 
-A reply that loops (`loop`: the same run of words repeated back to back over a large share of the reply,
-as a small model's greedy decoding does: "a gentle rain, a gentle rain, a gentle rain, ...") is set aside:
-it would teach a draft model to predict the loop. `loop_span` says what counts; a refrain between verses, a
-list or code whose lines share words are no loop, since their repeats are not back to back.
+A reply that loops (`loop`: the same phrases repeated over much of the reply, as a small model's greedy
+decoding writes them: "a gentle rain, a gentle rain, a gentle rain, ...") is set aside: it would teach a draft
+model to predict the loop. `loop_share` says what counts; a refrain between verses, a table, a list or code
+whose lines share words repeat far less.
 
 Token accounting: a server can report tokens it never put in the text (one that strips special tokens
 answers content "" with completion_tokens = max_tokens; reasoning can come back in a field not read; a
@@ -128,44 +128,28 @@ def _blank(column: str) -> pl.Expr:
     return pl.col(column).fill_null("").str.strip_chars() == ""
 
 
-# A loop: words repeated back to back (each copy right after the text it copies) over at least LOOP_SHARE of a
-# reply's words, in at least LOOP_CYCLES cycles and LOOP_MIN_WORDS words. Tuned on SmolLM2-135M-Instruct's real
-# replies (eagle_data_tests/fixtures/smollm2_replies.json; docs/quality.md).
-LOOP_SHARE = 0.4
-LOOP_CYCLES = 3
-LOOP_MIN_WORDS = 24
-_GRAM = 3  # words per n-gram whose earlier occurrence marks a copy
-_WORD = re.compile(r"\w+|[^\w\s]")  # words and punctuation marks; a CJK sentence between marks is one word
+# A loop: at least LOOP_SHARE of a reply's LOOP_NGRAM-token phrases already occurred earlier in it, over at least
+# LOOP_MIN_TOKENS tokens (words and runs of punctuation: "Risk-Risk-Risk" is a loop without a space). Long
+# phrases only repeat verbatim: a table's rows, code's lines or a refrain share shorter runs. Tuned on
+# SmolLM2-135M-Instruct's real replies and on human text (docs/quality.md#loops).
+LOOP_SHARE = 0.5
+LOOP_NGRAM = 8
+LOOP_MIN_TOKENS = 40
+_TOKEN = re.compile(r"\w+|[^\w\s]+")
 
 
-def loop_span(text: str) -> tuple[int, int, int]:
-    """(words in the longest back-to-back repetition, its period in words, words in the text).
-
-    Each n-gram of words is matched to its latest earlier occurrence; a run of consecutive n-grams copied from
-    the same distance d is a copy of the text d words back, and when the copy is at least d words long it
-    repeats the text right before it: the span from the copied text's start to the copy's end is periodic
-    with period d. A refrain after a verse is copied from further back than its own length, so it is none."""
-    words = _WORD.findall(text)
-    last: dict[tuple[str, ...], int] = {}
-    best = (0, 0)
-    run_start, run_distance = 0, 0
-    for i in range(len(words) - _GRAM + 1):
-        gram = tuple(words[i : i + _GRAM])
-        distance = i - last[gram] if gram in last else 0
-        last[gram] = i
-        if distance != run_distance or not distance:
-            run_start, run_distance = i, distance
-        if distance:
-            copied = i + _GRAM - run_start  # words in this run's copy so far
-            if copied >= distance and copied + distance > best[0]:
-                best = (copied + distance, distance)
-    return best[0], best[1], len(words)
+def loop_share(text: str) -> float:
+    """The share of the text's LOOP_NGRAM-token phrases that already occurred earlier in it (0 for a short text)."""
+    tokens = _TOKEN.findall(text)
+    if len(tokens) < LOOP_MIN_TOKENS:
+        return 0.0
+    phrases = [tuple(tokens[i : i + LOOP_NGRAM]) for i in range(len(tokens) - LOOP_NGRAM + 1)]
+    return 1 - len(set(phrases)) / len(phrases)
 
 
 def is_loop(text: str | None) -> bool:
-    """Whether a reply loops (see LOOP_SHARE)."""
-    span, period, words = loop_span(text or "")
-    return span >= LOOP_MIN_WORDS and span >= LOOP_SHARE * words and span >= LOOP_CYCLES * period
+    """Whether a reply loops: its own phrases make up at least LOOP_SHARE of it (see above)."""
+    return loop_share(text or "") >= LOOP_SHARE
 
 
 def error_kind() -> pl.Expr:
