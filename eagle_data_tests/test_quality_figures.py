@@ -83,7 +83,8 @@ def test_rollup_of_shard_records_adds_up_like_the_whole_frame() -> None:
     assert fig.verdicts == whole.verdicts
     assert [r["shard"] for r in fig.shards] == ["00000", "00001", "00002"]
     by_name = {r.name: r for r in results}
-    assert by_name["empty_response"].message.startswith("shard 00001: 87.5% of 80 replies were empty or had loss-mask sum <= 16")
+    empty = by_name["empty_response"].message
+    assert empty.startswith("shard 00001: 87.5% of 80 replies were empty or had loss-mask sum <= 16")
     assert by_name["token_structure"].message.startswith("all 3 shards pass; closest, shard 00000: ")
 
 

@@ -8,7 +8,11 @@ failed (see docs/quality.md)."""
 
 from __future__ import annotations
 
+import codecs
+import inspect
 import json
+import textwrap
+import this
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -28,6 +32,7 @@ from eagle_data.quality import Inputs, row_verdicts, run_checks
 from eagle_data.quality.canary import judge
 from eagle_data.quality.reply import reply_verdict
 from eagle_data.quality.truncation import ReplyLengths, truncation_report
+from eagle_data.quality.verdicts import is_loop, loop_share
 from eagle_data.runner import RunnerSettings, run_generation
 from eagle_data.runner.breaker import Breaker
 from eagle_data.standins.openai_fake import FakeOpenAI, Faults, prompt_shards, spec_for_tests
@@ -144,6 +149,104 @@ def test_the_breaker_stops_a_model_that_loops_on_real_replies() -> None:
         if breaker.tripped:
             break
     assert "were loop (checks.max_loop_share 0.05)" in breaker.tripped and i < 200
+
+
+# Real text that repeats itself without looping. Jane Taylor's "The Star" (1806, public domain) and the traditional
+# "Old MacDonald Had a Farm" as sung: refrains after every stanza.
+TWINKLE = """Twinkle, twinkle, little star,
+How I wonder what you are!
+Up above the world so high,
+Like a diamond in the sky.
+Twinkle, twinkle, little star,
+How I wonder what you are!
+
+When the blazing sun is gone,
+When he nothing shines upon,
+Then you show your little light,
+Twinkle, twinkle, all the night.
+Twinkle, twinkle, little star,
+How I wonder what you are!
+
+Then the traveller in the dark
+Thanks you for your tiny spark;
+He could not see which way to go,
+If you did not twinkle so.
+Twinkle, twinkle, little star,
+How I wonder what you are!
+
+In the dark blue sky you keep,
+And often through my curtains peep,
+For you never shut your eye,
+Till the sun is in the sky.
+Twinkle, twinkle, little star,
+How I wonder what you are!
+
+As your bright and tiny spark
+Lights the traveller in the dark,
+Though I know not what you are,
+Twinkle, twinkle, little star.
+Twinkle, twinkle, little star,
+How I wonder what you are!"""
+MACDONALD = "\n\n".join(
+    f"Old MacDonald had a farm, E-I-E-I-O,\nAnd on that farm he had a {animal}, E-I-E-I-O,\n"
+    f"With a {say} {say} here and a {say} {say} there,\nHere a {say}, there a {say}, everywhere a {say} {say},\n"
+    "Old MacDonald had a farm, E-I-E-I-O."
+    for animal, say in (("cow", "moo"), ("pig", "oink"), ("duck", "quack"), ("horse", "neigh"))
+)
+# SmolLM2's own lists and code that do not loop (greedy, the `extra` set): the months, ten countries, a
+# multiplication table, a C program, unit tests, an HTML table of products, a SQL schema.
+NOT_LOOPS = (
+    "List the months of the year with the number of days in each.", "List 10 countries in Europe and their capitals.",
+    "Write a Python function that prints a multiplication table from 1 to 10.",
+    "Write a C program that prints the first 20 prime numbers.",
+    "Write unit tests in Python for a function that adds two numbers.",
+    "Write an HTML page with a table of five products and their prices.",
+    "Write a SQL script that creates tables for students, courses and enrollments.",
+)  # fmt: skip
+
+
+def human_texts() -> dict[str, str]:
+    """Real human-written text: refrains, a list of aphorisms, code, a markdown table."""
+    return {
+        "The Star": TWINKLE,
+        "Old MacDonald": MACDONALD,
+        "the Zen of Python": codecs.decode(this.s, "rot13"),
+        "textwrap's source": inspect.getsource(textwrap),
+        "the check table": "\n".join(line for line in check_section().splitlines() if line.startswith("|")),
+    }
+
+
+def check_section() -> str:
+    """docs/quality.md's registry section, whose table lists every check: rows that differ in one cell or two."""
+    return (Path(__file__).parents[1] / "docs" / "quality.md").read_text().split("## One registry")[1].split("\n## ")[0]
+
+
+@pytest.mark.parametrize("name", ["The Star", "Old MacDonald", "the Zen of Python", "textwrap's source",
+                                  "the check table"])  # fmt: skip
+def test_human_refrains_lists_code_and_tables_are_no_loops(name: str) -> None:
+    assert not is_loop(human_texts()[name]), f"{name}: loop_share {loop_share(human_texts()[name]):.2f}"
+
+
+@pytest.mark.parametrize("prompt", NOT_LOOPS)
+def test_smollm2_lists_and_code_that_do_not_loop_are_kept(prompt: str) -> None:
+    said = next(r for r in replies()["extra"] if r["prompt"] == prompt)
+    assert row_verdicts(smollm2_frame([said]), DEFAULTS, False)["verdict"][0] in ("pass", "truncated")
+
+
+@pytest.mark.parametrize(
+    "prompt",
+    ["Write a short poem about the sea with a refrain that repeats after every stanza.",
+     "Write a song about friendship with a chorus. Label the verses and the chorus.",
+     "Write a grocery list for a week of healthy meals.",
+     "Write a YAML configuration for a web server with three routes.",
+     "Give me a numbered list of 12 tips for studying effectively.", "用三句话解释什么是机器学习。"],
+)  # fmt: skip
+def test_smollm2_poems_lists_and_code_that_do_loop_are_caught(prompt: str) -> None:
+    """Asked for a refrain, greedy SmolLM2 writes "A refrain of the sea, a refrain of the sea," to the cap; asked for
+    12 tips, it counts "13. Use a Pomodoro Technique for focused studying" on to the cap; asked in Chinese, it
+    repeats one sentence between commas."""
+    said = next(r for r in replies()["extra"] if r["prompt"] == prompt)
+    assert is_loop(said["content"]), loop_share(said["content"])
 
 
 # ---- the canary's suggested max_tokens --------------------------------------------------------------------

@@ -129,18 +129,20 @@ def _blank(column: str) -> pl.Expr:
 
 
 # A loop: at least LOOP_SHARE of a reply's LOOP_NGRAM-token phrases already occurred earlier in it, over at least
-# LOOP_MIN_TOKENS tokens (words and runs of punctuation: "Risk-Risk-Risk" is a loop without a space). Long
-# phrases only repeat verbatim: a table's rows, code's lines or a refrain share shorter runs. Tuned on
+# LOOP_MIN_TOKENS tokens (words, CJK characters and runs of punctuation: "Risk-Risk-Risk" loops without a
+# space). Long phrases only repeat verbatim: a table's rows, code's lines or a refrain share shorter runs. Tuned on
 # SmolLM2-135M-Instruct's real replies and on human text (docs/quality.md#loops).
 LOOP_SHARE = 0.5
 LOOP_NGRAM = 8
 LOOP_MIN_TOKENS = 40
-_TOKEN = re.compile(r"\w+|[^\w\s]+")
+_CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"  # written without spaces
+_TOKEN = re.compile(f"[{_CJK}]|[^\\W{_CJK}]+|[^\\w\\s]+")  # a CJK character, a word, a run of punctuation
+_COUNTER = re.compile(r"(?m)^(\s*)\d+(?=[.)])")  # a numbered list's counter: "12. Use a timer" repeats "11. Use a timer"
 
 
 def loop_share(text: str) -> float:
     """The share of the text's LOOP_NGRAM-token phrases that already occurred earlier in it (0 for a short text)."""
-    tokens = _TOKEN.findall(text)
+    tokens = _TOKEN.findall(_COUNTER.sub(r"\g<1>0", text))
     if len(tokens) < LOOP_MIN_TOKENS:
         return 0.0
     phrases = [tuple(tokens[i : i + LOOP_NGRAM]) for i in range(len(tokens) - LOOP_NGRAM + 1)]
