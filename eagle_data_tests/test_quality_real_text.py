@@ -105,6 +105,34 @@ def test_one_short_real_reply_in_10_is_not_sure_while_2_percent_of_10000_is() ->
     assert not gate.passed and gate.message.startswith("2.0% of 10000 replies were empty or had loss-mask sum <= 16")
 
 
+# ---- the demo sample at the default thresholds --------------------------------------------------------------
+DEMO_SHARDS = [[f"sg_{i:04d}" for i in range(start, min(start + 10, 36))] for start in range(0, 36, 10)]
+
+
+def demo_shards(key: str) -> list[pl.DataFrame]:
+    """The demo's 4 shards (10, 10, 10 and 6 prompts, as its prompts step makes them) of SmolLM2's replies, each row
+    a conversation whose first two user turns were regenerated: the last reply's text, the turns' tokens summed;
+    sg_0014's prompt holds `<|im_end|>` as text (special_token_in_text, as the targets room flags it)."""
+    turns: dict[str, list[dict[str, Any]]] = {}
+    for r in replies()[key]:
+        turns.setdefault(r["id"], []).append(r)
+    rows = {}
+    for prompt_id, said in turns.items():
+        tokens = sum(r["completion_tokens"] for r in said)
+        rows[prompt_id] = {**said[-1], "id": prompt_id, "completion_tokens": tokens, "special": prompt_id == "sg_0014"}
+    return [smollm2_frame([rows[p] for p in shard]) for shard in DEMO_SHARDS]
+
+
+def test_smollm2_demo_replies_sampled_as_the_demo_does_pass_every_blocking_gate_at_the_defaults() -> None:
+    """Sampled at the demo's temperature 0.8, max_tokens 256: every shard passes every blocking gate; greedy, shard
+    00001 fails `loops` (sg_0011, sg_0013 and sg_0017 loop: 3 of 10, surely over 5%)."""
+    for frame in demo_shards("demo_sampled"):
+        assert [r.name for r in results(frame).values() if r.blocking and not r.passed] == []
+    greedy = [[r.name for r in results(frame).values() if r.blocking and not r.passed]
+              for frame in demo_shards("demo_greedy")]  # fmt: skip
+    assert greedy == [[], ["loops"], [], []]
+
+
 # ---- loops: caught in real replies, one verdict for validation, the breaker and the canary ------------------
 # SmolLM2's replies that loop, (set, prompt id, turn): greedy decoding repeating a sentence or a paragraph to the
 # cap ("The box is like a transformer, and the room is like a computer's processing unit." over and over), a
