@@ -155,7 +155,7 @@ def test_the_receiver_gets_exactly_one_alert_for_the_regression(scenario: Scenar
     assert len(regression) == 1
     alert = regression[0]
     assert alert["blocks"][0]["text"]["text"] == HEADLINE
-    assert "87.0% of rows have loss-mask sum 6 (limit 20%)" in alert["text"]
+    assert "87.0% of 200 replies were empty or had loss-mask sum" in alert["text"]
     assert f"{UI}/runs/{scenario.runs['00001'].run_id}" in alert["text"]
     assert f"{UI}/assets/b9_fixture_validated?view=checks&checkDetail=empty_response" in alert["text"]
     assert "0.87 vs 0.01" in json.dumps(alert)
@@ -248,7 +248,7 @@ def test_a_range_run_is_judged_shard_by_shard(scenario: Scenario) -> None:
     assert not result.success
     evaluations = [e for e in result.get_asset_check_evaluations() if e.check_name == "empty_response"]
     assert [(e.partition, e.passed) for e in evaluations] == [("00000", True), ("00001", False)]
-    assert evaluations[1].description and evaluations[1].description.startswith("87.0% of 200 answered rows")
+    assert evaluations[1].description and evaluations[1].description.startswith("87.0% of 200 replies were empty")
 
 
 def test_through_the_real_validation_stage_the_regression_stops_the_training_mix(
@@ -279,7 +279,7 @@ def test_through_the_real_validation_stage_the_regression_stops_the_training_mix
     assert not result.success
     assert len(receiver.bodies) == 1
     assert "empty_response failed on b9_real (b9_real_validated) [00000]" in receiver.bodies[0]["text"]
-    assert "87.0% of 200 answered rows have loss-mask sum" in receiver.bodies[0]["text"]
+    assert "87.0% of 200 replies were empty or had loss-mask sum" in receiver.bodies[0]["text"]
 
 
 def test_a_failed_decontamination_check_is_announced_once_as_a_check(

@@ -39,7 +39,7 @@ def report(frame: pl.DataFrame, title: str = "b7_sharegpt quality") -> str:
 def test_regression_report_shows_the_failed_check_and_the_spike() -> None:
     page = report(regression_frame())
     row = re.search(r"<tr><td>empty_response</td>.*?</tr>", page)
-    assert row and 'class="fail">FAIL<' in row.group() and "87.0% of rows have loss-mask sum 6" in row.group()
+    assert row and 'class="fail">FAIL<' in row.group() and "87.0% of 200 replies were empty or had loss-mask sum" in row.group()
     assert "<title>0–7: 174</title>" in page  # the loss-mask histogram bar of the empty replies
 
 
@@ -130,7 +130,7 @@ def test_a_record_of_an_older_schema_is_rebuilt_from_its_shard_with_one_notice(t
     assert notices[-1].endswith("quality record judged with other thresholds; rebuilt from the validated shard")
 
 
-def test_the_dataset_page_links_each_shard_page_and_names_all_eight_checks(tmp_path: Path) -> None:
+def test_the_dataset_page_links_each_shard_page_and_names_all_nine_checks(tmp_path: Path) -> None:
     from eagle_data.quality import CHECKS
 
     spec = DatasetSpec(name="b9_fixture", title="Fixture", adapter=Adapter(prompt_field="q", response_field="r"))
@@ -140,7 +140,7 @@ def test_the_dataset_page_links_each_shard_page_and_names_all_eight_checks(tmp_p
     assert links == ["00000.html", "00001.html"]
     assert all((Path(uri).parent / link).is_file() for link in links)  # relative: opens from a folder or a download
     named = set(re.findall(r"<tr><td>([a-z_]+)</td>", page))
-    assert {d.name for d in CHECKS} | {"decontamination"} <= named and len({d.name for d in CHECKS}) + 1 == 8
+    assert {d.name for d in CHECKS} | {"decontamination"} <= named and len({d.name for d in CHECKS}) + 1 == 9
     assert "b9_fixture_decontamination" in page and "b9_fixture_validated's Checks tab" in page
 
 
