@@ -262,6 +262,21 @@ def test_smollm2_lists_and_code_that_do_not_loop_are_kept(prompt: str) -> None:
 
 
 @pytest.mark.parametrize(
+    ("prompt", "refrain"),
+    [("Write a short poem about the sea with a refrain that repeats after every stanza.",
+      "Refreshing, tore through the night,\nThe sea, a vessel, a soul,\nA reflection of our souls,"),
+     ("Write the lyrics of a marching song with a refrain.",
+      "She leaped into the sea of all things.\nA message written on the back of a lion."),
+     ("Write a song about friendship with a chorus. Label the verses and the chorus.", "of unkind laughter")],
+)  # fmt: skip
+def test_smollm2_poems_with_a_refrain_are_kept(prompt: str, refrain: str) -> None:
+    """Sampled as the demo does, SmolLM2 writes real refrains: the same lines after every stanza, new lines between."""
+    said = next(r for r in replies()["extra_sampled"] if r["prompt"] == prompt)
+    assert said["content"].count(refrain) >= 3
+    assert row_verdicts(smollm2_frame([said]), DEFAULTS, False)["verdict"][0] in ("pass", "truncated")
+
+
+@pytest.mark.parametrize(
     "prompt",
     ["Write a short poem about the sea with a refrain that repeats after every stanza.",
      "Write a song about friendship with a chorus. Label the verses and the chorus.",
@@ -275,6 +290,12 @@ def test_smollm2_poems_lists_and_code_that_do_loop_are_caught(prompt: str) -> No
     repeats one sentence between commas."""
     said = next(r for r in replies()["extra"] if r["prompt"] == prompt)
     assert is_loop(said["content"]), loop_share(said["content"])
+
+
+def test_a_sampled_poem_that_repeats_two_lines_to_the_cap_is_caught() -> None:
+    autumn = "Write a poem about autumn in which every stanza ends with the same line."
+    said = next(r for r in replies()["extra_sampled"] if r["prompt"] == autumn)["content"]
+    assert said.count("A swirl of leaves, a dole of daisies,\nA twilight's ever-changing hue,") >= 8 and is_loop(said)
 
 
 # ---- the canary's suggested max_tokens --------------------------------------------------------------------
