@@ -39,7 +39,8 @@ def report(frame: pl.DataFrame, title: str = "b7_sharegpt quality") -> str:
 def test_regression_report_shows_the_failed_check_and_the_spike() -> None:
     page = report(regression_frame())
     row = re.search(r"<tr><td>empty_response</td>.*?</tr>", page)
-    assert row and 'class="fail">FAIL<' in row.group() and "87.0% of 200 replies were empty or had loss-mask sum" in row.group()
+    assert row and 'class="fail">FAIL<' in row.group()
+    assert "87.0% of 200 replies were empty or had loss-mask sum" in row.group()
     assert "<title>0–7: 174</title>" in page  # the loss-mask histogram bar of the empty replies
 
 
