@@ -137,7 +137,7 @@ LOOP_NGRAM = 8
 LOOP_MIN_TOKENS = 40
 _CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"  # written without spaces
 _TOKEN = re.compile(f"[{_CJK}]|[^\\W{_CJK}]+|[^\\w\\s]+")  # a CJK character, a word, a run of punctuation
-_COUNTER = re.compile(r"(?m)^(\s*)\d+(?=[.)])")  # a numbered list's counter: "12. Use a timer" repeats "11. Use a timer"
+_COUNTER = re.compile(r"(?m)^(\s*)\d+(?=[.)])")  # a numbered list's counter: "12. Use a timer" is "11. Use a timer"
 
 
 def loop_share(text: str) -> float:
