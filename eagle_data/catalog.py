@@ -115,6 +115,9 @@ class Checks(_Frozen):
     lost_text_tolerance: float = Field(0.10, ge=0, le=1)  # a row whose text holds less of the reported tokens
     max_lost_text_share: float = Field(0.01, ge=0, le=1)
     prompt_tokens_tolerance: float = Field(0.02, ge=0, le=1)  # the server's prompt count vs our rendering's
+    max_loop_share: float = Field(0.05, ge=0, le=1)  # replies set aside as `loop` (eagle_data/quality/verdicts.py)
+    # A share gate fails when the one-sided lower bound of its share at this confidence is over its threshold.
+    confidence: float = Field(0.999, gt=0.5, lt=1)
 
 
 class Breaker(_Frozen):

@@ -195,7 +195,7 @@ def test_after_a_range_run_the_checks_tab_shows_each_shard_passed(instance: dg.D
         result = execute_dagster_graphql(context, CHECK_STATUSES, {"key": {"path": ["b9_seq_validated"]}})
     checks = result.data["assetNodeOrError"]["assetChecksOrError"]["checks"]
     statuses = {c["name"]: {k: sorted(v) for k, v in c["partitionStatuses"].items()} for c in checks}
-    assert len(statuses) == 7
+    assert len(statuses) == 8
     nothing = {"skippedPartitions": [], "inProgressPartitions": [], "executionFailedPartitions": []}
     assert (
         statuses["empty_response"]
@@ -251,4 +251,4 @@ def test_a_range_run_failing_on_two_shards_is_announced_once_naming_both(
     assert [a["blocks"][0]["text"]["text"] for a in receiver.bodies] == [
         "ERROR check empty_response failed on b9_seq (b9_seq_validated) [00000, 00002]"
     ]
-    assert "[00000, 00002]: 88.0% of 50 answered rows" in receiver.bodies[0]["text"]  # the first shard's line
+    assert "[00000, 00002]: 88.0% of 50 replies were empty" in receiver.bodies[0]["text"]  # the first shard's line

@@ -41,7 +41,8 @@ def report(frame: pl.DataFrame, title: str = "b7_sharegpt quality") -> str:
 def test_regression_report_shows_the_failed_check_and_the_spike() -> None:
     page = report(regression_frame())
     row = re.search(r"<tr><td>empty_response</td>.*?</tr>", page)
-    assert row and 'class="fail">FAIL<' in row.group() and "87.0% of rows have loss-mask sum 6" in row.group()
+    assert row and 'class="fail">FAIL<' in row.group()
+    assert "87.0% of 200 replies were empty or had loss-mask sum" in row.group()
     assert "<title>0–7: 174</title>" in page  # the loss-mask histogram bar of the empty replies
 
 
@@ -143,9 +144,7 @@ def test_the_dataset_page_links_each_shard_page_and_names_all_nine_checks(tmp_pa
     assert links == ["00000.html", "00001.html"]
     assert all((Path(uri).parent / link).is_file() for link in links)  # relative: opens from a folder or a download
     named = set(re.findall(r"<tr><td>([a-z_]+)</td>", page))
-    assert {d.name for d in CHECKS} | {"decontamination", "on_policy"} <= named and len(
-        {d.name for d in CHECKS}
-    ) + 2 == 9
+    assert {d.name for d in CHECKS} | {"decontamination", "on_policy"} <= named
     assert "b9_fixture_decontamination" in page and "b9_fixture_validated's Checks tab" in page
     assert "b9_fixture_on_policy" in page
 

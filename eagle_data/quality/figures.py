@@ -69,6 +69,7 @@ def count_numbers(s: Summary) -> dict[str, float | int]:
         "missing_reasoning_share": share(s.missing_reasoning, s.completed),
         "ids_mismatch_share": share(s.ids_mismatch, s.ids_checked),
         "lost_text_share": share(s.lost_text, s.answered),
+        "loop_share": share(s.loops, s.answered),
     }
     if s.accounted:
         out["token_ratio"] = share(s.reply_tokens, s.engine_tokens)

@@ -87,7 +87,12 @@ CHECKS: tuple[CheckDef, ...] = (
         "answered rows.",
     ),
     _gate("reasoning_present", "ERROR", False, "Replies carry reasoning when thinking is on."),
-    _gate("length_shift", "WARN", False, "Average completion length against the last materialization."),
+    _gate("length_shift", "WARN", False, "Average completion length against the shard's last materialization."),
+    _gate(
+        "loops", "ERROR", True,
+        "Replies that loop: the same words repeated back to back over much of the reply (a model's degenerate "
+        "repetition); looping rows are set aside with the verdict `loop`.",
+    ),
     CheckDef(
         "decontamination", "validated", "decontamination", "ERROR", True,
         "No row kept for training overlaps a benchmark item (exact after normalization, or a shared n-gram); "

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 
 import polars as pl
 
-from eagle_data import quality, report
+from eagle_data import layout, quality, report
 from eagle_data.catalog import DatasetSpec, shard_index
 from eagle_data.drafter.decontam import contamination
 from eagle_data.drafter.evalsets import benchmark_index
@@ -93,11 +93,19 @@ class Validation:
     shards: SpilledShards = field(default_factory=SpilledShards)
 
 
+def earlier_avg_completion_tokens(spec: DatasetSpec, store: ShardStore, key: str) -> float | None:
+    """The shard's own average completion length when it was last validated (its stored quality record), which
+    its length_shift check compares against; None for a shard never validated (or validated under other check
+    definitions: its record is stale)."""
+    path = layout.quality_record(spec.name, key)
+    record = quality.ShardRecord.from_json(store.read_bytes(path)) if store.exists(path) else None
+    return record.summary.avg_completion_tokens if record else None
+
+
 def validate(
     spec: DatasetSpec,
     store: ShardStore,
     generations: Mapping[str, pl.DataFrame],
-    previous_avg_completion_tokens: float | None = None,
     *,
     workers: int | None = None,
     log: Log = print,
@@ -110,12 +118,12 @@ def validate(
     Shards are built in a pool of `workers` processes (default: every core, for runs of POOL_MIN_PROMPTS
     prompts or more) while this process reads them, at most two shards per worker in flight; a shard's
     result does not depend on where it was built, so any worker count makes the same bytes.
-    `previous_avg_completion_tokens` (the last materialization's) feeds the length-shift check; `run_id` (the
+    Each shard's length_shift compares with that shard's own figure from its last validation; `run_id` (the
     Dagster run) is recorded in each quality record. A shard validated into the bytes it already had keeps the
     outcomes of the checks judged after validation (decontamination) on them.
     """
-    inputs = report.inputs_for(spec, previous_avg_completion_tokens)
     partitions = list(generations)
+    inputs = {key: report.inputs_for(spec, earlier_avg_completion_tokens(spec, store, key)) for key in partitions}
     done = Validation()
 
     def keep(rows: pl.DataFrame, record: quality.ShardRecord) -> None:
@@ -132,12 +140,12 @@ def validate(
     n = min(workers, len(partitions))
     if n <= 1:
         for key in partitions:
-            keep(*check_shard(spec, generations[key], key, inputs))
+            keep(*check_shard(spec, generations[key], key, inputs[key]))
     else:  # spawn: a forked child of a threaded parent (Dagster, polars, tokenizers) can deadlock
         with ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn")) as pool:
             pending: deque[Future[tuple[pl.DataFrame, quality.ShardRecord]]] = deque()
             for key in partitions:
-                pending.append(pool.submit(check_shard, spec, generations[key], key, inputs))
+                pending.append(pool.submit(check_shard, spec, generations[key], key, inputs[key]))
                 if len(pending) >= 2 * n:
                     keep(*pending.popleft().result())
             while pending:

@@ -41,6 +41,15 @@ from eagle_data.types import PROMPT_ID_HEADER
 # "null_content": `content` null, no reasoning, finish "stop"; "special_only": the model emitted only
 # special tokens the server stripped: content "", finish "length", completion_tokens = max_tokens.
 SHAPES = ("split", "details", "reasoning_content", "think_inline", "null_content", "special_only")
+# The words of a healthy reply, each one Qwen token with or without a leading space, drawn per turn: varied text,
+# since a reply of one word repeated is a loop the quality gates set aside (eagle_data/quality/verdicts.py).
+REPLY_WORDS = (
+    "the", "of", "and", "to", "in", "is", "was", "for", "on", "that", "with", "as", "by", "at", "from", "this", "it",
+    "an", "be", "are", "or", "have", "not", "but", "his", "they", "all", "which", "one", "had", "were", "their",
+    "has", "more", "new", "can", "will", "also", "would", "about", "other", "there", "been", "some", "time", "two",
+    "like", "people", "first", "into", "its", "only", "after", "may", "over", "most", "years", "many", "such",
+    "these", "when", "where", "who", "what",
+)
 
 
 @dataclass
@@ -238,7 +247,7 @@ class FakeOpenAI:
         self.answered[turn] += 1
         prompt_tokens = self._prompt_tokens(body)
         poison = "\ud800" if prompt_id in self.faults.poison_prompts else ""
-        message = shaped_message(self.faults.shape, " ".join(["tok"] * n) + poison, f"think {turn}")
+        message = shaped_message(self.faults.shape, fake_reply(turn, n) + poison, f"think {turn}")
         message = self._lose_text(message)
         if self.faults.shape == "special_only":
             n, finish = cap, "length"
@@ -350,6 +359,12 @@ def shaped_message(shape: str, content: str, reasoning: str) -> dict[str, Any]:
     if shape == "special_only":
         return {**message, "content": ""}
     raise ValueError(f"unknown reply shape {shape!r}; known: {SHAPES}")
+
+
+def fake_reply(turn: str, n: int) -> str:
+    """A healthy reply of `n` tokens to one turn (`prompt_id#turn`), the same on every request."""
+    rng = random.Random(zlib.crc32(turn.encode()))
+    return " ".join(rng.choice(REPLY_WORDS) for _ in range(n))
 
 
 def token_ids(
