@@ -335,7 +335,7 @@ def test_a_capture_records_the_figures_from_its_own_forward_passes(
 def test_validation_scores_the_embedded_engines_rows_and_a_wrong_scorer_is_one_line(
     demo_model: Path, smol: smol_rows.Smol, tmp_path: Path
 ) -> None:
-    """The demo profile's own run (random-weight model, T=0.8, top_p 0.95, min_tokens 24): validation scores a
+    """The demo profile's own run on the random-weight model (its sampling settings): validation scores a
     sample of its rows with the checkpoint that generated them and the shard passes; told to score with
     another model's checkpoint, validation stops in one line before any forward pass."""
     spec = load_catalog(profile="demo")["b3_magicoder"].model_copy(deep=True)
@@ -346,7 +346,8 @@ def test_validation_scores_the_embedded_engines_rows_and_a_wrong_scorer_is_one_l
     shard = store.read_shard(spec.name, layout.validated_asset(spec.name), "00000")
     scored = [r for r in shard[op.COLUMN].to_list() if r]
     assert len(scored) == min(spec.on_policy.sample_rows, int(shard["verdict"].is_in(list(KEPT)).sum())) > 0
-    assert {(r["scorer"], r["temperature"], r["top_k"]) for r in scored} == {("transformers", 0.8, op.HF_TOP_K)}
+    point = ("transformers", spec.generation.temperature, op.HF_TOP_K)
+    assert {(r["scorer"], r["temperature"], r["top_k"]) for r in scored} == {point}
     judged = op.shard_verdict(shard, op.limits_of(spec.on_policy))
     assert judged.passed, judged.line
     assert done.records["00000"].numbers["on_policy_rows"] == len(scored)

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from eagle_data.quality.summary import wilson_lower
+from eagle_data.quality.summary import lower_bound
 
 COLUMN = "on_policy"  # the validated shard's per-row struct (null on rows not scored)
 LOCAL_ENGINE = "local"  # the embedded engine's kind (a row's `engine`, in its `sampling` config)
@@ -352,7 +352,7 @@ def judge(t: Totals, limits: Limits, *, unscored: str = "") -> Verdict:
         return Verdict(True, None, limits.agreement_tolerance, f"on-policy: not scored ({unscored or 'no rows'})")
     z = NormalDist().inv_cdf(limits.confidence)
     misses, expected_miss = n - int(t.get("hits")), 1.0 - t.get("expected_hits") / n
-    miss_bound = wilson_lower(misses, n, z)  # the miss share is surely at least this
+    miss_bound = lower_bound(misses, n, limits.confidence)  # the miss share is surely at least this
     agreement_short = miss_bound - expected_miss
     lp_short = (t.get("expected_logprob") - t.get("logprob")) / n - z * math.sqrt(t.get("logprob_var")) / n
     passed = agreement_short <= limits.agreement_tolerance and lp_short <= limits.logprob_tolerance
