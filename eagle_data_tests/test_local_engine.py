@@ -5,9 +5,11 @@ import pytest
 
 from eagle_data.catalog import Generation
 from eagle_data.engines import make_engine
-from eagle_data.engines.local import LocalEngine, _fingerprint, _to_completion
+from eagle_data.engines.local import LocalEngine, _fingerprint
+from eagle_data.engines.replies import completion_from_ids
 from eagle_data.runner.resultlog import resume_key
 from eagle_data.standins.openai_fake import spec_for_tests
+from eagle_data.targets.reasoning import THINK_TAGS
 from eagle_data.types import FatalError
 
 GEN = Generation(max_tokens=40, min_tokens=8, temperature=0.8, top_p=0.95, thinking=False)
@@ -50,9 +52,9 @@ def test_engines_share_a_loaded_checkpoint_until_it_is_rewritten(engine: LocalEn
 def test_reasoning_is_split_at_the_think_end_token(engine: LocalEngine):
     tokenizer, _ = engine._load()
     ids = tokenizer.encode("<think>\nstep one\n</think>\n\nThe answer.<|im_end|>", add_special_tokens=False)
-    done = _to_completion(tokenizer, ids, prompt_tokens=5)
+    done = completion_from_ids(tokenizer, ids, 5, THINK_TAGS, "local")
     assert (done.reasoning, done.content, done.finish_reason) == ("step one", "The answer.", "stop")
-    cut = _to_completion(tokenizer, ids[:-1], prompt_tokens=5)
+    cut = completion_from_ids(tokenizer, ids[:-1], 5, THINK_TAGS, "local")
     assert cut.finish_reason == "length" and cut.truncated
 
 
