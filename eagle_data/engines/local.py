@@ -71,6 +71,7 @@ class LocalEngine(Engine):
         self.generation = generation
         self.device, self.demo, self.markers = device, demo, markers
         self.batch_size, self.threads = batch_size, threads
+        self.batches = self.rows = self.threads_used = 0  # this engine's share of the worker's work
 
     def config(self) -> dict[str, Any]:
         """The resolved checkpoint path, not its folder name: `/runs/a/final` and `/runs/b/final` are two models.
@@ -104,6 +105,18 @@ class LocalEngine(Engine):
 
     def describe(self) -> str:
         return f"{self.name} ({DEMO_NOTE})" if self.demo else f"{self.name} {self.model_path}"
+
+    def stats(self) -> dict[str, Any]:
+        """How many batches this engine's requests went in, how full, on how many torch threads (the last)."""
+        if not self.batches:
+            return {}
+        return {"batches": self.batches, "rows_per_batch": round(self.rows / self.batches, 1),
+                "torch_threads": self.threads_used}  # fmt: skip
+
+    def stats_line(self) -> str:
+        if not (stats := self.stats()):
+            return ""
+        return f"batches of {stats['rows_per_batch']:g} on {stats['torch_threads']} thread(s)"
 
     async def check(self) -> str:
         await asyncio.to_thread(self._load)
@@ -203,7 +216,8 @@ class _Batcher:
         engine = rows[0][0].engine
         try:
             tokenizer, model = engine._load()
-            with _GENERATING, _torch_threads(engine.threads or self._meter.count()):
+            threads = engine.threads or self._meter.count()
+            with _GENERATING, _torch_threads(threads):
                 outputs = generate_rows(model, tokenizer, [row for _, row in rows])
         except Exception as exc:
             if len(rows) > 1:
@@ -212,6 +226,10 @@ class _Batcher:
                 return
             rows[0][0].future.set_exception(exc)
             return
+        for asker in {ask.engine for ask, _ in rows}:
+            asker.batches += 1
+            asker.rows += sum(ask.engine is asker for ask, _ in rows)
+            asker.threads_used = threads
         for (ask, row), ids in zip(rows, outputs, strict=True):
             ask.future.set_result(completion_from_ids(tokenizer, ids, len(row.prompt), ask.engine.markers, "local"))
 
