@@ -1,9 +1,9 @@
 """How many torch threads the embedded engine may use without oversubscribing the machine.
 
-A torch (OpenMP) thread whose core is taken by another process spins at its barrier while the others wait
-for it: on a busy 2-core machine two threads made a quarter of one thread's tokens per CPU-second
-(docs/engines.md, "Threads"). So the count is the CPUs this process may run on (its affinity) less what
-other processes keep busy on them, measured from /proc/stat over the last window with this process's own
+A torch (OpenMP) thread whose core is taken by another process spins at its barrier while the others wait for
+it: on a busy 2-core machine two threads made a quarter of one thread's tokens per CPU-second
+(docs/engines.md, "The local engine"). So the count is the CPUs this process may run on (its affinity) less
+what other processes keep busy on them, measured from /proc/stat over the last window with this process's own
 CPU time taken out, and never below 1. Where /proc/stat cannot be read (not Linux) it is 1.
 """
 

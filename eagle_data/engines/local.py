@@ -1,13 +1,13 @@
 """The embedded default engine: a transformers checkpoint generating in-process (CPU or GPU).
 
-Needs no key, server or network. One worker thread per process generates for every local engine: the
-requests that arrive while it is busy wait and go into its next batch (left-padded, with an attention
-mask), up to the engine's batch size, since a batch of 16 makes about ten times the tokens per CPU-second
-of one prompt at a time (docs/engines.md, "Throughput"). Each row keeps what one request alone would get:
-its own min/max tokens, temperature and top-p, drawn from its own generator seeded from its prompt, so a
-re-run reproduces the same text whatever batch it lands in. It returns the model's own output ids, so
-training ids need no re-tokenization. torch's thread count follows the CPUs other processes leave free
-(engines/cpus.py), unless the `threads` setting names one.
+Needs no key, server or network. One worker thread per process generates for every local engine: the requests
+that arrive while it is busy wait and go into its next batch (left-padded, with an attention mask), up to the
+engine's batch size, since a batch of 16 makes about ten times the tokens per CPU-second of one prompt at a
+time (docs/engines.md, "The local engine"). Each row keeps what one request alone would get: its own min/max
+tokens, temperature and top-p, drawn from its own generator seeded from its prompt, so a re-run reproduces the
+same text whatever batch it lands in. It returns the model's own output ids, so training ids need no
+re-tokenization. torch's thread count follows the CPUs other processes leave free (engines/cpus.py), unless
+the `threads` setting names one.
 """
 
 from __future__ import annotations
@@ -231,7 +231,12 @@ class _Batcher:
             asker.rows += sum(ask.engine is asker for ask, _ in rows)
             asker.threads_used = threads
         for (ask, row), ids in zip(rows, outputs, strict=True):
-            ask.future.set_result(completion_from_ids(tokenizer, ids, len(row.prompt), ask.engine.markers, "local"))
+            try:
+                done = completion_from_ids(tokenizer, ids, len(row.prompt), ask.engine.markers, "local")
+            except Exception as exc:  # this reply cannot be read: it fails alone, the worker goes on
+                ask.future.set_exception(exc)
+            else:
+                ask.future.set_result(done)
 
 
 _BATCHER: tuple[int, _Batcher] | None = None

@@ -1,15 +1,15 @@
 """Noticing a server that answers one request at a time, and counting the requests given up on it.
 
 `transformers serve` (without `--continuous-batching`) answers its requests one after another: four sent
-together to it on SmolLM2 came back after 5.8, 12.0, 17.1 and 23.0 s, in the order sent, where one alone
-took 5.7 s (docs/engines.md, "A server that answers one at a time"). With the runner's dozens in flight the
-last ones reach the whole-request timeout; the client gives up, but the server goes on generating them
-while the retries wait behind. So each OpenAI-compatible engine watches the first requests it sends (the
-run's own, no extra request): once answers take long enough to matter (`TRIGGER_S`, or a twentieth of the
-timeout) and the first `WAVE` of those sent together came back in the order sent, each after the ones
-before it (later than a server working on them together could explain from their token counts), it says
-so in one line and sends one request at a time from then on. Every request given up at the timeout is
-counted and said: the server may still be generating it.
+together to it on SmolLM2 came back after 5.8, 12.0, 17.1 and 23.0 s, in the order sent, where one alone took
+5.7 s (docs/engines.md, "A server that answers one at a time"). With the runner's dozens in flight the last
+ones reach the whole-request timeout; the client gives up, but the server goes on generating them while the
+retries wait behind. So each OpenAI-compatible engine watches the first requests it sends (the run's own, no
+extra request): once answers take long enough to matter (`TRIGGER_S`, or a twentieth of the timeout) and the
+first `WAVE` of those sent together came back in the order sent, each after the ones before it (later than a
+server working on them together could explain from their token counts), it says so in one line and sends one
+request at a time from then on. Every request given up at the timeout is counted and said: the server may
+still be generating it.
 """
 
 from __future__ import annotations
