@@ -122,6 +122,26 @@ def test_requests_in_flight_go_in_one_batch_and_each_gets_the_ids_it_gets_alone(
         assert single.output_ids == batched[i].output_ids and single.finish_reason == batched[i].finish_reason
     assert alone.stats()["batches"] == 2 and alone.stats()["rows_per_batch"] == 1
     assert len({tuple(done.output_ids) for done in batched}) == 8
+    assert batched[3].output_ids == _bare_generate(engine, 3)  # what one seeded `generate` of it makes
+
+
+def _bare_generate(engine: LocalEngine, question: int) -> list[int]:
+    """One `model.generate` of one question, sampling (if at all) from torch's generator seeded as the engine
+    seeds that prompt: the ids through the end of the turn."""
+    import hashlib
+
+    import torch
+
+    tokenizer, model = engine._load()
+    chat = [{"role": "user", "content": QUESTIONS[question]}]
+    prompt = tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_dict=True, return_tensors="pt")
+    g = engine.generation
+    torch.manual_seed(int(hashlib.sha256(f"q{question}:1".encode()).hexdigest()[:8], 16))
+    out = model.generate(**prompt, max_new_tokens=g.max_tokens, do_sample=g.temperature > 0,
+                         temperature=g.temperature or None, top_p=g.top_p,
+                         pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+    ids = out[0, prompt["input_ids"].shape[1] :].tolist()
+    return ids[: ids.index(tokenizer.eos_token_id) + 1] if tokenizer.eos_token_id in ids else ids
 
 
 def test_each_row_of_a_batch_keeps_its_own_lengths_sampling_and_finish_reason(smollm2: Path):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import copy
 import functools
 import hashlib
 import os
@@ -37,6 +38,8 @@ if TYPE_CHECKING:
 DEMO_NOTE = "demo model, random weights"
 BATCH_SIZE = 16  # prompts generated together: SmolLM2-135M on one thread, 8: 51 tokens/s, 16: 70, 32: 83
 GATHER_S = 0.05  # a batch waits for more requests while they keep arriving at most this far apart
+TOP_K = 50  # a sampled row's top-k where the checkpoint's generation config sets none: transformers' default
+# (`GenerationConfig._get_default_generation_params`), which `generate` applied when it sampled itself
 # One generation at a time in this process, whichever engine asks: engines share a loaded checkpoint and
 # torch's thread count is the process's.
 _GENERATING = threading.Lock()
@@ -264,7 +267,7 @@ def generate_rows(model: Any, tokenizer: Any, rows: list[_Row]) -> list[list[int
     or its own max_tokens. Decoding is greedy: a sampled row's token is drawn by `_RowSampler`, which leaves
     only that token standing."""
     import torch
-    from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
+    from transformers import LogitsProcessorList, StoppingCriteriaList
 
     ends = end_ids(model, tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else ends[0]
@@ -272,15 +275,16 @@ def generate_rows(model: Any, tokenizer: Any, rows: list[_Row]) -> list[list[int
     device = model.device
     input_ids = torch.tensor([[pad] * (width - len(r.prompt)) + r.prompt for r in rows], device=device)
     mask = torch.tensor([[0] * (width - len(r.prompt)) + [1] * len(r.prompt) for r in rows], device=device)
-    config = GenerationConfig(
-        do_sample=False, max_new_tokens=max(r.max_tokens for r in rows), pad_token_id=pad, eos_token_id=ends
-    )
+    config = copy.deepcopy(model.generation_config)  # its other settings (a repetition penalty) apply as before
+    config.do_sample, config.temperature, config.top_p, config.top_k = False, None, None, None  # `_RowSampler`'s
+    config.min_new_tokens = None  # each row's own, in `_RowSampler`
+    config.max_new_tokens, config.pad_token_id, config.eos_token_id = max(r.max_tokens for r in rows), pad, ends
     with torch.no_grad():
         out = model.generate(
             input_ids=input_ids,
             attention_mask=mask,
             generation_config=config,
-            logits_processor=LogitsProcessorList([_RowSampler(rows, width, ends)]),
+            logits_processor=LogitsProcessorList([_RowSampler(rows, width, ends, model.generation_config.top_k)]),
             stopping_criteria=StoppingCriteriaList([_RowLengths(rows, width)]),
         )
     replies = []
@@ -292,12 +296,27 @@ def generate_rows(model: Any, tokenizer: Any, rows: list[_Row]) -> list[list[int
 
 
 class _RowSampler:
-    """Each row's min_tokens (its end ids barred before), then, for a sampled row, its temperature and top-p
-    and one uniform draw from its own generator: the drawn token alone is left standing for the greedy pick.
-    A row's draws depend only on its own logits and generator, never on the rows beside it."""
+    """Each row's min_tokens (its end ids barred before), then, for a sampled row, what `generate` does when it
+    samples that row alone (its temperature, the checkpoint's top-k, its top-p: transformers' own warpers, in
+    their order) and one draw from the row's own generator, where `generate` draws from torch's, seeded the
+    same: the drawn token alone is left standing for the greedy pick. So a row's tokens depend only on its own
+    logits and seed, never on the rows beside it, and equal those of one `generate` seeded with its seed."""
 
-    def __init__(self, rows: list[_Row], start: int, ends: list[int]) -> None:
+    def __init__(self, rows: list[_Row], start: int, ends: list[int], top_k: int | None) -> None:
+        from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
         self.rows, self.start, self.ends = rows, start, ends
+        top_k = TOP_K if top_k is None else top_k
+        self.warpers = [
+            LogitsProcessorList(
+                ([TemperatureLogitsWarper(row.temperature)] if row.temperature != 1.0 else [])
+                + ([TopKLogitsWarper(top_k)] if top_k else [])  # 0: the checkpoint turns top-k off
+                + ([TopPLogitsWarper(row.top_p)] if row.top_p < 1.0 else [])
+            )
+            if row.temperature > 0
+            else None  # greedy
+            for row in rows
+        ]
 
     def __call__(self, input_ids: Any, scores: Any) -> Any:
         import torch
@@ -306,20 +325,11 @@ class _RowSampler:
         for i, row in enumerate(self.rows):
             if step < row.min_tokens:
                 scores[i, self.ends] = -float("inf")
-        sampled = [i for i, row in enumerate(self.rows) if row.temperature > 0]
-        if not sampled:
-            return scores
-        temperature = torch.tensor([self.rows[i].temperature for i in sampled], device=scores.device)[:, None]
-        top_p = torch.tensor([self.rows[i].top_p for i in sampled], device=scores.device)[:, None]
-        ordered, order = torch.sort(scores[sampled] / temperature, dim=-1, descending=True, stable=True)
-        probs = torch.softmax(ordered, dim=-1)
-        probs = probs * ((torch.cumsum(probs, dim=-1) - probs) < top_p)  # the nucleus: the first always stays
-        cumulative = torch.cumsum(probs, dim=-1)
-        draws = torch.cat([torch.rand(1, generator=self.rows[i].generator, device=scores.device) for i in sampled])
-        at = torch.searchsorted(cumulative, (draws * cumulative[:, -1])[:, None]).clamp(max=scores.shape[1] - 1)
-        tokens = order.gather(1, at)
-        picked = torch.full_like(scores[sampled], -float("inf")).scatter(1, tokens, 0.0)
-        scores[sampled] = picked
+            if (warpers := self.warpers[i]) is not None:
+                probs = torch.softmax(warpers(input_ids[i : i + 1], scores[i : i + 1]), dim=-1)
+                token = torch.multinomial(probs, num_samples=1, generator=row.generator)[0, 0]
+                scores[i] = -float("inf")
+                scores[i, token] = 0.0
         return scores
 
 
