@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -51,11 +52,9 @@ async def _ask(engine: OpenAICompatEngine, questions: tuple[str, ...]) -> list[C
 
 
 @pytest.fixture(scope="module")
-def serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+def serve(smollm2: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
     """(base URL, model) of `transformers serve` on SmolLM2, its model loaded by one first request."""
-    from eagle_data.demo import ensure_smollm2
-
-    model = str(ensure_smollm2())
+    model = str(smollm2)
     proc, url = _serve(tmp_path_factory.mktemp("serve-home"))
     try:
         _wait(proc, url)

@@ -35,7 +35,7 @@ from eagle_data.types import Completion, ConfigError, Engine, Message, Sampling,
 if TYPE_CHECKING:
     from eagle_data.catalog import DatasetSpec
 
-DEMO_NOTE = "demo model, random weights"
+DEMO_NOTE = "the demo model"
 BATCH_SIZE = 16  # prompts generated together: SmolLM2-135M on one thread, 8: 51 tokens/s, 16: 70, 32: 83
 GATHER_S = 0.05  # a batch waits for more requests while they keep arriving at most this far apart
 TOP_K = 50  # a sampled row's top-k where the checkpoint's generation config sets none: transformers' default
@@ -50,6 +50,7 @@ class LocalEngine(Engine):
     """In-process generation with `transformers` (extra `local`: torch)."""
 
     name = "local"
+    reports_prompt_ids = True  # it renders the prompt itself: the pre-flight compares it with the target's
 
     def __init__(
         self,
@@ -70,7 +71,7 @@ class LocalEngine(Engine):
                 f"local engine: no checkpoint at {self.model_path}; run `eagle-data demo-model` to build the demo "
                 "checkpoint, or set EAGLE_DATA_MODEL to a transformers model folder"
             )
-        self.model = self.model_path.name  # the short label rows carry; config() names the whole path
+        self.model = str(self.model_path)  # rows name the checkpoint: `target = "auto"` derives the target from it
         self.generation = generation
         self.device, self.demo, self.markers = device, demo, markers
         self.batch_size, self.threads = batch_size, threads
@@ -85,24 +86,27 @@ class LocalEngine(Engine):
         with _LOADING:
             return _checkpoint(self.model_path, self.device, _fingerprint(self.model_path))
 
+    def _render(self, messages: list[Message]) -> list[int]:
+        tokenizer, _ = self._load()
+        return list(tokenizer.apply_chat_template(
+            [{"role": m["role"], "content": m["content"]} for m in messages],
+            add_generation_prompt=True, enable_thinking=self.generation.thinking, return_dict=True,
+        )["input_ids"])  # fmt: skip
+
+    async def served_prompt_ids(self, messages: list[Message]) -> list[int]:
+        """The prompt ids this checkpoint's own chat template gives `messages` (what `complete` generates from)."""
+        return await asyncio.to_thread(self._render, messages)
+
     def _request(self, messages: list[Message], prompt_id: str) -> _Row:
         """One request as a batch row: the checkpoint's own chat template renders it; its seed is its prompt's
         and turn's."""
         import torch
 
-        tokenizer, _ = self._load()
-        prompt = tokenizer.apply_chat_template(
-            [{"role": m["role"], "content": m["content"]} for m in messages],
-            add_generation_prompt=True,
-            enable_thinking=self.generation.thinking,
-            tokenize=True,
-            return_dict=True,
-        )["input_ids"]
         turn = sum(m["role"] == "user" for m in messages)
         seed = int(hashlib.sha256(f"{prompt_id}:{turn}".encode()).hexdigest()[:8], 16)
         g = self.generation
         return _Row(
-            list(prompt), g.max_tokens, min(g.min_tokens, g.max_tokens), g.temperature, g.top_p,
+            self._render(messages), g.max_tokens, min(g.min_tokens, g.max_tokens), g.temperature, g.top_p,
             torch.Generator(self.device).manual_seed(seed),
         )  # fmt: skip
 
@@ -126,7 +130,7 @@ class LocalEngine(Engine):
         threads = f"{self.threads} torch threads (set)" if self.threads else "torch threads: the CPUs others leave free"
         how = f"on {self.device}, batches of up to {self.batch_size}, {threads}"
         if self.demo:
-            return (f"local engine: {DEMO_NOTE} at {self.model_path} {how}: its text is meaningless; "
+            return (f"local engine: {DEMO_NOTE} at {self.model_path} {how}; "
                     "real runs set EAGLE_DATA_ENGINE to a served model")  # fmt: skip
         return f"local engine: {self.model_path} {how}"
 
@@ -171,7 +175,9 @@ class _Ask:
 
 class _Batcher:
     """The process's one generating thread: it takes the oldest waiting request and every other one for the
-    same checkpoint, up to that engine's batch size, waiting a moment while more keep arriving."""
+    same checkpoint, up to that engine's batch size, waiting a moment while more keep arriving. Requests wait in
+    its own list, never in asyncio's shared pool, where queued generations would starve the runner's storage
+    calls (lease renewals)."""
 
     def __init__(self) -> None:
         self._waiting: list[_Ask] = []
@@ -235,7 +241,7 @@ class _Batcher:
             asker.threads_used = threads
         for (ask, row), ids in zip(rows, outputs, strict=True):
             try:
-                done = completion_from_ids(tokenizer, ids, len(row.prompt), ask.engine.markers, "local")
+                done = completion_from_ids(tokenizer, ids, row.prompt, ask.engine.markers, "local")
             except Exception as exc:  # this reply cannot be read: it fails alone, the worker goes on
                 ask.future.set_exception(exc)
             else:
@@ -414,7 +420,7 @@ def _build(settings: EngineSettings, spec: DatasetSpec) -> Engine:
 register(EngineKind(
     name="local", build=_build, make=make_local, summary="a transformers checkpoint in this process",
     required={"model": "set EAGLE_DATA_MODEL to a transformers checkpoint folder "
-                       "(or EAGLE_DATA_PROFILE=demo for the random-weight demo model)"},
+                       "(or EAGLE_DATA_PROFILE=demo for the demo model, SmolLM2-135M-Instruct)"},
     takes=frozenset({"batch_size", "threads"}),
     max_in_flight=2 * BATCH_SIZE, ramp=False, demo=True,  # one batch generating, the next one gathering
     billing="free",

@@ -109,7 +109,7 @@ class SGLangLocalEngine(Engine):
     ) -> None:
         """`note`: what the checkpoint is when it is not what the user named (the demo model), else ""."""
         self.model_path, self.generation, self.note, self.markers = model_path, generation, note, markers
-        self.model = model_path.name
+        self.model = str(model_path)
 
     def config(self) -> dict[str, Any]:
         """The transformers path's: the same checkpoint and sampling ask for the same replies."""
@@ -120,7 +120,7 @@ class SGLangLocalEngine(Engine):
 
     async def check(self) -> str:
         await asyncio.to_thread(_runtime, self.model_path)
-        note = f" ({self.note}: its text is meaningless)" if self.note else ""
+        note = f" ({self.note})" if self.note else ""
         return f"local engine: {self.model_path}{note} in SGLang's offline engine on the GPU"
 
     async def complete(
@@ -144,7 +144,7 @@ class SGLangLocalEngine(Engine):
         )
         out = await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(request, runtime.loop))
         ids = [int(i) for i in out["output_ids"]]
-        return completion_from_ids(runtime.tokenizer, ids, len(prompt), self.markers, PROVIDER)
+        return completion_from_ids(runtime.tokenizer, ids, list(prompt), self.markers, PROVIDER)
 
     async def aclose(self) -> None:
         """Nothing per run: the engine stays loaded for the next run in this process (`_runtime`)."""

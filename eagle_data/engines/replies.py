@@ -83,7 +83,7 @@ def split_ids(
 
 
 def completion_from_ids(
-    tokenizer: Any, output_ids: list[int], prompt_tokens: int, markers: ReasoningMarkers | None, provider: str
+    tokenizer: Any, output_ids: list[int], prompt_ids: list[int], markers: ReasoningMarkers | None, provider: str
 ) -> Completion:
     """A checkpoint's own reply ids (the local engine's, SGLang's offline engine's) as a Completion: split into
     reasoning and content at the think-block markers (their ids in the checkpoint's own vocabulary); the
@@ -99,9 +99,10 @@ def completion_from_ids(
         reasoning=reasoning,
         reasoning_tokens=reasoning_tokens,
         finish_reason="stop" if stopped else "length",
-        prompt_tokens=prompt_tokens,
+        prompt_tokens=len(prompt_ids),
         completion_tokens=len(output_ids),
         output_ids=output_ids,
+        prompt_ids=prompt_ids,
         provider=provider,
     )
 
