@@ -36,9 +36,9 @@ def test_one_at_a_time_is_told_from_answers_that_overlap():
     assert not one_at_a_time([_Sent(2, 0, 5.8, 24), _Sent(1, 0, 12.0, 24), _Sent(3, 0, 17.1, 24)])  # not in order
 
 
-def _openai(base_url: str, model: str, timeout_s: float) -> OpenAICompatEngine:
-    return make_engine("openai", base_url=base_url, model=model, api_key_env="", max_tokens=8, temperature=0.0,
-                       thinking=False, timeout_s=timeout_s)  # fmt: skip
+def _openai(base_url: str, model: str, timeout_s: float, max_tokens: int = 8) -> OpenAICompatEngine:
+    return make_engine("openai", base_url=base_url, model=model, api_key_env="", max_tokens=max_tokens,
+                       temperature=0.0, thinking=False, timeout_s=timeout_s)  # fmt: skip
 
 
 async def _ask(engine: OpenAICompatEngine, questions: tuple[str, ...]) -> list[Completion | BaseException]:
@@ -66,7 +66,7 @@ def serve(smollm2: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[t
 
 
 def test_transformers_serve_is_seen_answering_one_at_a_time_and_is_then_sent_one_at_a_time(serve: tuple[str, str]):
-    engine = _openai(*serve, timeout_s=20.0)  # answers judged from a second on (a twentieth of the timeout)
+    engine = _openai(*serve, timeout_s=20.0, max_tokens=16)  # judged from a second on (a twentieth of 20 s)
     first = asyncio.run(_ask(engine, QUESTIONS))
     assert all(isinstance(done, Completion) and done.completion_tokens for done in first)
     assert engine.pacing.serial and "the server answers one request at a time" in engine.stats_line()
@@ -92,7 +92,7 @@ def test_transformers_serve_is_seen_answering_one_at_a_time_and_is_then_sent_one
 
 
 def test_a_request_given_up_at_the_timeout_is_counted_and_said(serve: tuple[str, str]):
-    engine = _openai(*serve, timeout_s=0.5)  # shorter than any answer of this server
+    engine = _openai(*serve, timeout_s=0.5, max_tokens=64)  # 64 tokens take this server seconds
     (failed,) = asyncio.run(_ask(engine, QUESTIONS[:1]))
     assert isinstance(failed, RetryableError) and failed.kind == "timeout"
     assert engine.stats() == {"answers_one_at_a_time": False, "abandoned_requests": 1}
