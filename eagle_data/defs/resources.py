@@ -112,7 +112,7 @@ class _EngineResolver(dg.ConfigurableResource):
     def runner_settings(self) -> RunnerSettings:
         settings = self.settings()
         kind = lookup(settings.kind)
-        return RunnerSettings.in_flight(settings.max_in_flight or kind.max_in_flight, ramp=kind.ramp)
+        return RunnerSettings.in_flight(kind.in_flight(settings), ramp=kind.ramp)
 
 
 def _named_value(field_name: str, variable: str, demo_kind_name: str) -> str:
