@@ -7,6 +7,7 @@ a scorer of another vocabulary and a server that ignores the request are one lin
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +24,7 @@ from eagle_data.drafter.capture import TransformersBackend, capture_shard
 from eagle_data.drafter.layers import resolve
 from eagle_data.drafter.settings import CaptureSettings
 from eagle_data.engines import make_engine
+from eagle_data.engines.local import TOP_K
 from eagle_data.engines.scoring import (
     Row,
     ScorerError,
@@ -276,10 +278,13 @@ def test_min_tokens_takes_the_blocked_end_of_turn_out_of_the_distribution() -> N
     assert op.expectations(scored.top_logp, point, scored.log_z)[0][0] == pytest.approx(0.75)
 
 
-def test_the_embedded_engines_rows_were_drawn_with_transformers_default_top_k() -> None:
-    local = op.row_sampling('{"engine": "local", "temperature": 0.8, "top_p": 0.95, "min_tokens": 24}', "", GREEDY)
+def test_a_rows_top_k_is_the_one_its_engine_config_names(demo_model: Path) -> None:
+    """The embedded engine names the top-k it sampled with (transformers' default 50 unless the checkpoint sets
+    one): its rows are predicted under that cut; a server's rows name none."""
+    config = make_engine("local", model=str(demo_model), temperature=0.8, top_p=0.95, min_tokens=24).config()
+    local = op.row_sampling(json.dumps(config), "", GREEDY)
     served = op.row_sampling('{"engine": "sglang", "temperature": 0.8, "top_p": 0.95}', "", GREEDY)
-    assert (local.top_k, local.min_tokens, served.top_k) == (op.HF_TOP_K, 24, 0)
+    assert (local.top_k, local.min_tokens, served.top_k) == (TOP_K, 24, 0) and TOP_K == 50
     mixed = '{"temperature": 0.7, "mixture": [{"name": "cold", "temperature": 0.2}]}'
     assert op.row_sampling(mixed, "cold", GREEDY).temperature == 0.2
 
@@ -346,7 +351,7 @@ def test_validation_scores_the_embedded_engines_rows_and_a_wrong_scorer_is_one_l
     shard = store.read_shard(spec.name, layout.validated_asset(spec.name), "00000")
     scored = [r for r in shard[op.COLUMN].to_list() if r]
     assert len(scored) == min(spec.on_policy.sample_rows, int(shard["verdict"].is_in(list(KEPT)).sum())) > 0
-    point = ("transformers", spec.generation.temperature, op.HF_TOP_K)
+    point = ("transformers", spec.generation.temperature, TOP_K)
     assert {(r["scorer"], r["temperature"], r["top_k"]) for r in scored} == {point}
     judged = op.shard_verdict(shard, op.limits_of(spec.on_policy))
     assert judged.passed, judged.line

@@ -17,6 +17,7 @@ import concurrent.futures
 import copy
 import functools
 import hashlib
+import json
 import os
 import threading
 from collections.abc import Iterator
@@ -78,9 +79,11 @@ class LocalEngine(Engine):
         self.batches = self.rows = self.threads_used = 0  # this engine's share of the worker's work
 
     def config(self) -> dict[str, Any]:
-        """The resolved checkpoint path, not its folder name: `/runs/a/final` and `/runs/b/final` are two models.
-        No batch size or thread count: a row's tokens do not depend on them."""
-        return {"engine": self.name, "model": str(self.model_path), **self.generation.model_dump()}
+        """The resolved checkpoint path, not its folder name: `/runs/a/final` and `/runs/b/final` are two models;
+        the top-k a sampled row is cut to (the on-policy scorer predicts the same distribution from it). No batch
+        size or thread count: a row's tokens do not depend on them."""
+        return {"engine": self.name, "model": str(self.model_path), "top_k": checkpoint_top_k(self.model_path),
+                **self.generation.model_dump()}  # fmt: skip
 
     def _load(self) -> tuple[Any, Any]:
         with _LOADING:
@@ -299,6 +302,13 @@ def generate_rows(model: Any, tokenizer: Any, rows: list[_Row]) -> list[list[int
         end = next((i for i, token in enumerate(ids) if token in ends), None)
         replies.append(ids if end is None else ids[: end + 1])
     return replies
+
+
+def checkpoint_top_k(folder: Path) -> int:
+    """The top-k a sampled row is cut to: the checkpoint's generation_config.json `top_k`, else TOP_K (0: off)."""
+    config = folder / "generation_config.json"
+    top_k = json.loads(config.read_text()).get("top_k") if config.is_file() else None
+    return TOP_K if top_k is None else int(top_k)
 
 
 class _RowSampler:

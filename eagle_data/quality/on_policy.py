@@ -30,7 +30,6 @@ from eagle_data.quality.summary import lower_bound
 
 COLUMN = "on_policy"  # the validated shard's per-row struct (null on rows not scored)
 LOCAL_ENGINE = "local"  # the embedded engine's kind (a row's `engine`, in its `sampling` config)
-HF_TOP_K = 50  # transformers 5.24 generate()'s top_k when neither the call nor the checkpoint sets one
 # Supervised tokens after a think block's closing token that still count as "right after" it.
 AFTER_THINK = 2
 FIRST, THINK, REST = 0, 1, 2  # where a supervised position sits (segments)
@@ -85,10 +84,7 @@ def row_sampling(sampling: str | None, setting: str | None, default: SamplingPoi
     temperature = chosen.get("temperature", config.get("temperature", default.temperature))
     top_p = chosen.get("top_p", config.get("top_p", default.top_p))
     min_tokens = config.get("min_tokens", default.min_tokens)
-    # transformers' generate cuts to 50 tokens unless told otherwise: the embedded engine's rows were drawn so
-    top_k = chosen.get(
-        "top_k", config.get("top_k", HF_TOP_K if config.get("engine") == LOCAL_ENGINE else default.top_k)
-    )
+    top_k = chosen.get("top_k", config.get("top_k", default.top_k))  # the embedded engine's config names its own
     return SamplingPoint(float(temperature or 0.0), float(top_p or 1.0), int(min_tokens or 0), int(top_k or 0))
 
 
