@@ -22,9 +22,10 @@ from eagle_data.alerts import WEBHOOK_ENV
 from eagle_data.catalog import load_catalog
 from eagle_data.defs.checks import check_keys
 from eagle_data.defs.sensors import build_sensors
+from eagle_data.stages import validation
 from eagle_data.standins.webhook import Receiver
 from eagle_data.storage import ShardStore
-from eagle_data_tests import fixtures_stages as stage
+from eagle_data.storage.shards import StoredShards
 from eagle_data_tests.conftest import materialize_cli
 from eagle_data_tests.fixtures_postgres import postgres_storage
 from eagle_data_tests.fixtures_quality import generation_frame
@@ -131,11 +132,12 @@ def test_a_later_failing_run_leaves_out_that_shard_alone(instance: dg.DagsterIns
 
 
 def test_a_shard_rewritten_after_its_checks_is_left_out(instance: dg.DagsterInstance, tmp_path: Path) -> None:
-    """A validation run that stopped part-way rewrote shard 00002 and recorded nothing."""
+    """A validation run that stopped part-way recorded shard 00002's new bytes and never stored them."""
     ds = Dataset(tmp_path)
     ds.rerun(instance)
-    ds.generate("00002", 0.87)
-    stage.validate(ds.spec, ds.store, ["00002"], log=lambda _: None)
+    ds.store.write_shard(ds.spec.name, ds.spec.name, "00002", shard_frame(ds.spec.name, "00002", 0.0).head(40))
+    generations = StoredShards(ds.store, ds.spec.name, ds.spec.name, ["00002"])
+    validation.validate(ds.spec, ds.store, generations, log=lambda _: None)  # records written, no shard stored
     result = run(instance, ds.defs, "training_mix")
     assert result.success
     assert ds.exported().height == ds.rows(("00000", "00001"))
@@ -193,7 +195,7 @@ def test_after_a_range_run_the_checks_tab_shows_each_shard_passed(instance: dg.D
         result = execute_dagster_graphql(context, CHECK_STATUSES, {"key": {"path": ["b9_seq_validated"]}})
     checks = result.data["assetNodeOrError"]["assetChecksOrError"]["checks"]
     statuses = {c["name"]: {k: sorted(v) for k, v in c["partitionStatuses"].items()} for c in checks}
-    assert len(statuses) == 7
+    assert len(statuses) == 8
     nothing = {"skippedPartitions": [], "inProgressPartitions": [], "executionFailedPartitions": []}
     assert (
         statuses["empty_response"]
@@ -249,4 +251,4 @@ def test_a_range_run_failing_on_two_shards_is_announced_once_naming_both(
     assert [a["blocks"][0]["text"]["text"] for a in receiver.bodies] == [
         "ERROR check empty_response failed on b9_seq (b9_seq_validated) [00000, 00002]"
     ]
-    assert "[00000, 00002]: 88.0% of 50 answered rows" in receiver.bodies[0]["text"]  # the first shard's line
+    assert "[00000, 00002]: 88.0% of 50 replies were empty" in receiver.bodies[0]["text"]  # the first shard's line

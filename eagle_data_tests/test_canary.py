@@ -96,8 +96,8 @@ def test_rows_that_pass_alone_but_fail_together_are_named_by_the_gate():
 
 def test_a_gate_crossed_by_a_stray_reply_or_two_is_not_sure_on_a_sample_and_passes():
     """1 or 2 empty replies in 64 (1.6%, 3.1%) are over the 1% gate, yet say nothing about the server; 4 are
-    (the one-sided bound at quality.canary.CONFIDENCE), as are 4 prompts sharing a completion only in a
-    larger share."""
+    (the one-sided bound at the catalog's checks.confidence, which the gates judge every share by), as are 4
+    prompts sharing a completion only in a larger share."""
     frame = validated_frame(varied_replies(64))
     for rows in ([10], [10, 11]):
         assert _judge(set_rows(frame, rows, content="", reasoning="", loss_tokens=3)).passed

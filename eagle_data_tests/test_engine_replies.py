@@ -17,7 +17,7 @@ from eagle_data.runner import RunnerSettings, run_generation
 from eagle_data.runner.resultlog import ResultLog, resume_key
 from eagle_data.runner.rows import build_row, to_frame
 from eagle_data.runner.run import NothingAnswered
-from eagle_data.standins.openai_fake import FakeOpenAI, Faults, prompt_shards, spec_for_tests
+from eagle_data.standins.openai_fake import FakeOpenAI, Faults, fake_reply, prompt_shards, spec_for_tests
 from eagle_data.storage import ShardStore
 from eagle_data.targets import profile, reasoning, reasoning_markers
 from eagle_data.targets.reasoning import THINK_TAGS
@@ -47,7 +47,7 @@ def test_reasoning_is_read_from_every_reply_shape_and_content_keeps_only_the_ans
     rows = shard(tmp_path)
     summary = " (summary)" if shape == "details" else ""  # the summary part follows the text part
     assert rows["status"].to_list() == ["ok"] * 4
-    assert rows["content"].to_list() == ["tok tok tok"] * 4
+    assert rows["content"].to_list() == [fake_reply(f"{pid}#1", 3) for pid in rows["prompt_id"]]
     assert rows["reasoning"].to_list() == [f"think {pid}#1{summary}" for pid in rows["prompt_id"]]
 
 
@@ -136,7 +136,9 @@ def test_resume_re_requests_empty_replies_stored_as_ok_by_older_versions(server:
     assert server.received == 10
     assert any("(0 reused)" in line for line in lines)
     rows = shard(tmp_path)
-    assert rows["status"].to_list() == ["ok"] * 10 and all(rows["content"].str.starts_with("tok"))
+    assert rows["status"].to_list() == ["ok"] * 10
+    pairs = rows.select("prompt_id", "content").iter_rows()
+    assert rows["content"].to_list() == [fake_reply(f"{pid}#1", len(text.split())) for pid, text in pairs]
 
 
 def test_a_run_reuses_its_own_usable_replies(server: FakeOpenAI, tmp_path: Path) -> None:

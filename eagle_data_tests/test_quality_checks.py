@@ -32,6 +32,7 @@ def test_specs_declare_what_the_issue_asks() -> None:
         "failed_rate": ("ERROR", True),
         "reasoning_present": ("ERROR", False),
         "length_shift": ("WARN", False),
+        "loops": ("ERROR", True),
     }
 
 
@@ -49,36 +50,53 @@ def test_regression_fixture_fails_the_blocking_check_with_the_87_percent_figure(
     r = failed[0]
     assert (r.severity, r.blocking, r.alerts) == ("ERROR", True, True)
     assert r.figure == pytest.approx(0.87)
-    assert "87.0% of rows have loss-mask sum 6 (limit 20%)" in r.message
-    assert "87.0% of prompts got the same completion 'OK.' (limit 5%)" in r.message
+    assert r.message == (  # the "OK." rows are set aside as short_loss: counted once, not again as one loss-mask sum
+        "87.0% of 200 replies were empty or had loss-mask sum <= 16 (limit 1%; at least 77.9% at 99.9% confidence: "
+        "over it)"
+    )
     assert r.metadata()["figure"] == pytest.approx(0.87)
 
 
 def test_empty_response_fails_on_short_rows_alone(clean: pl.DataFrame) -> None:
-    r = check(set_rows(clean, [20, 21, 22, 23], loss_tokens=10), "empty_response")
+    r = check(set_rows(clean, list(range(20, 28)), loss_tokens=10), "empty_response")
     assert not r.passed
-    assert r.message == "2.0% of 199 answered rows have loss-mask sum <= 16 (limit 1%)"
+    assert r.message == (
+        "4.0% of 199 replies were empty or had loss-mask sum <= 16 (limit 1%; at least 1.4% at 99.9% confidence: "
+        "over it)"
+    )
+    unsure = check(set_rows(clean, [20, 21, 22, 23], loss_tokens=10), "empty_response")  # 2.0%, bound 0.5%
+    assert unsure.passed and unsure.message.startswith(
+        "2.0% of 199 replies were empty or had loss-mask sum <= 16 (limit 1%; at least 0.5% at 99.9% confidence: "
+        "not surely over it)"
+    )
     assert check(set_rows(clean, [20], loss_tokens=10), "empty_response").passed  # 0.5%: under the limit
 
 
 def test_two_rows_sharing_a_value_in_a_small_shard_are_chance(clean: pl.DataFrame) -> None:
     small = clean.head(6)
     assert check(set_rows(small, [0, 1], loss_tokens=321, content="Same."), "empty_response").passed  # 2 of 6
-    r = check(set_rows(small, [0, 1, 2], loss_tokens=321), "empty_response")
-    assert not r.passed and r.message == "60.0% of rows have loss-mask sum 321 (limit 20%)"  # 3 of 5 completed
+    r = check(set_rows(small, [0, 1, 2], loss_tokens=321), "empty_response")  # 3 of 5 completed: not sure either
+    assert r.passed and "60.0% of 5 complete replies have loss-mask sum 321 (limit 20%; at least 13.2%" in r.message
+    big = check(set_rows(clean, list(range(0, 200, 3)), loss_tokens=321), "empty_response")  # 33% of 197: sure
+    assert not big.passed and big.message.startswith("33.5% of 197 complete replies have loss-mask sum 321")
 
 
 def test_empty_response_fails_on_one_dominant_loss_sum_alone(clean: pl.DataFrame) -> None:
-    r = check(set_rows(clean, list(range(20, 70)), loss_tokens=321), "empty_response")
+    r = check(set_rows(clean, list(range(20, 90)), loss_tokens=321), "empty_response")
     assert not r.passed
-    assert r.message == "25.4% of rows have loss-mask sum 321 (limit 20%)"
+    assert r.message == (
+        "35.5% of 197 complete replies have loss-mask sum 321 (limit 20%; at least 25.9% at 99.9% confidence: over it)"
+    )
     assert check(set_rows(clean, list(range(20, 50)), loss_tokens=321), "empty_response").passed  # 15.7%
 
 
 def test_empty_response_fails_on_one_repeated_completion_alone(clean: pl.DataFrame) -> None:
-    r = check(set_rows(clean, list(range(20, 32)), content="I cannot help with that."), "empty_response")
+    r = check(set_rows(clean, list(range(20, 45)), content="I cannot help with that."), "empty_response")
     assert not r.passed
-    assert r.message == "6.1% of prompts got the same completion 'I cannot help with that.' (limit 5%)"
+    assert r.message == (
+        "12.7% of prompts got the same completion 'I cannot help with that.' (limit 5%; at least 7.1% at 99.9% "
+        "confidence: over it)"
+    )
     assert check(set_rows(clean, list(range(20, 28)), content="Same."), "empty_response").passed  # 4.1%
 
 
@@ -102,18 +120,18 @@ def test_a_special_token_string_in_a_prompt_is_set_aside_without_blocking(clean:
 
 
 def test_truncation_rate_warns_above_the_limit(clean: pl.DataFrame) -> None:
-    r = check(set_rows(clean, list(range(20, 30)), status="truncated"), "truncation_rate")
+    r = check(set_rows(clean, list(range(20, 45)), status="truncated"), "truncation_rate")
     assert (r.passed, r.severity, r.blocking, r.alerts) == (False, "WARN", False, False)
-    assert r.message == "6.0% of 199 replies hit max_tokens (limit 5%)"
+    assert r.message == "13.6% of 199 replies hit max_tokens (limit 5%; at least 7.7% at 99.9% confidence: over it)"
     assert check(clean, "truncation_rate").passed
 
 
 def test_failed_rate_blocks_above_the_limit_and_says_what_to_do(clean: pl.DataFrame) -> None:
-    r = check(set_rows(clean, [20, 21, 22, 23], status="failed"), "failed_rate")
+    r = check(set_rows(clean, list(range(20, 32)), status="failed"), "failed_rate")
     assert (r.passed, r.severity, r.blocking, r.alerts) == (False, "ERROR", True, True)
     assert r.message == (
-        "2.5% of 200 requests failed (limit 2%); re-materialize the shard's generation: failed rows are "
-        "requested again, answered ones reused"
+        "6.5% of 200 requests failed (limit 2%; at least 2.9% at 99.9% confidence: over it); re-materialize the "
+        "shard's generation: failed rows are requested again, answered ones reused"
     )
     assert check(clean, "failed_rate").passed
 
@@ -132,10 +150,13 @@ def test_failed_rate_ignores_rows_never_sent_for_budget(clean: pl.DataFrame) -> 
 
 
 def test_missing_reasoning_is_an_error_only_when_thinking_is_on(clean: pl.DataFrame) -> None:
-    frame = set_rows(clean, [20, 21, 22], reasoning="")
+    frame = set_rows(clean, list(range(20, 30)), reasoning="")
     r = check(frame, "reasoning_present")
     assert (r.passed, r.severity, r.blocking, r.alerts) == (False, "ERROR", False, True)
-    assert r.message == "1.5% of 197 completed rows have no reasoning while thinking is on (limit 1%)"
+    assert r.message == (
+        "5.1% of 197 completed rows have no reasoning while thinking is on (limit 1%; at least 2.0% at 99.9% "
+        "confidence: over it)"
+    )
     assert check(frame, "reasoning_present", thinking=False).passed
     assert check(clean, "reasoning_present").passed
 
@@ -157,7 +178,7 @@ def test_checks_follow_the_frame_they_are_handed(clean: pl.DataFrame) -> None:
     assert check(clean, "empty_response").passed
     assert not check(regression, "empty_response").passed
     mixed = check(both, "empty_response")
-    assert not mixed.passed and "29.3% of rows have loss-mask sum 6" in mixed.message  # 87 of 297 completed
+    assert not mixed.passed and mixed.message.startswith("29.1% of 299 replies were empty")  # 87 of 299 answered
 
 
 def test_a_shard_with_no_answered_row_fails_empty_response_and_passes_the_rest(clean: pl.DataFrame) -> None:
@@ -169,29 +190,31 @@ def test_a_shard_with_no_answered_row_fails_empty_response_and_passes_the_rest(c
 
 
 def test_empty_response_judges_truncated_rows_too(clean: pl.DataFrame) -> None:
-    cut = set_rows(clean, list(range(20, 24)), status="truncated", finish_reason="length", loss_tokens=0, content="")
+    cut = set_rows(clean, list(range(20, 28)), status="truncated", finish_reason="length", loss_tokens=0, content="")
     r = check(cut, "empty_response")
-    assert not r.passed and r.message.startswith("2.0% of 199 answered rows have loss-mask sum <= 16")
+    assert not r.passed and r.message.startswith("4.0% of 199 replies were empty or had loss-mask sum <= 16")
 
 
 def test_lost_text_fails_when_the_engine_reported_tokens_the_text_lacks(clean: pl.DataFrame) -> None:
-    stripped = set_rows(clean, [20, 21, 22], completion_tokens=4096)  # the text holds a few hundred tokens
+    stripped = set_rows(clean, list(range(20, 28)), completion_tokens=4096)  # the text holds a few hundred tokens
     r = check(stripped, "lost_text")
     assert (r.passed, r.severity, r.blocking) == (False, "ERROR", True)
-    assert r.figure == pytest.approx(3 / 199)
-    assert r.message.startswith("1.5% of 199 answered rows lost text: their text holds under 90% of the tokens")
+    assert r.figure == pytest.approx(8 / 199)
+    assert r.message.startswith("4.0% of 199 replies lost text: their text holds under 90% of the tokens")
     assert check(set_rows(clean, [20], completion_tokens=4096), "lost_text").passed  # 0.5%: under the limit
     assert check(clean, "lost_text").details["token_ratio"] == 1.0
 
 
 def test_a_bad_shard_is_not_hidden_among_good_ones(clean: pl.DataFrame) -> None:
-    bad = set_rows(clean_frame(100, seed=2, dataset="c"), list(range(20, 30)), status="truncated")
+    bad = set_rows(clean_frame(100, seed=2, dataset="c"), list(range(20, 40)), status="truncated")
     frames = {"00002": bad, "00000": clean, "00001": clean_frame(200, seed=1, dataset="b")}
-    assert check(pl.concat(list(frames.values())), "truncation_rate").passed  # 3.2% over all shards
+    assert check(pl.concat(list(frames.values())), "truncation_rate").passed  # 5.2% over all shards: not sure
     results = {r.name: r for r in combine({k: run_checks(f, Inputs(THRESHOLDS, True)) for k, f in frames.items()})}
     r = results["truncation_rate"]
     assert not r.passed
-    assert r.message == "shard 00002: 12.1% of 99 replies hit max_tokens (limit 5%)"
+    assert r.message == (
+        "shard 00002: 22.2% of 99 replies hit max_tokens (limit 5%; at least 12.1% at 99.9% confidence: over it)"
+    )
     passing = results["failed_rate"]  # each shard has 1 failed row: 1% of 100 is closest to the 2% limit
     assert passing.message == "all 3 shards pass; closest, shard 00002: 1.0% of 100 requests failed (limit 2%)"
 

@@ -15,7 +15,7 @@ from eagle_data.catalog import Breaker as BreakerSettings
 from eagle_data.catalog import DatasetSpec
 from eagle_data.engines import make_engine
 from eagle_data.quality.reply import reply_verdict
-from eagle_data.quality.summary import wilson_lower
+from eagle_data.quality.summary import lower_bound
 from eagle_data.runner import RunnerSettings, run_generation
 from eagle_data.runner.breaker import Breaker, BreakerTripped
 from eagle_data.standins.openai_fake import FakeOpenAI, Faults, prompt_shards, spec_for_tests
@@ -30,7 +30,9 @@ BAD = {
     "empty_completion": Completion(content="", completion_tokens=20),
     "lost_text": Completion(content="x", completion_tokens=20),  # the real server: 1 character for 20 tokens
     "short_loss": Completion(content="OK.", completion_tokens=3),
-    "truncated": Completion(content="cut " * 30, completion_tokens=100, finish_reason="length"),
+    "truncated": Completion(
+        content=" ".join(f"word{i}" for i in range(30)), completion_tokens=100, finish_reason="length"
+    ),
     "repeat": Completion(content="the same answer to every prompt", completion_tokens=30),
 }
 
@@ -55,9 +57,9 @@ def test_reply_verdicts_name_what_is_wrong_with_one_reply(reply: Completion, ver
 
 
 def test_the_wilson_bound_is_below_the_share_and_tightens_with_more_replies() -> None:
-    assert wilson_lower(0, 200, 3.0) == 0.0
-    assert wilson_lower(2, 200, 3.0) < 0.01 < wilson_lower(200, 200, 3.0)
-    assert wilson_lower(10, 100, 3.0) < wilson_lower(100, 1000, 3.0) < 0.1
+    assert lower_bound(0, 200, 0.9987) == 0.0
+    assert lower_bound(2, 200, 0.9987) < 0.01 < lower_bound(200, 200, 0.9987)
+    assert lower_bound(10, 100, 0.9987) < lower_bound(100, 1000, 0.9987) < 0.1
 
 
 def _feed(breaker: Breaker, replies: Callable[[int], Completion], n: int, start: int = 0) -> int | None:

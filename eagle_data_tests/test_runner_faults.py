@@ -16,7 +16,7 @@ from eagle_data.engines import make_engine
 from eagle_data.runner import RunnerSettings, run_generation
 from eagle_data.runner.progress import ProgressBar, Tally
 from eagle_data.runner.run import NothingAnswered
-from eagle_data.standins.openai_fake import FakeOpenAI, Faults, prompt_shards, spec_for_tests
+from eagle_data.standins.openai_fake import FakeOpenAI, Faults, fake_reply, prompt_shards, spec_for_tests
 from eagle_data.storage import ShardStore
 from eagle_data.types import AbortError
 
@@ -106,11 +106,12 @@ def test_multi_turn_rows_hold_the_regenerated_conversation_and_progress_is_logge
     server.faults = Faults(reply_tokens=(5, 5))
     lines: list[str] = []
     settings = RunnerSettings(progress_every=10, **FAST_RETRY)
-    # 60 identical 5-token replies: short and repeated, which the breaker would stop
+    # 60 5-token replies: short, which the breaker would stop
     _run(server, tmp_path, prompt_shards(1, 20, turns=3), settings, lines, breaker=Breaker(enabled=False))
     row = ShardStore(str(tmp_path)).read_shard("b7_sharegpt", "b7_sharegpt", "00000").row(0, named=True)
     assert [m["role"] for m in row["messages"]] == ["user", "assistant"] * 3
-    assert [m["content"] for m in row["messages"][1::2]] == ["tok tok tok tok tok"] * 3  # old replies replaced
+    replies = [fake_reply(f"{row['prompt_id']}#{turn}", 5) for turn in (1, 2, 3)]
+    assert [m["content"] for m in row["messages"][1::2]] == replies  # old replies replaced
     assert row["messages"][5]["reasoning"] == f"think {row['prompt_id']}#3" == row["reasoning"]
     assert (row["completion_tokens"], row["reasoning_tokens"], row["attempts"]) == (15, 6, 3)
     assert row["provider"] == "FakeProvider" and row["cost_usd"] > 0 and row["status"] == "ok"

@@ -24,7 +24,7 @@ def test_no_truncation_reads_the_95th_percentile_off_the_data() -> None:
     tokens, reasons = censored(list(range(1, 101)), cap=4096)
     report = truncation_report(ReplyLengths.of(tokens, reasons), max_new_tokens=4096, threshold=0.05)
     assert (report.truncated, report.rate, report.p95_tokens, report.estimated) == (0, 0.0, 95, False)
-    assert report.suggested_max_tokens == 256 and report.warning == ""
+    assert report.suggested_max_tokens == 120 and report.warning == ""  # 95 with a quarter more, rounded up to 8
 
 
 @pytest.mark.parametrize(("cap", "estimated"), [(1500, True), (2500, True), (4000, False)])
@@ -36,7 +36,7 @@ def test_the_95th_percentile_is_found_above_and_below_the_cap(cap: int, estimate
     assert report.rate == pytest.approx(sum(n >= cap for n in true) / len(true))
     assert report.estimated is estimated and bool(report.warning) is estimated
     assert report.p95_tokens == pytest.approx(true_p95, rel=0.15)  # exact when not estimated
-    assert report.suggested_max_tokens >= report.p95_tokens and report.suggested_max_tokens % 256 == 0
+    assert report.p95_tokens <= report.suggested_max_tokens <= max(cap, 2 * report.p95_tokens)
     if estimated:
         assert f"max_new_tokens={cap}" in report.warning
         assert str(report.suggested_max_tokens) in report.warning

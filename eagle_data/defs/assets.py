@@ -90,25 +90,6 @@ def catalog_labels(stage: str, owners: Iterable[str], description: str, **tags: 
     }
 
 
-PREVIOUS_FIGURE = "avg_completion_tokens"  # metadata of {ds}_validated that length_shift compares against
-
-
-def previous_figure(instance: dg.DagsterInstance, key: dg.AssetKey, run_id: str) -> float | None:
-    """`avg_completion_tokens` of the latest materialization of `key` made by another run, if any
-    (pages past this run's own events: a range run writes one per partition)."""
-    cursor = None
-    while True:
-        page = instance.fetch_materializations(key, limit=100, cursor=cursor)
-        for record in page.records:
-            materialization = record.asset_materialization
-            value = materialization.metadata.get(PREVIOUS_FIGURE) if materialization else None
-            if record.run_id != run_id and value is not None and isinstance(value.value, int | float):
-                return float(value.value)
-        if not page.has_more:
-            return None
-        cursor = page.cursor
-
-
 def shard_metadata(record: quality.ShardRecord) -> dict[str, Any]:
     """One partition's event metadata: its own shard's figures only, so an event's size never grows with
     the run's range (dataset-wide tables live in the HTML report)."""
@@ -300,9 +281,8 @@ def build_validated(spec: DatasetSpec) -> dg.AssetsDefinition:
     def validated(
         context: dg.AssetExecutionContext, storage: StorageResource, shards: StoredShards
     ) -> dg.Output[LazyShards]:
-        previous = previous_figure(context.instance, context.asset_key, context.run.run_id)
         store = storage.store()
-        done = validation_stage.validate(spec, store, shards, previous, log=context.log.warning)
+        done = validation_stage.validate(spec, store, shards, log=context.log.warning, run_id=context.run.run_id)
         verdicts: Counter[str] = Counter()
         for key, record in done.records.items():  # the IO manager adds the shard's URI and digest
             page = file_locations(store, {"shard_report": layout.quality_page(ds, key)})

@@ -1,4 +1,5 @@
-"""The training mix as a local file: streamed from the store, hashed, scanned lazily (never loaded whole)."""
+"""The training mix (or another exported file) as a local file: streamed from the store, checked against the
+digest the export recorded, scanned lazily (never loaded whole)."""
 
 from __future__ import annotations
 
@@ -8,16 +9,30 @@ from pathlib import Path
 
 import polars as pl
 
+from eagle_data import layout
 from eagle_data.catalog import DatasetSpec
 from eagle_data.storage import ShardStore, StorageError
+from eagle_data.storage.digests import FileDigest, check, materialize_command, read_record
+
+
+@contextmanager
+def exported_file(store: ShardStore, key: str) -> Iterator[tuple[Path, FileDigest]]:
+    """A local path to an exported file (the mix, a trainer file) and its digest, once its bytes are those the
+    export recorded (a `digests.ChangedFile` line otherwise): the file itself on a folder root, hashed once; on
+    S3 a temporary download."""
+    if not store.exists(key):
+        raise StorageError(f"{store.uri(key)} does not exist: materialize training_mix first")
+    with store.local_file(key) as path:
+        found = FileDigest.of_file(path)
+        record = read_record(store, layout.export_record())
+        check(store.uri(key), found, record.files.get(key) if record else None, materialize_command(layout.MIX_ASSET))
+        yield path, found
 
 
 @contextmanager
 def local_mix(store: ShardStore, key: str) -> Iterator[Path]:
-    """A local path to the mix: the file itself on a folder root, a temporary download on S3."""
-    if not store.exists(key):
-        raise StorageError(f"{store.uri(key)} does not exist: materialize training_mix first")
-    with store.local_file(key) as path:
+    """A local path to an exported file, checked as `exported_file` checks it."""
+    with exported_file(store, key) as (path, _):
         yield path
 
 

@@ -5,9 +5,9 @@ text, answers "OK." to everything or cuts a fifth of the replies at max_tokens s
 dozen replies. The canary judges those with the same row verdicts and dataset gates as validation
 (`row_verdicts`, `run_checks`); it fails when a gate of severity ERROR fails, or when more replies hit
 max_tokens than `max_truncated_share` allows (a warning at validation, but cheap to fix before the run).
-A sample is small, so a share gate fails it only when the sample makes it sure: the one-sided Wilson
-lower bound of the share at CONFIDENCE must exceed the gate's threshold (one stray short reply in 64 is
-1.6%, over a 1% gate, yet says nothing; the breaker judges its window the same way).
+A sample is small, so a share gate fails it only when the sample makes it sure: the gates themselves judge
+the one-sided lower bound of each share at the catalog's `checks.confidence` against its threshold (one stray
+short reply in 64 is 1.6%, over a 1% gate, yet says nothing; the breaker judges its window the same way).
 
 The sample is the `k` prompts with the smallest hash of (seed, prompt_id) over every prompt of the
 dataset, so it is spread over all partitions, the same on every run, and drawn from the prompt index
@@ -20,34 +20,34 @@ import hashlib
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from statistics import NormalDist
 
 import polars as pl
 
 from eagle_data.catalog import Checks, shard_key
-from eagle_data.quality.gates import FAILED_RATE, TRUNCATION_RATE, CheckResult, Inputs, pct, run_checks
-from eagle_data.quality.summary import share, wilson_lower
+from eagle_data.quality import on_policy
+from eagle_data.quality.gates import FAILED_RATE, LOOPS, TRUNCATION_RATE, Inputs, pct, run_checks
+from eagle_data.quality.summary import share
 from eagle_data.quality.verdicts import (
     KEPT,
+    LOOP,
     LOST_TEXT,
     PROMPT_COUNT_MISMATCH,
     STRUCTURE_REASONS,
+    TRUNCATED,
     is_answered,
-    is_truncated,
 )
 
 EXAMPLES = 3  # prompt ids quoted in the one-line verdict
-# How sure a failed share gate must be on the sample: at 0.999, 64 prompts with 18% of replies cut fail a 5%
-# gate, and 4 of 64 short replies fail a 1% gate, while a healthy 0.8% rate does so about once in 400 canaries.
-CONFIDENCE = 0.999
+ON_POLICY = "on_policy"  # the target's own score of the sample (eagle_data/quality/on_policy.py)
 IGNORE_SETTING = "ignore_canary"  # the generation run config's override (eagle_data/defs/assets.py)
 # The row verdicts each gate counts, so a failure names the verdict behind it (a failed row's by its error kind).
 GATE_VERDICTS: dict[str, tuple[str, ...]] = {
-    "empty_response": ("empty_completion", "short_loss"),
+    "empty_response": ("empty_completion", "short_loss", "failed: empty_reply"),
     "token_structure": STRUCTURE_REASONS,
     "lost_text": (LOST_TEXT,),
     FAILED_RATE: ("failed",),
     "reasoning_present": ("missing_reasoning",),
+    LOOPS: (LOOP,),
 }
 
 
@@ -128,22 +128,22 @@ def judge(
     suggested_max_tokens: int,
     config_hash: str,
     target: str = "",
+    on_policy_limits: on_policy.Limits | None = None,
 ) -> Canary:
-    """Judge the sample's validated rows (with verdicts) by the validation gates; `max_tokens` is the cap
-    the sample ran under and `suggested_max_tokens` the one covering 95% of its replies; `target` the target the
-    rows were tokenized for (named when the server counted other prompts)."""
+    """Judge the sample's validated rows (with verdicts) by the validation gates, and with `on_policy_limits`
+    their on-policy score (already a confidence bound); `max_tokens` is the cap the sample ran under,
+    `suggested_max_tokens` the one covering 95% of its replies, and `target` the target the rows were tokenized
+    for (named when the server counted other prompts)."""
     results = run_checks(rows, Inputs(checks, thinking))
     answered = rows.filter(is_answered())
+    scored = on_policy.shard_verdict(rows, on_policy_limits) if on_policy_limits else None
     failing = tuple(
-        r.name
-        for r in results
-        if not r.passed
-        and (r.severity == "ERROR" or r.name == TRUNCATION_RATE)
-        and sure(r, answered.height if r.name == TRUNCATION_RATE else rows.height)
-    )
+        r.name for r in results if not r.passed and (r.severity == "ERROR" or r.name == TRUNCATION_RATE)
+    ) + ((ON_POLICY,) if scored and not scored.passed else ())
     named = labels(rows)
     counts = Counter(named.to_list())
-    truncated = share(answered.filter(is_truncated()).height, answered.height)
+    cut = answered.filter(pl.col("verdict") == TRUNCATED)  # kept, cut at max_tokens: a cut loop is a loop
+    truncated = share(cut.height, answered.height)
     common = dict(
         dataset=dataset, sample=rows.height, shares={v: share(n, rows.height) for v, n in counts.items()},
         failing=failing, truncated_share=truncated, suggested_max_tokens=suggested_max_tokens,
@@ -155,9 +155,9 @@ def judge(
                 f"training, {pct(truncated)} of replies hit max_tokens={max_tokens}")  # fmt: skip
         return Canary(**common, line=line)  # type: ignore[arg-type]
     head = f"{dataset}: canary failed on {', '.join(failing)} ({rows.height} prompts drawn across the dataset)"
-    gates = [r for r in results if r.name in failing and r.name != TRUNCATION_RATE]
+    gates = [r for r in results if r.name in failing and r.name not in (TRUNCATION_RATE, ON_POLICY)]
     behind = {v for r in gates for v in GATE_VERDICTS.get(r.name, ())}  # the verdicts the failing gates count
-    rejected = Counter({v: n for v, n in counts.items() if v.split(":")[0] in behind})
+    rejected = Counter({v: n for v, n in counts.items() if v in behind or v.split(":")[0] in behind})
     parts, examples = [], ()
     if rejected:
         verdict, n = rejected.most_common(1)[0]
@@ -172,25 +172,18 @@ def judge(
             )
     elif gates:  # every row passed on its own, but together they fail (one completion or loss-mask sum dominating)
         parts.append(gates[0].message)
-    if gates:
+    if scored and not scored.passed:
+        parts.append(scored.line)
+    if gates or ON_POLICY in failing:
         parts.append(f"fix the engine or its server, then materialize {dataset}_estimate again")
     if TRUNCATION_RATE in failing:
-        cut = tuple(answered.filter(is_truncated())["prompt_id"].head(EXAMPLES).to_list())
-        examples = examples or cut
+        cut_ids = tuple(cut["prompt_id"].head(EXAMPLES).to_list())
+        examples = examples or cut_ids
         limit = f"{checks.max_truncated_share * 100:g}%"
-        parts.append(f"{pct(truncated)} of replies hit max_tokens={max_tokens} (limit {limit}; e.g. {', '.join(cut)}); "
-                     f"max_tokens={suggested_max_tokens} would cover 95% of them: raise max_tokens in the catalog "
-                     "and re-run")  # fmt: skip
+        parts.append(f"{pct(truncated)} of replies hit max_tokens={max_tokens} (limit {limit}; e.g. "
+                     f"{', '.join(cut_ids)}); max_tokens={suggested_max_tokens} would cover 95% of them: raise "
+                     "max_tokens in the catalog and re-run")  # fmt: skip
     return Canary(**common, line=f"{head}: {'; '.join(parts)}", examples=examples)  # type: ignore[arg-type]
-
-
-def sure(result: CheckResult, n: int) -> bool:
-    """A failed gate whose figure is a share of `n` rows fails the sample only when its Wilson lower bound at
-    CONFIDENCE is above the threshold; a gate without a share figure fails it as it stands."""
-    if result.figure is None or result.threshold is None or not 0 <= result.figure <= 1 or n == 0:
-        return True
-    z = NormalDist().inv_cdf(CONFIDENCE)
-    return wilson_lower(round(result.figure * n), n, z) > result.threshold
 
 
 @dataclass(frozen=True)

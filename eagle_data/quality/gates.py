@@ -14,14 +14,16 @@ import polars as pl
 from eagle_data.catalog import Checks
 from eagle_data.quality import registry
 from eagle_data.quality.registry import CheckDef, Severity
-from eagle_data.quality.summary import Summary, share, summarize
+from eagle_data.quality.summary import Summary, lower_bound, share, summarize
 from eagle_data.quality.verdicts import row_verdicts
 
-# A loss-mask sum or a completion shared by two rows is chance in a small shard, not a regression.
-MIN_DOMINANT_ROWS = 3
 Figure = float | int | str
 FAILED_RATE = "failed_rate"  # the gate a re-run can fix: failed rows are requested again
 TRUNCATION_RATE = "truncation_rate"  # a warning at validation; the canary fails on it (eagle_data/quality/canary.py)
+LOOPS = "loops"
+# The most common loss-mask sum or completion is the top of many values: two rows sharing one is chance in a
+# small shard, whatever its share, so a dominant value needs at least this many rows.
+MIN_DOMINANT_ROWS = 3
 
 
 @dataclass(frozen=True)
@@ -76,60 +78,109 @@ def _result(
     return CheckResult(d.name, passed, d.severity, d.blocking, figure, threshold, message, details)
 
 
+@dataclass(frozen=True)
+class Share:
+    """A share gate's reading: `hits` of `n` rows against `limit`. It fails only when the rows make it sure: the
+    one-sided lower bound of the share at the catalog's `confidence` is over the limit, so one row of a 10-row
+    shard cannot fail a 1% gate while 1.3% of 10,000 rows does."""
+
+    hits: int
+    n: int
+    limit: float
+    confidence: float
+
+    @property
+    def figure(self) -> float:
+        return share(self.hits, self.n)
+
+    @property
+    def bound(self) -> float:
+        return lower_bound(self.hits, self.n, self.confidence)
+
+    @property
+    def over(self) -> bool:
+        return self.bound > self.limit
+
+    def judged(self) -> str:
+        """"limit 1%", and when the share is over it, whether the bound makes that sure."""
+        text = f"limit {limit(self.limit)}"
+        if self.figure <= self.limit:
+            return text
+        sure = "over it" if self.over else "not surely over it"
+        return f"{text}; at least {pct(self.bound)} at {self.confidence:.1%} confidence: {sure}"
+
+
+def _share(c: Checks, hits: int, n: int, lim: float) -> Share:
+    return Share(hits, n, lim, c.confidence)
+
+
 def _empty_response(d: CheckDef, s: Summary, i: Inputs) -> CheckResult:
     c = i.checks
-    if not s.answered:  # nothing judged is no evidence of health: a shard of failures must not pass
+    replies = s.answered + s.empty_failed  # a row that failed on empty billed replies got replies: empty ones
+    if not replies:  # nothing judged is no evidence of health: a shard of failures must not pass
         return _result(
             d, False, None, c.max_short_share,
             f"no answered rows to judge: {s.failed} of {s.rows} rows failed, "
             f"{s.rows - s.requested} skipped for budget; regenerate the shard",
         )  # fmt: skip
     snippet = s.top_repeat_text if len(s.top_repeat_text) <= 40 else s.top_repeat_text[:37] + "..."
-    short = share(s.short, s.answered)
-    same = share(s.top_loss_rows, s.completed) if s.top_loss_rows >= MIN_DOMINANT_ROWS else 0.0
-    repeat = share(s.top_repeat_prompts, s.prompts) if s.top_repeat_prompts >= MIN_DOMINANT_ROWS else 0.0
-    short_text = f"{pct(short)} of {s.answered} answered rows have loss-mask sum <= {c.min_loss_tokens}"
-    same_text = (
-        f"{pct(same)} of rows have loss-mask sum {s.top_loss_value}"
-        if same
-        else (f"no loss-mask sum is shared by {MIN_DOMINANT_ROWS} rows")
-    )
-    repeat_text = (
-        f"{pct(repeat)} of prompts got the same completion {snippet!r}"
-        if repeat
-        else (f"no completion answers {MIN_DOMINANT_ROWS} prompts")
-    )
-    parts = [  # (figure, limit, one-line message)
-        (short, c.max_short_share, f"{short_text} (limit {limit(c.max_short_share)})"),
-        (same, c.max_same_loss_share, f"{same_text} (limit {limit(c.max_same_loss_share)})"),
-        (repeat, c.max_repeat_share, f"{repeat_text} (limit {limit(c.max_repeat_share)})"),
+    short = _share(c, s.short + s.empty_failed, replies, c.max_short_share)
+    same = _share(c, s.top_loss_rows if s.top_loss_rows >= MIN_DOMINANT_ROWS else 0, s.completed, c.max_same_loss_share)
+    repeat = _share(c, s.top_repeat_prompts if s.top_repeat_prompts >= MIN_DOMINANT_ROWS else 0, s.prompts,
+                    c.max_repeat_share)  # fmt: skip
+    failed_empty = f", {s.empty_failed} of them rows that failed after empty replies" if s.empty_failed else ""
+    parts = [  # (share, one-line message)
+        (short, f"{pct(short.figure)} of {replies} replies were empty or had loss-mask sum <= {c.min_loss_tokens}"
+                f"{failed_empty} ({short.judged()})"),
+        (same, (f"{pct(same.figure)} of {s.completed} complete replies have loss-mask sum {s.top_loss_value}"
+                if same.hits else f"no loss-mask sum is shared by {MIN_DOMINANT_ROWS} complete replies")
+         + f" ({same.judged()})"),
+        (repeat, (f"{pct(repeat.figure)} of prompts got the same completion {snippet!r}"
+                  if repeat.hits else f"no completion answers {MIN_DOMINANT_ROWS} prompts") + f" ({repeat.judged()})"),
     ]  # fmt: skip
-    failing = [p for p in parts if p[0] > p[1]]
+    failing = [p for p in parts if p[0].over]
     if not failing and not s.train_rows:  # every answered row rejected: nothing to train on never passes
         verdicts = ", ".join(f"{v} {n}" for v, n in sorted(s.verdicts.items(), key=lambda kv: -kv[1]))
         return _result(
             d, False, None, c.max_short_share,
             f"the shard keeps no training row ({verdicts}); see its quality report, fix the cause and regenerate",
         )  # fmt: skip
-    worst = max(failing or parts, key=lambda p: p[0] / p[1] if p[1] else float("inf"))
-    message = "; ".join(text for _, _, text in failing or parts)
+    worst = max(failing or parts, key=lambda p: p[0].bound / p[0].limit if p[0].limit else float("inf"))[0]
+    message = "; ".join(text for _, text in failing or parts)
     return _result(
-        d, not failing, worst[0], worst[1], message, short_share=short, top_loss_share=same, top_repeat_share=repeat
-    )
+        d, not failing, worst.figure, worst.limit, message,
+        short_share=short.figure, top_loss_share=same.figure, top_repeat_share=repeat.figure,
+    )  # fmt: skip
+
+
+def _share_gate(
+    d: CheckDef, g: Share, what: str, advice: str = "", note: str = "", **details: Figure
+) -> CheckResult:
+    """A gate of one share: `what` completes "12.0% of 50 ..."; `note` always follows, `advice` a failure."""
+    text = f"{pct(g.figure)} of {g.n} {what} ({g.judged()}){note}"
+    return _result(d, not g.over, g.figure, g.limit, text + (advice if g.over else ""), bound=g.bound, **details)
 
 
 def _lost_text(d: CheckDef, s: Summary, i: Inputs) -> CheckResult:
     lim = i.checks.max_lost_text_share
-    if not s.accounted:
+    if not s.accounted and not s.lost_failed:
         return _result(d, True, None, lim, f"no token counts to weigh: the engine reported none for {s.answered} rows")
-    figure = share(s.lost_text, s.answered)
     ratio = share(s.reply_tokens, s.engine_tokens)
-    return _result(
-        d, figure <= lim, figure, lim,
-        f"{pct(figure)} of {s.answered} answered rows lost text: their text holds under "
-        f"{1 - i.checks.lost_text_tolerance:.0%} of the tokens the engine reported (limit {limit(lim)}); "
-        f"text holds {ratio:.1%} of {s.engine_tokens:,} reported tokens over {s.accounted} rows",
+    failed = f" ({s.lost_failed} failed after such replies)" if s.lost_failed else ""
+    return _share_gate(
+        d, _share(i.checks, s.lost_text + s.lost_failed, s.answered + s.lost_failed, lim),
+        f"replies lost text{failed}: their text holds under {1 - i.checks.lost_text_tolerance:.0%} of the tokens "
+        "the engine reported",
+        note=f"; text holds {ratio:.1%} of {s.engine_tokens:,} reported tokens over {s.accounted} rows",
         token_ratio=ratio, lost_text_rows=s.lost_text,
+    )  # fmt: skip
+
+
+def _loops(d: CheckDef, s: Summary, i: Inputs) -> CheckResult:
+    return _share_gate(
+        d, _share(i.checks, s.loops, s.answered, i.checks.max_loop_share),
+        "answered replies loop (words repeated back to back over much of the reply)",
+        "; the model repeats itself: check its sampling settings (temperature, repetition penalty) or the model",
     )  # fmt: skip
 
 
@@ -149,37 +200,28 @@ def _token_structure(d: CheckDef, s: Summary, i: Inputs) -> CheckResult:
 
 
 def _truncation_rate(d: CheckDef, s: Summary, i: Inputs) -> CheckResult:
-    figure, lim = share(s.truncated, s.answered), i.checks.max_truncated_share
-    return _result(
-        d,
-        figure <= lim,
-        figure,
-        lim,
-        f"{pct(figure)} of {s.answered} replies hit max_tokens (limit {limit(lim)})",
+    return _share_gate(
+        d, _share(i.checks, s.truncated, s.answered, i.checks.max_truncated_share), "replies hit max_tokens"
     )
 
 
 def _failed_rate(d: CheckDef, s: Summary, i: Inputs) -> CheckResult:
     """Blocking: the other gates judge only answered rows, so a shard of failures would otherwise pass and
-    export its few good rows as if it were done."""
-    figure, lim = share(s.failed, s.requested), i.checks.max_failed_share
-    text = f"{pct(figure)} of {s.requested} requests failed (limit {limit(lim)})"
-    if figure > lim:
-        text += "; re-materialize the shard's generation: failed rows are requested again, answered ones reused"
-    return _result(d, figure <= lim, figure, lim, text)
+    export its few good rows as if it were done. Failures on empty replies are also the empty_response gate's."""
+    empty = f", {s.empty_failed} of them after empty replies (see empty_response)" if s.empty_failed else ""
+    return _share_gate(
+        d, _share(i.checks, s.failed, s.requested, i.checks.max_failed_share), f"requests failed{empty}",
+        "; re-materialize the shard's generation: failed rows are requested again, answered ones reused",
+    )  # fmt: skip
 
 
 def _reasoning_present(d: CheckDef, s: Summary, i: Inputs) -> CheckResult:
     lim = i.checks.max_missing_reasoning_share
     if not i.thinking:
         return _result(d, True, None, lim, "thinking is off: no reasoning expected")
-    figure = share(s.missing_reasoning, s.completed)
-    return _result(
-        d,
-        figure <= lim,
-        figure,
-        lim,
-        f"{pct(figure)} of {s.completed} completed rows have no reasoning while thinking is on (limit {limit(lim)})",
+    return _share_gate(
+        d, _share(i.checks, s.missing_reasoning, s.completed, lim),
+        "completed rows have no reasoning while thinking is on",
     )
 
 
@@ -217,6 +259,7 @@ _JUDGES: dict[str, _Impl] = {
     FAILED_RATE: _failed_rate,
     "reasoning_present": _reasoning_present,
     "length_shift": _length_shift,
+    LOOPS: _loops,
 }
 CHECKS: tuple[CheckDef, ...] = registry.implemented("gates", _JUDGES)
 

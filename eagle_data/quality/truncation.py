@@ -2,7 +2,12 @@
 
 Truncated replies only tell us their length is at least max_new_tokens, so when more than 5% are cut
 the 95th percentile lies above the cap and is estimated: a log-normal fitted to the median and the
-largest quantile not cut (reply lengths are roughly log-normal). Below 5% it is read off the data.
+largest quantile not cut (reply lengths are roughly log-normal), never past MAX_REACH times the cap (a
+sample cut at the cap says little about lengths far beyond it). Below 5% it is read off the data.
+
+The suggestion is that 95th percentile with HEADROOM, rounded up to an eighth of its power of two (80, 160,
+2,560), and never above the cap when the cap already covered 95% of the replies: replies of at most 60 tokens
+under max_tokens 96 suggest 80, not a larger round number the data never asked for.
 Lengths are kept as a histogram (`ReplyLengths`): a million replies take as much memory as a thousand,
 bounded by the number of distinct lengths (at most max_tokens), with the same figures as a sorted list.
 """
@@ -16,7 +21,8 @@ from dataclasses import dataclass, field
 from statistics import NormalDist
 
 COVER = 0.95
-ROUND_TO = 256
+HEADROOM = 1.25  # a quarter more than the 95th percentile: a sample's percentile is itself uncertain
+MAX_REACH = 4  # an estimated percentile is at most this many times the cap the sample ran under
 
 
 @dataclass(frozen=True)
@@ -26,7 +32,7 @@ class TruncationReport:
     rate: float
     p95_tokens: int  # observed, or estimated when `estimated`
     estimated: bool
-    suggested_max_tokens: int  # p95 rounded up to a multiple of 256
+    suggested_max_tokens: int  # p95 with HEADROOM, rounded up; at most the cap when the cap covered 95%
     warning: str  # empty when the rate is within the threshold
 
 
@@ -74,7 +80,9 @@ def truncation_report(lengths: ReplyLengths, *, max_new_tokens: int, threshold: 
     rate = truncated / total if total else 0.0
     estimated = rate > 1 - COVER
     p95 = _p95_censored(lengths, rate, max_new_tokens) if estimated else lengths.quantile(COVER)
-    suggested = max(ROUND_TO, math.ceil(p95 / ROUND_TO) * ROUND_TO)
+    suggested = rounded_up(p95 * HEADROOM)
+    if not estimated and max_new_tokens > 0:
+        suggested = min(suggested, max_new_tokens)
     warning = ""
     if rate > threshold:
         how = "an estimated" if estimated else "the observed"
@@ -86,6 +94,14 @@ def truncation_report(lengths: ReplyLengths, *, max_new_tokens: int, threshold: 
     return TruncationReport(total, truncated, rate, p95, estimated, suggested, warning)
 
 
+def rounded_up(tokens: float) -> int:
+    """`tokens` rounded up to a multiple of an eighth of the power of two at or below it (75 -> 80, 2,500 ->
+    2,560): a figure people set, at most 12.5% above what was asked."""
+    want = max(1, math.ceil(tokens))
+    step = 2 ** max(0, want.bit_length() - 4)
+    return math.ceil(want / step) * step
+
+
 def _p95_censored(lengths: ReplyLengths, rate: float, cap: int) -> int:
     """Log-normal 95th percentile from the median and the highest uncut quantile (1 - rate)."""
     if rate >= 0.5:
@@ -94,4 +110,5 @@ def _p95_censored(lengths: ReplyLengths, rate: float, cap: int) -> int:
     median = lengths.quantile(0.5)
     x_hi = max(lengths.quantile(q_hi - 1 / lengths.total), median + 1)
     sigma = (math.log(x_hi) - math.log(median)) / NormalDist().inv_cdf(q_hi)
-    return max(cap + 1, round(math.exp(math.log(median) + sigma * NormalDist().inv_cdf(COVER))))
+    fitted = round(math.exp(math.log(median) + sigma * NormalDist().inv_cdf(COVER)))
+    return min(MAX_REACH * cap, max(cap + 1, fitted))

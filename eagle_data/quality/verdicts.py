@@ -29,6 +29,11 @@ out of training when their token structure is broken, when their text was lost, 
 nothing to learn (no reasoning and no content, or a loss-mask sum at or under `min_loss_tokens`):
 whatever the finish reason, no empty row is ever kept.
 
+A reply that loops (`loop`: the same phrases repeated over much of the reply, as a small model's greedy
+decoding writes them: "a gentle rain, a gentle rain, a gentle rain, ...") is set aside: it would teach a draft
+model to predict the loop. `loop_share` says what counts; a refrain between verses, a table, a list or code
+whose lines share words repeat far less.
+
 Token accounting: a server can report tokens it never put in the text (one that strips special tokens
 answers content "" with completion_tokens = max_tokens; reasoning can come back in a field not read; a
 stream can be cut). `lost_tokens` is what the engine reported beyond the tokens rebuilt for the row's
@@ -39,6 +44,8 @@ regenerated turns (`reply_tokens`, from the targets room); a row that lost more 
 
 from __future__ import annotations
 
+import re
+
 import polars as pl
 
 from eagle_data.catalog import Checks
@@ -46,6 +53,9 @@ from eagle_data.catalog import Checks
 PASS = "pass"
 TRUNCATED = "truncated"
 LOST_TEXT = "lost_text"
+LOOP = "loop"
+SHORT_REASONS = ("empty_completion", "short_loss")  # what the empty_response gate counts
+EMPTY_REPLY = "empty_reply"  # a failed row's error kind when its billed replies held no text (eagle_data/runner)
 CONTAMINATED = "contaminated"
 CONTAMINATION = "contamination"  # the benchmark a row overlaps (eagle_data.drafter.decontam), else null
 # Tokens per regenerated turn an engine may count that the rebuilt text need not hold: the stop token,
@@ -98,6 +108,7 @@ OPTIONAL_COLUMNS: dict[str, pl.DataType] = {
     "prompt_tokens": pl.Int64(),
     "rendered_prompt_tokens": pl.Int64(),
     "vocab_ok": pl.Boolean(),
+    "error": pl.String(),  # why a failed row failed, `kind: detail` (a billed empty reply: `empty_reply: ...`)
 }
 ACCOUNTING_COLUMNS = ("lost_tokens", "token_ratio")  # added by row_verdicts
 CHECK_COLUMNS = (*REQUIRED_COLUMNS, *OPTIONAL_COLUMNS, *ACCOUNTING_COLUMNS, "verdict")  # not token lists, messages
@@ -127,6 +138,37 @@ def _false(column: str) -> pl.Expr:
 
 def _blank(column: str) -> pl.Expr:
     return pl.col(column).fill_null("").str.strip_chars() == ""
+
+
+# A loop: at least LOOP_SHARE of a reply's LOOP_NGRAM-token phrases already occurred earlier in it, over at least
+# LOOP_MIN_TOKENS tokens (words, CJK characters and runs of punctuation: "Risk-Risk-Risk" loops without a
+# space). Long phrases only repeat verbatim: a table's rows, code's lines or a refrain share shorter runs. Tuned on
+# SmolLM2-135M-Instruct's real replies and on human text (docs/quality.md#loops).
+LOOP_SHARE = 0.5
+LOOP_NGRAM = 8
+LOOP_MIN_TOKENS = 40
+_CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"  # written without spaces
+_TOKEN = re.compile(f"[{_CJK}]|[^\\W{_CJK}]+|[^\\w\\s]+")  # a CJK character, a word, a run of punctuation
+_COUNTER = re.compile(r"(?m)^(\s*)\d+(?=[.)])")  # a numbered list's counter: "12. Use a timer" is "11. Use a timer"
+
+
+def loop_share(text: str) -> float:
+    """The share of the text's LOOP_NGRAM-token phrases that already occurred earlier in it (0 for a short text)."""
+    tokens = _TOKEN.findall(_COUNTER.sub(r"\g<1>0", text))
+    if len(tokens) < LOOP_MIN_TOKENS:
+        return 0.0
+    phrases = [tuple(tokens[i : i + LOOP_NGRAM]) for i in range(len(tokens) - LOOP_NGRAM + 1)]
+    return 1 - len(set(phrases)) / len(phrases)
+
+
+def is_loop(text: str | None) -> bool:
+    """Whether a reply loops: its own phrases make up at least LOOP_SHARE of it (see above)."""
+    return loop_share(text or "") >= LOOP_SHARE
+
+
+def error_kind() -> pl.Expr:
+    """A failed row's error kind (`empty_reply` of `empty_reply: no content ...`), "" without one."""
+    return pl.col("error").fill_null("").str.split(":").list.first().alias("error_kind")
 
 
 def reported_tokens() -> pl.Expr:
@@ -174,6 +216,7 @@ def _rules(checks: Checks, thinking: bool) -> list[tuple[str, pl.Expr]]:
         (LOST_TEXT, pl.col("lost_tokens").fill_null(0) > checks.lost_text_tolerance * reported_tokens()),
         ("empty_completion", nothing_written),
         ("short_loss", pl.col("loss_tokens").fill_null(0) <= checks.min_loss_tokens),
+        (LOOP, pl.col("content").map_elements(is_loop, return_dtype=pl.Boolean, skip_nulls=False)),
         (TRUNCATED, is_truncated()),
         ("missing_eot", _false("eot_ok")),
         ("missing_reasoning", _blank("reasoning") & pl.lit(thinking)),

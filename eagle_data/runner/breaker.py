@@ -1,23 +1,23 @@
 """The breaker: every answered reply's verdict (eagle_data/quality/reply.py) over a rolling window per
 dataset; a blocking verdict whose share is surely above its gate stops the run (docs/breaker.md).
 
-"Surely": the one-sided Wilson lower bound of the window share at the catalog's `breaker.confidence`
-must exceed the gate's threshold. A plain share trips on noise (a healthy server with 0.8% empty
-replies puts 3 or more in 200 one window in five, over a 1% gate); the bound does not, yet a server
-answering nothing trips it at `min_replies`. The window rolls, so a server that turns bad after hours
-is caught within a few dozen replies. Truncation is a warning gate: it is announced once, not stopped.
+"Surely": the one-sided Wilson lower bound of the window share (`quality.summary.lower_bound`, the bound the
+shard gates and the canary use too) at the catalog's `breaker.confidence` must exceed the gate's threshold.
+A plain share trips on noise (a healthy server with 0.8% empty replies puts 3 or more in 200 one window in
+five, over a 1% gate); the bound does not, yet a server answering nothing trips it at `min_replies`. The
+window rolls, so a server that turns bad after hours is caught within a few dozen replies. Truncation is a
+warning gate: it is announced once, not stopped.
 """
 
 from __future__ import annotations
 
 from collections import Counter, deque
 from dataclasses import dataclass
-from statistics import NormalDist
 
 from eagle_data.catalog import DatasetSpec
 from eagle_data.quality.reply import EMPTY, REPEAT, SHORT, reply_verdict
-from eagle_data.quality.summary import wilson_lower
-from eagle_data.quality.verdicts import LOST_TEXT, PASS, TRUNCATED
+from eagle_data.quality.summary import lower_bound
+from eagle_data.quality.verdicts import LOOP, LOST_TEXT, PASS, TRUNCATED
 from eagle_data.types import Completion, UserError
 
 
@@ -43,10 +43,11 @@ GATES: dict[str, Gate] = {
     ),
     SHORT: Gate("max_short_share", "replies are too short to train on: check the model, prompts and system prompt"),
     REPEAT: Gate("max_repeat_share", "one completion answers many prompts: check the server and sampling settings"),
+    LOOP: Gate("max_loop_share", "replies loop: check the sampling settings (temperature, repetition penalty)"),
     TRUNCATED: Gate("max_truncated_share", "replies are cut at max_tokens: raise generation.max_tokens"),
 }
 WARN_ONLY = frozenset({TRUNCATED})  # a warning gate in validation: announced, never stopped on
-REJECTS = frozenset({EMPTY, LOST_TEXT, SHORT})  # the pulse's "rejected" share
+REJECTS = frozenset({EMPTY, LOST_TEXT, SHORT, LOOP})  # the pulse's "rejected" share
 EXAMPLES = 3
 
 
@@ -55,7 +56,6 @@ class Breaker:
 
     def __init__(self, spec: DatasetSpec) -> None:
         self.spec, self.settings = spec, spec.breaker
-        self.z = NormalDist().inv_cdf(spec.breaker.confidence)
         self.window: deque[tuple[str, str, int]] = deque()  # (prompt_id, verdict, hash of content or 0)
         self.verdicts: Counter[str] = Counter()
         self.texts: Counter[int] = Counter()
@@ -94,7 +94,8 @@ class Breaker:
         return verdict, ""
 
     def _over(self, verdict: str, hits: int) -> bool:
-        return wilson_lower(hits, len(self.window), self.z) > getattr(self.spec.checks, GATES[verdict].setting)
+        bound = lower_bound(hits, len(self.window), self.settings.confidence)
+        return bound > getattr(self.spec.checks, GATES[verdict].setting)
 
     def _verdict_line(self, verdict: str, hits: int, text: int = 0) -> str:
         gate, n = GATES[verdict], len(self.window)
@@ -110,7 +111,7 @@ class Breaker:
     def shares(self) -> dict[str, float]:
         """Share per verdict in the window (the pulse and the shard figures)."""
         n = len(self.window) or 1
-        out = {v: round(self.verdicts[v] / n, 4) for v in (EMPTY, LOST_TEXT, SHORT, TRUNCATED)}
+        out = {v: round(self.verdicts[v] / n, 4) for v in (EMPTY, LOST_TEXT, SHORT, LOOP, TRUNCATED)}
         out[REPEAT] = round(max(self.texts.values(), default=0) / n, 4)
         return out
 

@@ -10,9 +10,10 @@ import polars as pl
 
 from eagle_data import sources
 from eagle_data.catalog import DatasetSpec
-from eagle_data.quality import canary
+from eagle_data.quality import canary, on_policy
 from eagle_data.quality.canary import Canary
 from eagle_data.quality.truncation import ReplyLengths, truncation_report
+from eagle_data.quality.verdicts import LOOP
 from eagle_data.report import Log
 from eagle_data.runner import Estimate, RunnerSettings, estimate_generation, run_generation
 from eagle_data.runner.resultlog import ResultLog, ResumeKey, resume_key, reusable
@@ -59,19 +60,20 @@ def estimate(
         run_generation(engine, unbroken, shards, store, settings=settings, log=log, write_shards=False, run_id=run_id)
     key = resume_key(engine.config(), spec)
     rows = {partition: sample_rows(spec, store, partition, prompts, key) for partition, prompts in shards.items()}
-    validated = pl.concat(  # with each row's error, which names why a failed row failed (e.g. empty_reply)
-        [validated_rows(spec, frame, partition).join(frame.select("prompt_id", "error"), on="prompt_id", how="left")
-         for partition, frame in rows.items()], how="diagonal_relaxed",
-    )  # fmt: skip
+    validated = pl.concat(
+        [validated_rows(spec, frame, partition) for partition, frame in rows.items()], how="diagonal_relaxed"
+    )
     answered = validated.filter(pl.col("status").is_in(["ok", "truncated"]))
+    unlooped = answered.filter(pl.col("verdict") != LOOP)  # a loop would run past any max_tokens
     lengths = ReplyLengths.of(
-        answered["completion_tokens"].to_list(), answered["finish_reason"].fill_null("").to_list()
+        unlooped["completion_tokens"].to_list(), unlooped["finish_reason"].fill_null("").to_list()
     )
     cut = truncation_report(lengths, max_new_tokens=key.max_tokens, threshold=spec.checks.max_truncated_share)
     target = target_name(spec, answered) if answered.height else spec.target
     judged = canary.judge(
         validated, spec.checks, spec.generation.thinking, dataset=spec.name, max_tokens=key.max_tokens,
         suggested_max_tokens=cut.suggested_max_tokens, config_hash=key.config_hash, target=target,
+        on_policy_limits=on_policy.limits_of(spec.on_policy),
     )  # fmt: skip
     if not answered.height:
         return PreFlight(judged, None)

@@ -1,6 +1,7 @@
 """A fault-injecting OpenAI-compatible server on 127.0.0.1 (aiohttp), in a thread or a subprocess.
 
-Serves `POST {/v1,/api/v1}/chat/completions`, `GET {/v1,/api/v1}/models`, `GET /api/v1/key`, and for
+Serves `POST {/v1,/api/v1}/chat/completions`, `POST /v1/completions` (vLLM's `prompt_logprobs`, computed with a real
+model: `Faults.score_model`; ignored without one), `GET {/v1,/api/v1}/models`, `GET /api/v1/key`, and for
 tests `GET /_stats`, `POST /_faults`. Replies are deterministic per prompt: the natural length of a prompt's reply is
 fixed by its id, so raising max_tokens un-truncates exactly the rows that hit the old cap. Requests
 are counted per prompt and turn (prompt id from the `X-Eagle-Prompt-Id` header, else `user`), and
@@ -28,6 +29,7 @@ import polars as pl
 from aiohttp import web
 
 from eagle_data.catalog import DatasetSpec, load_catalog
+from eagle_data.standins import model_logprobs
 from eagle_data.standins.drip import drip
 from eagle_data.targets import load_target
 from eagle_data.targets.vocab import qwen_tokenizer
@@ -39,6 +41,15 @@ from eagle_data.types import PROMPT_ID_HEADER
 # "null_content": `content` null, no reasoning, finish "stop"; "special_only": the model emitted only
 # special tokens the server stripped: content "", finish "length", completion_tokens = max_tokens.
 SHAPES = ("split", "details", "reasoning_content", "think_inline", "null_content", "special_only")
+# The words of a healthy reply, each one Qwen token with or without a leading space, drawn per turn: varied text,
+# since a reply of one word repeated is a loop the quality gates set aside (eagle_data/quality/verdicts.py).
+REPLY_WORDS = (
+    "the", "of", "and", "to", "in", "is", "was", "for", "on", "that", "with", "as", "by", "at", "from", "this", "it",
+    "an", "be", "are", "or", "have", "not", "but", "his", "they", "all", "which", "one", "had", "were", "their",
+    "has", "more", "new", "can", "will", "also", "would", "about", "other", "there", "been", "some", "time", "two",
+    "like", "people", "first", "into", "its", "only", "after", "may", "over", "most", "years", "many", "such",
+    "these", "when", "where", "who", "what",
+)
 
 
 @dataclass
@@ -85,6 +96,7 @@ class Faults:
     # The target whose rendering counts a request's `prompt_tokens` (as a real server counts its own template's
     # tokens); "checkpoint:<folder>" counts as that model's own template does (e.g. SmolLM2's default system turn).
     prompt_target: str = "qwen3-test"
+    score_model: str = ""  # a transformers folder: /v1/completions answers prompt_logprobs with its real values
 
 
 class FakeOpenAI:
@@ -111,6 +123,7 @@ class FakeOpenAI:
         for prefix in ("/v1", "/api/v1"):
             app.router.add_post(f"{prefix}/chat/completions", self.chat)
             app.router.add_get(f"{prefix}/models", self.models)
+        app.router.add_post("/v1/completions", self.completions)
         app.router.add_get("/api/v1/key", self.key)
         app.router.add_get("/_stats", self.stats_view)
         app.router.add_post("/_faults", self.set_faults)
@@ -136,6 +149,17 @@ class FakeOpenAI:
     async def models(self, request: web.Request) -> web.Response:
         data = [{"id": name, "object": "model", "owned_by": "fake"} for name in self.faults.served_models]
         return web.json_response({"object": "list", "data": data})
+
+    async def completions(self, request: web.Request) -> web.Response:
+        """vLLM's `/v1/completions` with a prompt of token ids: one empty completion token, and with a scoring
+        model the prompt's log-probabilities (`CompletionResponseChoice.prompt_logprobs`, model_logprobs.py)."""
+        body, self.received = await request.json(), self.received + 1
+        ids, k, model = [int(t) for t in body["prompt"]], body.get("prompt_logprobs"), self.faults.score_model
+        listed = model_logprobs.vllm_prompt_logprobs(model, ids, int(k)) if k is not None and model else None
+        choice = {"index": 0, "text": "", "finish_reason": "length", "prompt_logprobs": listed}
+        usage = {"prompt_tokens": len(ids), "completion_tokens": 1, "total_tokens": len(ids) + 1}
+        return web.json_response({"id": "cmpl-fake", "object": "text_completion", "created": 0,
+                                  "model": body.get("model", ""), "choices": [choice], "usage": usage})  # fmt: skip
 
     async def key(self, request: web.Request) -> web.Response:
         self.auth_headers.add(request.headers.get("Authorization", ""))
@@ -223,7 +247,7 @@ class FakeOpenAI:
         self.answered[turn] += 1
         prompt_tokens = self._prompt_tokens(body)
         poison = "\ud800" if prompt_id in self.faults.poison_prompts else ""
-        message = shaped_message(self.faults.shape, " ".join(["tok"] * n) + poison, f"think {turn}")
+        message = shaped_message(self.faults.shape, fake_reply(turn, n) + poison, f"think {turn}")
         message = self._lose_text(message)
         if self.faults.shape == "special_only":
             n, finish = cap, "length"
@@ -335,6 +359,12 @@ def shaped_message(shape: str, content: str, reasoning: str) -> dict[str, Any]:
     if shape == "special_only":
         return {**message, "content": ""}
     raise ValueError(f"unknown reply shape {shape!r}; known: {SHAPES}")
+
+
+def fake_reply(turn: str, n: int) -> str:
+    """A healthy reply of `n` tokens to one turn (`prompt_id#turn`), the same on every request."""
+    rng = random.Random(zlib.crc32(turn.encode()))
+    return " ".join(rng.choice(REPLY_WORDS) for _ in range(n))
 
 
 def token_ids(

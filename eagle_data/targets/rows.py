@@ -36,6 +36,7 @@ PASS_THROUGH = (
     "sampling_setting",
     "prompt_tokens",  # what the server counted, against `rendered_prompt_tokens`
     "messages",  # the conversations export (SpecForge JSONL) reads it
+    "error",  # why a failed row failed (`empty_reply: ...`): the quality gates name the cause
 )
 FLAGS = ("roundtrip_ok", "prefix_ok", "structure_ok", "eot_ok")
 OUTPUT_COLUMNS: dict[str, Any] = {  # built here; then PASS_THROUGH columns follow
