@@ -79,14 +79,15 @@ class S3Files:
     def key(self, key: str) -> str:
         return layout.under(self.prefix, key)
 
-    def link(self, key: str) -> str:
-        """A presigned GET URL, valid for LINK_EXPIRES_S (7 days, the longest S3 signatures allow), for the
-        endpoint a browser reaches (LINK_URL_ENV; signing makes no request)."""
+    def link(self, key: str, expires_s: int = LINK_EXPIRES_S) -> str:
+        """A presigned GET URL, valid for `expires_s` (at most 7 days, the longest S3 signatures allow), for the
+        endpoint a browser reaches (LINK_URL_ENV; signing makes no request). Never stored: it carries the
+        credentials' id and a session token's value (the files server signs one per request instead)."""
         client, public = self.client(), link_endpoint()
         if public and public != (client.meta.endpoint_url or "").rstrip("/"):
             client = self._link_client(public)
         params = {"Bucket": self.bucket, "Key": self.key(key)}
-        return client.generate_presigned_url("get_object", Params=params, ExpiresIn=LINK_EXPIRES_S)
+        return client.generate_presigned_url("get_object", Params=params, ExpiresIn=expires_s)
 
     def _link_client(self, endpoint_url: str) -> Any:
         if self._link is None or self._link.meta.endpoint_url != endpoint_url:
