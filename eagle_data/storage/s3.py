@@ -18,9 +18,9 @@ from eagle_data.storage.errors import ROOT_ENV, StorageError
 from eagle_data.storage.local import _new_temp
 
 LINK_EXPIRES_S = 7 * 24 * 3600
-# The endpoint the files server's signed redirects name when browsers reach the store at another address than this process
-# (docker's MinIO: `http://minio:9000` inside compose, `http://127.0.0.1:9000` on the host). A SigV4
-# signature covers the host, so the link is signed for that address, not rewritten after signing.
+# The endpoint the files server's signed redirects name when browsers reach the store at another address than
+# this process (docker's MinIO: `http://minio:9000` inside compose, `http://127.0.0.1:9000` on the host). A
+# SigV4 signature covers the host, so the link is signed for that address, not rewritten after signing.
 LINK_URL_ENV = "EAGLE_DATA_S3_LINK_URL"
 RETRY_ENV = "EAGLE_DATA_STORAGE_RETRY_S"
 DEFAULT_RETRY_S = 120.0  # how long an S3 call rides out an outage before the step fails
