@@ -68,12 +68,13 @@ class S3Files:
         self.client()
 
     def client(self) -> Any:
-        """The client every call goes through, retried through an outage. The bucket check on first use is
-        not retried: before anything is written there is nothing to keep."""
+        """The client every call goes through, retried through an outage; the bucket is checked on its first
+        use, through the same retries: that first call may be the shard IO manager's, after an hour of paid
+        replies (an outage there lost the run, issue 43)."""
         if self._client is None:
-            client = presign_with_sigv4(self.client_factory())
+            client = _Retrying(presign_with_sigv4(self.client_factory()), retry_window_s())
             check_bucket(client, self.bucket)
-            self._client = _Retrying(client, retry_window_s())
+            self._client = client
         return self._client
 
     def key(self, key: str) -> str:
@@ -187,8 +188,9 @@ def presign_with_sigv4(client: Any) -> Any:
 
 
 def check_bucket(client: Any, bucket: str) -> None:
-    """One line when the bucket is missing, the credentials are refused or the endpoint is unreachable."""
-    from botocore.exceptions import ClientError, EndpointConnectionError
+    """One line when the bucket is missing or the credentials are refused; an unreachable endpoint is retried
+    by `client` (`_Retrying`), then is its line."""
+    from botocore.exceptions import ClientError
 
     endpoint = mask_url(client.meta.endpoint_url or "")
     try:
@@ -201,8 +203,6 @@ def check_bucket(client: Any, bucket: str) -> None:
                 "at an existing bucket"
             ) from None
         raise StorageError(f"S3 bucket {bucket!r} at {endpoint}: {code} ({exc}); check credentials") from None
-    except EndpointConnectionError:
-        raise StorageError(f"cannot reach the S3 endpoint {endpoint}: start it or fix AWS_ENDPOINT_URL") from None
 
 
 def retry_window_s() -> float:
@@ -230,6 +230,13 @@ def _transient(exc: BaseException) -> bool:
     return False
 
 
+def _unreachable(exc: BaseException) -> bool:
+    """No connection at all: the endpoint is down or its address is wrong."""
+    from botocore.exceptions import EndpointConnectionError
+
+    return isinstance(exc, EndpointConnectionError)
+
+
 class _Retrying:
     """An S3 client whose calls ride out an outage: a transient failure is retried with doubling pauses for
     up to `window_s`, then becomes one StorageError line. Meanwhile the caller waits, and what it holds
@@ -255,9 +262,10 @@ class _Retrying:
                     raise
                 endpoint = mask_url(self.meta.endpoint_url or "")
                 if time.monotonic() + pause > deadline:
+                    fix = "start it or fix AWS_ENDPOINT_URL" if _unreachable(exc) else "bring it back"
                     raise StorageError(
                         f"S3 at {endpoint} still failing after {self._window_s:g} s of retries "
-                        f"({type(exc).__name__}: {str(exc).splitlines()[0]}): bring it back and re-run (what was "
+                        f"({type(exc).__name__}: {str(exc).splitlines()[0]}): {fix} and re-run (what was "
                         f"written stays), or set {RETRY_ENV} to wait longer"
                     ) from None
                 if not said:
