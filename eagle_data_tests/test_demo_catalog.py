@@ -59,9 +59,7 @@ def demo_catalog(monkeypatch: pytest.MonkeyPatch, demo_model: Path, tmp_path: Pa
     monkeypatch.setenv("EAGLE_DATA_PROFILE", "demo")
     monkeypatch.setenv("EAGLE_DATA_DEMO_MODEL", str(demo_model))
     monkeypatch.setenv("EAGLE_DATA_ROOT", str(tmp_path / "out"))
-    catalog.cache_clear()  # the catalog is read once per process; this test switches profile
     yield [spec.model_copy(update={"max_prompts": PROMPTS}) for spec in catalog().values()]
-    catalog.cache_clear()
 
 
 def test_catalog_order_on_the_demo_makes_every_dataset_green(demo_catalog: list[DatasetSpec]) -> None:
