@@ -43,6 +43,7 @@ PASS = "pass"
 TRUNCATED = "truncated"
 LOST_TEXT = "lost_text"
 CONTAMINATED = "contaminated"
+PROMPT_MISMATCH = "prompt_mismatch"  # the server rendered the prompt otherwise (another chat template)
 CONTAMINATION = "contamination"  # the benchmark a row overlaps (eagle_data.drafter.decontam), else null
 # Tokens per regenerated turn an engine may count that the rebuilt text need not hold: the stop token,
 # and the think tags and blank lines a template leaves out of an earlier turn it re-renders.
@@ -57,7 +58,7 @@ STRUCTURE_REASONS = (
     "bad_structure",
     "roundtrip_mismatch",
     "prefix_mismatch",
-    "prompt_mismatch",
+    PROMPT_MISMATCH,
     "missing_eot",
 )
 REQUIRED_COLUMNS = (
@@ -141,10 +142,12 @@ def _rules(checks: Checks, thinking: bool) -> list[tuple[str, pl.Expr]]:
         ("failed", pl.col("status") == "failed"),
         ("skipped_budget", pl.col("status") == "skipped_budget"),
         ("render_error", pl.col("target_error").fill_null("") != ""),  # the chat template refused the row
+        # the server's own prompt ids differ from our rendering: the cause of whatever else breaks in the row (a
+        # reply made under another template puts its control tokens elsewhere), and what the pre-flight names
+        (PROMPT_MISMATCH, _false("prompt_ok")),
         ("bad_structure", _false("structure_ok")),
         ("roundtrip_mismatch", _false("roundtrip_ok")),
         ("prefix_mismatch", _false("prefix_ok")),
-        ("prompt_mismatch", _false("prompt_ok")),  # the server's own prompt ids differ from our rendering
         ("special_token_in_text", pl.col("special_in_text").fill_null(0) > 0),
         (CONTAMINATED, pl.col(CONTAMINATION).is_not_null()),  # a benchmark's item in a prompt or reply
         (LOST_TEXT, pl.col("lost_tokens").fill_null(0) > checks.lost_text_tolerance * reported_tokens()),
