@@ -302,7 +302,8 @@ class Section(_Frozen):
 class Catalog:
     """The catalog as one validated model: every dataset entry (with the profile applied), every other table
     (`section`: validated by its room's model on first read, then kept), and the files it came from (`files`:
-    the raw merged tables and the user's own, for a room that validates a table of its own)."""
+    the raw merged tables, the user's own and `origin`, for a room that validates a table of its own: the target
+    profiles a user's catalog may add)."""
 
     datasets: dict[str, DatasetSpec]
     files: CatalogFiles
@@ -353,6 +354,8 @@ def load_catalog(path: Path = CATALOG_PATH, profile: str | None = None) -> dict[
 
 @cache
 def _loaded(user: str, profile: str) -> Catalog:
+    """`load` once per configuration: the user's file and the profile are the cache key (`load` reads the file's
+    name from the environment again)."""
     return load(profile=profile)
 
 
