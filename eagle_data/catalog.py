@@ -277,7 +277,7 @@ def _holds(tables: dict[str, Any], path: tuple[Any, ...]) -> bool:
     return True
 
 
-def one_line(exc: ValidationError, where: str, origin: Callable[[tuple[Any, ...]], Path]) -> CatalogError:
+def _one_line(exc: ValidationError, where: str, origin: Callable[[tuple[Any, ...]], Path]) -> CatalogError:
     """A validation error as one line: `where` (the table or entry), the first bad key, its value, what is wrong
     and the file to fix (`origin` of the key's path). A message that names its own setting ("[drafter.capture]
     layers = ...") stands as it is."""
@@ -316,7 +316,7 @@ class Catalog:
             try:
                 self._sections[model] = model(**self.files.table(model.TABLE))
             except ValidationError as exc:
-                raise one_line(exc, f"[{model.TABLE}] ", lambda loc: self.files.origin((model.TABLE, *loc))) from None
+                raise _one_line(exc, f"[{model.TABLE}] ", lambda loc: self.files.origin((model.TABLE, *loc))) from None
         return self._sections[model]  # type: ignore[return-value]
 
 
@@ -343,7 +343,7 @@ def load(path: Path = CATALOG_PATH, profile: str | None = None) -> Catalog:
             def origin(loc: tuple[Any, ...], tables: list[tuple[Any, ...]] = tables) -> Path:
                 return files.origin(*((*t, *loc) for t in tables)) if loc != ("name",) else files.origin(tables[0])
 
-            raise one_line(exc, f"catalog entry {name!r}: ", origin) from None
+            raise _one_line(exc, f"catalog entry {name!r}: ", origin) from None
     return Catalog(specs, files, profile)
 
 
