@@ -26,7 +26,8 @@ def test_a_session_token_is_stored_nowhere(
     (tmp_path / "home").mkdir()
     user = tmp_path / "catalog.toml"
     user.write_text('[defaults]\ntarget = "qwen3-test"\n')  # the fake answers as Qwen3; its vocabulary ships with us
-    env.update(EAGLE_DATA_CATALOG=str(user), EAGLE_DATA_PROFILE="demo", EAGLE_DATA_ROOT=f"s3://{s3_bucket}/runs", AWS_ENDPOINT_URL=s3_endpoint,
+    env.update(EAGLE_DATA_CATALOG=str(user))
+    env.update(EAGLE_DATA_PROFILE="demo", EAGLE_DATA_ROOT=f"s3://{s3_bucket}/runs", AWS_ENDPOINT_URL=s3_endpoint,
                AWS_SESSION_TOKEN=TOKEN, DAGSTER_HOME=str(tmp_path / "home"), EAGLE_DATA_DEMO_MODEL=str(demo_model),
                EAGLE_DATA_ENGINE="openai", EAGLE_DATA_MODEL="m", OPENAI_API_KEY="sk-test",
                EAGLE_DATA_BASE_URL=f"http://127.0.0.1:{server.port}/v1",
