@@ -1,7 +1,10 @@
-"""The dataset catalog: validated settings read from `catalog.toml`, one entry per dataset.
+"""The catalog: one loader and one validated model of `catalog.toml` and the user's file over it.
 
 Adding a dataset is one `[datasets.<name>]` table in the TOML file; no code changes. A profile
-(`EAGLE_DATA_PROFILE=demo`) overlays settings on every entry, e.g. bundled samples and small shards.
+(`EAGLE_DATA_PROFILE=demo`) overlays settings on every entry, e.g. bundled samples and small shards. The other
+tables (`[exports]`, `[drafter]`, `[automation]`) are validated by the model of the room that reads them
+(`Catalog.section`); the code location validates every one when it loads, so a bad value is one line naming
+its key and the file it came from, before anything runs.
 """
 
 from __future__ import annotations
@@ -9,9 +12,11 @@ from __future__ import annotations
 import math
 import re
 import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -250,86 +255,145 @@ def _parse(path: Path) -> dict[str, Any]:
         raise CatalogError(f"catalog file {path} is not valid TOML: {exc}") from None
 
 
-def read_catalog(path: Path = CATALOG_PATH) -> dict[str, Any]:
-    """The catalog file's tables; for the packaged catalog, with the user's file ($EAGLE_DATA_CATALOG)
-    merged over it: a user entry adds a dataset or overrides the settings it names, table by table,
-    so a team keeps its datasets and thresholds without editing the installed package."""
-    raw = _parse(path)
+class CatalogFiles:
+    """The catalog's files, each read once: `path` (the packaged catalog.toml), and over it, table by table, the
+    user's ($EAGLE_DATA_CATALOG, merged only over the packaged file), so a team keeps its datasets and settings
+    without editing the installed package. `origin` says which file a value came from, so every error names the
+    file to fix."""
+
+    def __init__(self, path: Path = CATALOG_PATH) -> None:
+        self.path = path
+        self.user_path = _user_path() if path == CATALOG_PATH else None
+        self.user: dict[str, Any] = _parse(self.user_path) if self.user_path else {}  # the user's tables alone
+        self.tables = _merge(_parse(path), self.user)
+
+    def table(self, name: str) -> dict[str, Any]:
+        """A top-level table as merged; {} when absent."""
+        table = self.tables.get(name, {})
+        if not isinstance(table, dict):
+            raise CatalogError(f"[{name}] in {self.origin((name,))} must be a table: write [{name}] and keys under it")
+        return table
+
+    def origin(self, *paths: tuple[Any, ...]) -> Path:
+        """The file that set the value at one of `paths` (tables, then keys and list indexes): the user's when it
+        sets that value, or a list or table holding it, at any of them; else the packaged file."""
+        return self.user_path if self.user_path and any(_holds(self.user, p) for p in paths) else self.path
+
+
+def _user_path() -> Path | None:
     user = settings.get(USER_CATALOG_ENV)
-    if path != CATALOG_PATH or not user:
-        return raw
-    user_path = Path(user).expanduser()
-    if not user_path.is_file():
+    if not user:
+        return None
+    path = Path(user).expanduser()
+    if not path.is_file():
         raise CatalogError(f"{USER_CATALOG_ENV}={user}: no such file; point it at your catalog TOML or unset it")
-    return _merge(raw, _parse(user_path))
+    return path
 
 
-def load_catalog(path: Path = CATALOG_PATH, profile: str | None = None) -> dict[str, DatasetSpec]:
+def _holds(tables: dict[str, Any], path: tuple[Any, ...]) -> bool:
+    """Whether `tables` sets the value at `path`: every key along it is there, or a value that is no table (a
+    list, a string) stands where the rest of the path points inside it."""
+    node: Any = tables
+    for part in path:
+        if not isinstance(node, dict):
+            return True
+        if part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def _one_line(exc: ValidationError, where: str, origin: Callable[[tuple[Any, ...]], Path]) -> CatalogError:
+    """A validation error as one line: `where` (the table or entry), the first bad key, its value, what is wrong
+    and the file to fix (`origin` of the key's path). A message that names its own setting ("[drafter.capture]
+    layers = ...") stands as it is."""
+    first = exc.errors()[0]
+    loc, message = tuple(first["loc"]), first["msg"].removeprefix("Value error, ")
+    if not message.startswith("["):
+        message = f"{where}{'.'.join(map(str, loc))} = {first.get('input')!r}: {message}"
+    return CatalogError(f"{message} (fix {origin(loc)})")
+
+
+S = TypeVar("S", bound="Section")
+
+
+class Section(_Frozen):
+    """A top-level table of the catalog other than the datasets, validated by the model of the room that reads
+    it; `TABLE` is its name ("exports")."""
+
+    TABLE: ClassVar[str]
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """The catalog as one validated model: every dataset entry (with the profile applied), every other table
+    (`section`: validated by its room's model on first read, then kept), and the files it came from (`files`:
+    the raw merged tables, the user's own and `origin`, for a room that validates a table of its own: the target
+    profiles a user's catalog may add)."""
+
+    datasets: dict[str, DatasetSpec]
+    files: CatalogFiles
+    profile: str
+    _sections: dict[type, Section] = field(default_factory=dict, compare=False)
+
+    def section(self, model: type[S]) -> S:
+        """The table `model.TABLE`, validated; a bad value is one line naming the key and its file."""
+        if model not in self._sections:
+            try:
+                self._sections[model] = model(**self.files.table(model.TABLE))
+            except ValidationError as exc:
+                raise _one_line(exc, f"[{model.TABLE}] ", lambda loc: self.files.origin((model.TABLE, *loc))) from None
+        return self._sections[model]  # type: ignore[return-value]
+
+
+def load(path: Path = CATALOG_PATH, profile: str | None = None) -> Catalog:
     """Read and validate the catalog; `profile` defaults to $EAGLE_DATA_PROFILE. A profile overlays every entry,
     but never a key the user's catalog ($EAGLE_DATA_CATALOG) sets, in its entry or its [defaults]."""
-    raw = read_catalog(path)
+    files = CatalogFiles(path)
     profile = settings.get(PROFILE_ENV) if profile is None else profile
-    profiles = raw.get("profiles", {})
+    profiles = files.table("profiles")
     if profile and profile not in profiles:
         raise CatalogError(f"unknown profile {profile!r} in {PROFILE_ENV}; known: {', '.join(sorted(profiles))}")
     overlay = profiles.get(profile, {}) if profile else {}
-    user = _user_tables(path)
+    user, defaults = files.user, files.table("defaults")
     specs = {}
-    for name, entry in raw.get("datasets", {}).items():
-        merged = _merge(_merge(raw.get("defaults", {}), entry), overlay)
+    for name, entry in files.table("datasets").items():
+        merged = _merge(_merge(defaults, entry), overlay)
         if overlay:  # the user's own keys win over the profile's
             merged = _merge(merged, _merge(user.get("defaults", {}), user.get("datasets", {}).get(name, {})))
         try:
             specs[name] = DatasetSpec(name=name, **merged)
         except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"])
-            holder = _holder(path, [("datasets", name), ("defaults",), ("profiles", profile)], first["loc"])
-            raise CatalogError(
-                f"catalog entry {name!r}: {where} = {first.get('input')!r}: {first['msg']} (fix {holder})"
-            ) from None
-    return specs
+            tables = [("datasets", name), ("defaults",), ("profiles", profile)]
+
+            def origin(loc: tuple[Any, ...], tables: list[tuple[Any, ...]] = tables) -> Path:
+                return files.origin(*((*t, *loc) for t in tables)) if loc != ("name",) else files.origin(tables[0])
+
+            raise _one_line(exc, f"catalog entry {name!r}: ", origin) from None
+    return Catalog(specs, files, profile)
 
 
-def _user_tables(path: Path) -> dict[str, Any]:
-    """The user's catalog file ($EAGLE_DATA_CATALOG) on its own, {} when none is merged over `path`."""
-    user = settings.get(USER_CATALOG_ENV)
-    return _parse(Path(user).expanduser()) if path == CATALOG_PATH and user else {}
-
-
-def _holder(path: Path, tables: list[tuple[str, ...]], loc: tuple[Any, ...]) -> Path:
-    """The file holding the value at `loc` in one of `tables`: the user's ($EAGLE_DATA_CATALOG) when it
-    sets that key (for the name: that entry), else `path` (the packaged catalog), so an error names the file
-    to fix. `loc` walks tables and lists (a mixture setting's index)."""
-    raw = _user_tables(path)
-    if not raw:
-        return path
-    for table in tables:
-        node: Any = raw
-        for part in (*table, *loc[:-1]):
-            if isinstance(node, dict):
-                node = node.get(part)
-            elif isinstance(node, list) and isinstance(part, int) and part < len(node):
-                node = node[part]
-            else:
-                node = None
-        if (isinstance(node, dict) and loc and loc[-1] in node) or (loc == ("name",) and node is not None):
-            return Path(settings.get(USER_CATALOG_ENV)).expanduser()
-    return path
-
-
-def read_table(path: Path, name: str) -> dict[str, Any]:
-    """A top-level table of the catalog file other than the datasets (e.g. `[drafter]`); {} when absent."""
-    table = read_catalog(path).get(name, {})
-    if not isinstance(table, dict):
-        raise CatalogError(f"[{name}] in {path} must be a table")
-    return table
+def load_catalog(path: Path = CATALOG_PATH, profile: str | None = None) -> dict[str, DatasetSpec]:
+    """The dataset entries of `load(path, profile)`."""
+    return load(path, profile).datasets
 
 
 @cache
+def _loaded(user: str, profile: str) -> Catalog:
+    """`load` once per configuration: the user's file and the profile are the cache key (`load` reads the file's
+    name from the environment again)."""
+    return load(profile=profile)
+
+
+def current() -> Catalog:
+    """The catalog as the environment configures it ($EAGLE_DATA_CATALOG, $EAGLE_DATA_PROFILE), read and validated
+    once per process and configuration."""
+    return _loaded(settings.get(USER_CATALOG_ENV), settings.get(PROFILE_ENV))
+
+
 def catalog() -> dict[str, DatasetSpec]:
-    """The catalog as configured by the environment, read once per process."""
-    return load_catalog()
+    """The current catalog's dataset entries."""
+    return current().datasets
 
 
 def get_dataset(name: str) -> DatasetSpec:

@@ -8,9 +8,9 @@ from types import TracebackType
 
 import dagster as dg
 
-from eagle_data.catalog import CatalogError, DatasetSpec, catalog
+from eagle_data.catalog import CatalogError, DatasetSpec, current
 from eagle_data.defs.assets import build_dataset_assets
-from eagle_data.defs.automation import load_automation_settings, with_automation
+from eagle_data.defs.automation import AutomationSettings, load_automation_settings, with_automation
 from eagle_data.defs.backfills import backfill_status_sensor
 from eagle_data.defs.catalog_order import catalog_order_sensor
 from eagle_data.defs.checks import build_checks
@@ -22,6 +22,10 @@ from eagle_data.defs.pools import dead_run_reaper, pool_watch_executor
 from eagle_data.defs.resources import EngineResource, StorageResource
 from eagle_data.defs.schedules import build_schedules
 from eagle_data.defs.sensors import build_sensors
+from eagle_data.drafter.settings import DrafterSettings
+from eagle_data.exports.settings import ExportSettings
+
+SECTIONS = (ExportSettings, DrafterSettings, AutomationSettings)  # every catalog table besides the datasets
 
 
 def build_definitions(specs: Sequence[DatasetSpec]) -> dg.Definitions:
@@ -49,10 +53,15 @@ def build_definitions(specs: Sequence[DatasetSpec]) -> dg.Definitions:
 
 
 def _catalog() -> list[DatasetSpec]:
-    """The catalog's entries. A catalog error leaves the process as its one line, not under the import
-    traceback of whatever loaded this module (the `dagster` CLI); a code server still reports it as an error."""
+    """The catalog's entries, after every table of it was validated (`SECTIONS`): a bad value anywhere stops the
+    load, not the step that would read it hours later. A catalog error leaves the process as its one line, not
+    under the import traceback of whatever loaded this module (the `dagster` CLI); a code server still reports
+    it as an error."""
     try:
-        return list(catalog().values())
+        loaded = current()
+        for section in SECTIONS:
+            loaded.section(section)
+        return list(loaded.datasets.values())
     except CatalogError:
         previous = sys.excepthook
 

@@ -177,3 +177,43 @@ def test_a_profile_never_overrides_a_key_the_users_catalog_sets(tmp_path: Path, 
     assert specs["b7_sharegpt"].target == "qwen3-test" and specs["b3_magicoder"].target == "auto"
     assert {s.shard_size for s in specs.values()} == {20}  # the user's defaults win over the profile too
     assert specs["b7_sharegpt"].source == "sample"  # what the user does not set, the profile still sets
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("[automation]\nvalidated_fail_after_hours = inf\n",
+         "[automation] validated_fail_after_hours = inf: Input should be less than or equal to 8784"),
+        ('[drafter.capture]\nformats = ["specforge"]\n', "[drafter] capture.formats.0 = 'specforge': Input should be "),
+        ("[exports]\nformats = []\n", "[exports] formats = []: choose at least one of specforge_prompts"),
+        ("[drafter.capture]\nlayers = []\n", "[drafter.capture] layers: name distinct decoder-layer ids >= 0"),
+        ('[exports]\nformats = ["parquet"]\n', "[exports] formats: unknown parquet; known: specforge_prompts"),
+    ],
+    ids=["inf_hours", "unknown_capture_format", "no_export_format", "no_layers", "unknown_export_format"],
+)  # fmt: skip
+def test_a_bad_value_of_any_table_stops_the_code_location_load_in_one_line_naming_the_users_file(
+    tmp_path: Path, text: str, said: str
+):
+    """Issue 43.6: `inf` hours was a 73-line OverflowError and an unknown capture format a 92-line chained traceback
+    when the code location loaded; `formats = []` a green run that set prompts.jsonl aside; `layers = []` a capture
+    that failed its check; and every [exports]/[drafter] error named the packaged catalog.toml."""
+    import os
+    import subprocess
+    import sys
+
+    user = tmp_path / "my-catalog.toml"
+    user.write_text(text)
+    env = {**os.environ, "EAGLE_DATA_CATALOG": str(user)}
+    out = subprocess.run([sys.executable, "-c", "import eagle_data.definitions"], env=env, capture_output=True,
+                         text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    line = out.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"eagle-data: {said}") and line.endswith(f"(fix {user})"), line
+
+
+def test_every_table_of_the_catalog_is_read_through_one_loader():
+    """One home: only catalog.py reads the catalog's files; the other rooms read its validated model (before, the
+    drafter, exports and automation tables each read the files again)."""
+    package = Path(__file__).resolve().parent.parent / "eagle_data"
+    readers = sorted(str(p.relative_to(package)) for p in package.rglob("*.py") if "CATALOG_PATH" in p.read_text())
+    assert readers == ["catalog.py"]

@@ -31,12 +31,10 @@ REPO = Path(__file__).resolve().parents[1]
 def demo_specs(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[DatasetSpec]]:
     """b3, then b5 with a token budget far below its projection; two shards each."""
     monkeypatch.setenv("EAGLE_DATA_PROFILE", "demo")
-    catalog.cache_clear()  # the catalog is read once per process; this test switches profile
     specs = catalog()
     small = {"max_prompts": 20}
     yield [specs["b3_magicoder"].model_copy(update=small),
            specs["b5_openthoughts"].model_copy(update={**small, "token_budget": 1_000})]  # fmt: skip
-    catalog.cache_clear()
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from eagle_data.defs.catalog_order import ORDER_TAG
 
 pytestmark = pytest.mark.e2e
 GLOSSARY = Path(__file__).resolve().parents[1] / "docs" / "figures.md"
-LINK = "_link"  # on an S3 root, every path figure has a presigned twin
+LINK = "_link"  # with the files server, every path figure has a link twin
 # Prompts per dataset: the demo's shards hold 10, the canary 8; six go through every stage and gate with
 # fewer demo-model generations, which are this test's cost.
 PROMPTS = 6
@@ -59,9 +59,7 @@ def demo_catalog(monkeypatch: pytest.MonkeyPatch, demo_model: Path, tmp_path: Pa
     monkeypatch.setenv("EAGLE_DATA_PROFILE", "demo")
     monkeypatch.setenv("EAGLE_DATA_DEMO_MODEL", str(demo_model))
     monkeypatch.setenv("EAGLE_DATA_ROOT", str(tmp_path / "out"))
-    catalog.cache_clear()  # the catalog is read once per process; this test switches profile
     yield [spec.model_copy(update={"max_prompts": PROMPTS}) for spec in catalog().values()]
-    catalog.cache_clear()
 
 
 def test_catalog_order_on_the_demo_makes_every_dataset_green(demo_catalog: list[DatasetSpec]) -> None:

@@ -31,7 +31,7 @@ COMPOSE_FILE = REPO / "docker" / "docker-compose.yaml"
 ENV_EXAMPLE = REPO / ".env.example"
 LOCAL_YAML = REPO / "dagster.yaml"
 REQUIRED_SECRETS = {"DAGSTER_POSTGRES_PASSWORD": "pg-test-password", "AWS_SECRET_ACCESS_KEY": "minio-test-secret"}
-SERVICES = {"postgres", "minio", "create-bucket", "user-code", "webserver", "daemon"}
+SERVICES = {"postgres", "minio", "create-bucket", "user-code", "files", "webserver", "daemon"}
 POSTGRES_ENV = {
     "DAGSTER_POSTGRES_HOST": "db.internal", "DAGSTER_POSTGRES_PORT": "6543", "DAGSTER_POSTGRES_USER": "dagster",
     "DAGSTER_POSTGRES_PASSWORD": "pw", "DAGSTER_POSTGRES_DB": "dagster",

@@ -192,13 +192,14 @@ def test_unknown_format_is_refused_in_one_line() -> None:
         chosen(["specforge_jsonl"])
 
 
-def test_a_bad_exports_setting_is_a_one_line_catalog_error(tmp_path: Path) -> None:
+def test_a_bad_exports_setting_is_a_one_line_catalog_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from eagle_data.catalog import CatalogError
     from eagle_data.exports.settings import export_settings
 
     catalog = tmp_path / "catalog.toml"
     catalog.write_text('[exports]\nformats = ["specforge_prompts", "parquet"]\n')
-    said = r"\[exports\] formats = .*unknown parquet; known: specforge_prompts"
+    monkeypatch.setenv("EAGLE_DATA_CATALOG", str(catalog))
+    said = rf"^\[exports\] formats: unknown parquet; known: specforge_prompts.* \(fix {catalog}\)$"
     with pytest.raises(CatalogError, match=said) as caught:
-        export_settings(catalog)
+        export_settings()
     assert "\n" not in str(caught.value)

@@ -105,3 +105,27 @@ def test_an_outage_longer_than_the_ttl_stops_the_first_run_before_its_lease_expi
     assert "could not be renewed" in str(a.error) and "stopped sending before it could expire" in str(a.error)
     assert "\n" not in str(a.error)
     assert b.error is None, b.error
+
+
+def test_an_outage_inside_the_retry_window_but_longer_than_the_runners_ttl_is_ridden_out(
+    s3_proxy: CutProxy, s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # issue 43: a lease ttl of 60 s under a 120 s window lost a run to a 100 s cut mid-generation. Scaled down: a
+    # 20 s window, the runner asking for 10 s, a 12 s cut while generation (15 s) goes on. The lease is lengthened
+    # to outlive the window (3 x (20 + 5) = 75 s), so the run waits the cut out, keeps its lease, writes the shard
+    monkeypatch.setenv(RETRY_ENV, "20")
+    server = FakeOpenAI(Faults(latency_s=0.1))  # 4 in flight, 40 replies/s: 600 turns take 15 s
+    server.start()
+    try:
+        url = f"http://127.0.0.1:{server.port}/v1"
+        a = Runner(url, store_behind(s3_proxy, s3_bucket), "run-a", 4, lease_ttl_s=10.0)
+        a.start()
+        deadline = time.monotonic() + 30
+        while server.received < 8 and a.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        s3_proxy.cut(12.0).join()
+        a.join(timeout=60)
+        assert not a.is_alive() and a.error is None, a.error
+        _paid_once(server, store_behind(s3_proxy, s3_bucket))
+    finally:
+        server.stop()

@@ -249,12 +249,13 @@ def test_modelopt_offline_dataset_finds_and_collates_every_row(demo: dict[str, A
     ],
 )
 def test_a_setting_a_chosen_trainer_cannot_use_is_refused_in_one_line(
-    tmp_path: Path, formats: str, setting: str, named: str
+    tmp_path: Path, formats: str, setting: str, named: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     catalog = tmp_path / "catalog.toml"
     catalog.write_text(f"[drafter.capture]\nformats = {formats}\n{setting}\n")
+    monkeypatch.setenv("EAGLE_DATA_CATALOG", str(catalog))
     with pytest.raises(CatalogError) as caught:
-        load_drafter_settings(catalog)  # the asset loads the settings before it loads the model
+        load_drafter_settings()  # the asset loads the settings before it loads the model
     message = str(caught.value)
     assert "\n" not in message and f"[drafter.capture] {named}" in message and str(catalog) in message
 

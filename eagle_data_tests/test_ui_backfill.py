@@ -29,9 +29,7 @@ QUEUED = {"module": "dagster._core.run_coordinator", "class": "QueuedRunCoordina
 
 def test_materialize_all_on_a_dataset_group_is_one_run(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("EAGLE_DATA_PROFILE", "demo")  # the code server inherits it: 4 partitions per dataset
-    catalog.cache_clear()
     spec = catalog()["b7_sharegpt"]
-    catalog.cache_clear()
     group = [f"{spec.name}_prompts", f"{spec.name}_estimate", spec.name, f"{spec.name}_validated"]
     target = ModuleTarget(module_name="eagle_data.definitions", attribute=None, working_directory=None,
                           location_name="eagle_data")  # fmt: skip

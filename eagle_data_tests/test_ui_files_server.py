@@ -1,16 +1,16 @@
-"""Links on the asset pages that open in a browser: presigned on S3, and under a folder root on the project's
-read-only files server (`python -m eagle_data.files_server`), started here for real on a free port."""
+"""Links on the asset pages that open in a browser, through the project's read-only files server (`python -m
+eagle_data.files_server`, aiohttp), started here for real on a free port: a folder root's files, and on S3 a
+redirect to a GET signed on request."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
-import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from http.server import ThreadingHTTPServer
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
@@ -19,7 +19,7 @@ import pytest
 from eagle_data import layout
 from eagle_data.defs.metadata import SHARD_LINK, URI, shard_locations
 from eagle_data.defs.resources import S3ClientResource, StorageResource
-from eagle_data.files_server import FILES_URL_ENV, browser_link, make_server
+from eagle_data.files_server import FILES_URL_ENV, browser_link
 from eagle_data.standins.local import free_port, stop_process_group
 from eagle_data.storage import ShardStore, StorageError
 from eagle_data.storage.s3 import LINK_URL_ENV
@@ -27,21 +27,40 @@ from eagle_data.storage.s3 import LINK_URL_ENV
 REPORT = b"<html><a href='00000.html'>shard 00000</a></html>"
 
 
+class Served:
+    """A files server process: its URL, and its stderr once it stopped (`lines`)."""
+
+    def __init__(self, proc: subprocess.Popen, url: str) -> None:
+        self.proc, self.url, self.lines = proc, url, list[str]()
+
+
+@contextmanager
+def files_server_process(root: str, *args: str, **env: str) -> Iterator[Served]:
+    """`python -m eagle_data.files_server ARGS` on `root`, as README starts it, on a free port; yields once it
+    said it listens."""
+    url = f"http://127.0.0.1:{free_port()}"
+    environ = {**os.environ, "EAGLE_DATA_ROOT": root, FILES_URL_ENV: url, **env}
+    proc = subprocess.Popen([sys.executable, "-m", "eagle_data.files_server", *args], env=environ,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    served = Served(proc, url)
+    try:
+        assert proc.stderr is not None
+        first = proc.stderr.readline()
+        assert f"read-only on {url}/" in first, first + proc.stderr.read()
+        yield served
+    finally:
+        stop_process_group(proc)
+        assert proc.stderr is not None
+        served.lines = proc.stderr.read().splitlines()
+
+
 @pytest.fixture
 def files_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[ShardStore, str]]:
     """A folder root served on 127.0.0.1, and EAGLE_DATA_FILES_URL naming it, as README starts it."""
     store = ShardStore(str(tmp_path / "out"))
-    (tmp_path / "out").mkdir()
-    server: ThreadingHTTPServer = make_server(store.root, "127.0.0.1", 0)
-    url = f"http://127.0.0.1:{server.server_address[1]}"
-    monkeypatch.setenv(FILES_URL_ENV, url)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield store, url
-    finally:
-        server.shutdown()
-        server.server_close()
+    with files_server_process(store.root) as served:
+        monkeypatch.setenv(FILES_URL_ENV, served.url)
+        yield store, served.url
 
 
 def fetch(url: str, method: str = "GET") -> tuple[int, bytes]:
@@ -68,53 +87,34 @@ def test_the_files_server_only_reads_files_under_its_root(files_server: tuple[Sh
     store.write_bytes("b7_sharegpt/x.txt", b"inside")
     assert fetch(f"{url}/b7_sharegpt/x.txt", "HEAD")[0] == 200
     assert fetch(f"{url}/../secret.txt")[0] == 404 and fetch(f"{url}/%2e%2e/secret.txt")[0] == 404
-    assert fetch(f"{url}/b7_sharegpt/")[0] == 404  # no listing
+    assert fetch(f"{url}/b7_sharegpt/")[0] == 403  # no listing
     for method in ("PUT", "POST", "DELETE"):
-        assert fetch(f"{url}/b7_sharegpt/x.txt", method)[0] == 501
+        assert fetch(f"{url}/b7_sharegpt/x.txt", method)[0] == 405
     assert store.read_bytes("b7_sharegpt/x.txt") == b"inside"
 
 
-def test_without_a_files_server_a_folder_root_has_no_link_and_s3_is_presigned(
-    store: ShardStore, monkeypatch: pytest.MonkeyPatch
-):
-    """A file:// link would not open from Dagster's http:// page, so a folder root without the server gets none."""
+def test_without_a_files_server_there_is_no_link(store: ShardStore, monkeypatch: pytest.MonkeyPatch):
+    """A file:// link would not open from Dagster's http:// page, and a presigned one would store a signature (and a
+    session token) in the event log: without the server a file has its path or s3:// URI only."""
     monkeypatch.delenv(FILES_URL_ENV, raising=False)
     key = layout.quality_index("b7_sharegpt")
     store.write_bytes(key, REPORT)
-    link = browser_link(store, key)
-    if not store.is_s3:
-        assert link is None
-        return
-    assert link is not None and "X-Amz-Algorithm=AWS4-HMAC-SHA256" in link  # SigV4, which every bucket takes
-    assert fetch(link) == (200, REPORT)
+    assert browser_link(store, key) is None
 
 
-def test_the_module_serves_the_root_in_one_process(tmp_path: Path):
-    """`python -m eagle_data.files_server` as README starts it: listens where EAGLE_DATA_FILES_URL says."""
-    (tmp_path / "b7_sharegpt").mkdir(parents=True)
-    (tmp_path / "b7_sharegpt" / "x.txt").write_text("inside")
-    url = f"http://127.0.0.1:{free_port()}"
-    env = {**os.environ, "EAGLE_DATA_ROOT": str(tmp_path), FILES_URL_ENV: url}
-    proc = subprocess.Popen([sys.executable, "-m", "eagle_data.files_server"], env=env, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)  # fmt: skip
-    try:
-        assert proc.stderr is not None and f"serving {tmp_path} read-only on {url}/" in proc.stderr.readline()
-        assert fetch(f"{url}/b7_sharegpt/x.txt") == (200, b"inside")
-    finally:
-        stop_process_group(proc)
-
-
-def test_a_bad_files_url_or_an_s3_root_is_one_line(tmp_path: Path):
+def test_a_bad_files_url_or_a_root_that_is_a_file_is_one_line(tmp_path: Path):
     env = {**os.environ, "EAGLE_DATA_ROOT": str(tmp_path), FILES_URL_ENV: "ftp://x"}
     out = subprocess.run([sys.executable, "-m", "eagle_data.files_server"], env=env, capture_output=True, text=True,
                          timeout=60)  # fmt: skip
     assert out.returncode == 1 and out.stderr.strip().splitlines() == [
         f"{FILES_URL_ENV}='ftp://x': use http://HOST:PORT, e.g. http://127.0.0.1:3001"
     ]
-    env["EAGLE_DATA_ROOT"] = "s3://bucket/runs"
+    (tmp_path / "file").write_text("not a folder")
+    env.update(EAGLE_DATA_ROOT=str(tmp_path / "file"), **{FILES_URL_ENV: f"http://127.0.0.1:{free_port()}"})
     out = subprocess.run([sys.executable, "-m", "eagle_data.files_server"], env=env, capture_output=True, text=True,
                          timeout=60)  # fmt: skip
-    assert out.returncode == 1 and "is on S3: its links are presigned" in out.stderr and "Traceback" not in out.stderr
+    assert out.returncode == 1 and len(out.stderr.strip().splitlines()) == 1
+    assert out.stderr.startswith(f"cannot serve the output root {tmp_path / 'file'}: ")
 
 
 def test_a_shard_is_a_path_and_a_link_that_opens(files_server: tuple[ShardStore, str]):
@@ -165,3 +165,41 @@ def signed_twice(store: ShardStore, key: str, endpoint: str) -> tuple[str, str]:
         if parse_qs(urlsplit(link).query)["X-Amz-Date"] == parse_qs(urlsplit(direct).query)["X-Amz-Date"]:
             break
     return link, direct
+
+
+def test_on_s3_the_server_redirects_to_a_get_signed_on_request(s3_endpoint: str, s3_bucket: str):
+    """What the asset pages link on S3: the files server, which signs a GET when asked (for the address a browser
+    reaches) and redirects there, so no signed URL is ever stored; HEAD is answered the same way."""
+    store = ShardStore(f"s3://{s3_bucket}/runs", s3_client_factory=lambda: _client(s3_endpoint))
+    key = layout.quality_index("b7_sharegpt")
+    store.write_bytes(key, REPORT)
+    port = urlsplit(s3_endpoint).port
+    env = {"AWS_ENDPOINT_URL": s3_endpoint, LINK_URL_ENV: f"http://localhost:{port}"}
+    with files_server_process(store.root, **env) as served:
+        for method in ("GET", "HEAD"):
+            status, location = unfollowed(f"{served.url}/{key}", method)
+            assert status == 302 and location.startswith(f"http://localhost:{port}/{s3_bucket}/runs/{key}?")
+            query = parse_qs(urlsplit(location).query)
+            assert "X-Amz-Signature" in query and int(query["X-Amz-Expires"][0]) <= 3600
+        assert fetch(f"{served.url}/{key}") == (200, REPORT)  # followed: the object itself
+        assert unfollowed(f"{served.url}/b7_sharegpt/../secret", "GET")[0] == 404  # no key the layout never writes
+
+
+def _client(endpoint: str) -> object:
+    import boto3
+
+    return boto3.client("s3", endpoint_url=endpoint)
+
+
+def unfollowed(url: str, method: str) -> tuple[int, str]:
+    """Status and Location of one request, redirects not followed."""
+    import http.client
+
+    parts = urlsplit(url)
+    connection = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=10)
+    try:
+        connection.request(method, parts.path)
+        response = connection.getresponse()
+        return response.status, response.getheader("Location") or ""
+    finally:
+        connection.close()

@@ -136,16 +136,17 @@ def test_a_pipeline_warning_reaches_dagster_at_warning_level(caplog: pytest.LogC
     ]  # fmt: skip
 
 
-def test_written_files_are_copyable_paths_and_on_s3_also_links(store: ShardStore) -> None:
+def test_written_files_are_copyable_paths_and_with_the_files_server_also_links(
+    store: ShardStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
     key = "b9_meta/b9_meta_quality/index.html"
     store.write_bytes(key, b"<html></html>")
+    monkeypatch.delenv("EAGLE_DATA_FILES_URL", raising=False)
     found = file_locations(store, {"quality_report": key})
-    assert found["quality_report"] == dg.MetadataValue.path(store.uri(key))
-    if store.is_s3:
-        link = str(found["quality_report_link"].value)
-        assert link.startswith("http") and "Signature" in link and key in link
-    else:
-        assert set(found) == {"quality_report"}
+    assert found == {"quality_report": dg.MetadataValue.path(store.uri(key))}
+    monkeypatch.setenv("EAGLE_DATA_FILES_URL", "http://127.0.0.1:3001")
+    found = file_locations(store, {"quality_report": key})
+    assert found["quality_report_link"] == dg.MetadataValue.url(f"http://127.0.0.1:3001/{key}")  # never signed
     assert uri_locations(store, {"mix_path": store.uri("mix/mix.parquet"), "rows": 3}) == file_locations(
         store, {"mix_path": "mix/mix.parquet"}
     )

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import polars as pl
 import pytest
 
 from eagle_data import layout
@@ -144,3 +145,22 @@ def test_a_server_that_reports_no_prompt_ids_stops_generation_at_the_check(serve
     with pytest.raises(PreflightError, match=match) as err:
         stage.generate(spec, store, ["00000"], vllm(server), **QUIET)
     assert "\n" not in str(err.value) and server.received == 1
+
+
+def test_forced_past_the_check_the_warning_names_the_verdict_a_row_of_another_template_gets(
+    tmp_path: Path, server: FakeOpenAI
+) -> None:
+    """Issue 43.7: the warning promised prompt_mismatch while rows of another template, whose reply also puts its
+    control tokens elsewhere (structure_ok False too), were judged bad_structure."""
+    from eagle_data.catalog import Checks
+    from eagle_data.quality import row_verdicts
+    from eagle_data.stages.preflight import check_server_template
+    from eagle_data_tests.fixtures_quality import clean_frame, set_rows
+
+    spec, lines = demo_dataset(ShardStore(str(tmp_path)), check_server_template=False), list[str]()
+    check_server_template(spec, vllm(server), {}, lines.append)
+    frame = clean_frame().with_columns(prompt_ok=pl.lit(True))  # a server that reports its prompt ids
+    row = set_rows(frame, [0], prompt_ok=False, structure_ok=False, roundtrip_ok=False)
+    verdict = row_verdicts(row, Checks(), thinking=True)["verdict"][0]
+    assert verdict == "prompt_mismatch" and f"set aside at validation as {verdict} " in lines[0]
+    assert server.received == 0  # the warning costs no request

@@ -14,10 +14,10 @@ from collections.abc import Sequence
 from datetime import timedelta
 
 import dagster as dg
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field
 
 from eagle_data import layout
-from eagle_data.catalog import CATALOG_PATH, CatalogError, DatasetSpec, read_table
+from eagle_data.catalog import DatasetSpec, Section, current
 
 EAGER_ASSETS = ("training_mix", "draft_vocab", "hidden_state_plan")
 SENSOR = "eager_exports"
@@ -31,24 +31,24 @@ ON_NEW_SHARDS = (
 ).with_label("on new upstream shards")
 
 
-class AutomationSettings(BaseModel):
-    """Attributes:
+MAX_FRESHNESS_HOURS = 24 * 366  # a freshness window past a year is a typo (and `inf` overflows a timedelta)
+
+
+class AutomationSettings(Section):
+    """The catalog's `[automation]` table. Attributes:
     eager_exports: training_mix, draft_vocab and hidden_state_plan materialize on new upstream shards.
-    validated_fail_after_hours: a freshness policy on each {ds}_validated (0: none).
+    validated_fail_after_hours: a freshness policy on each {ds}_validated (0: none; at most a year).
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    TABLE = "automation"
 
     eager_exports: bool = False
-    validated_fail_after_hours: float = Field(0.0, ge=0)
+    validated_fail_after_hours: float = Field(0.0, ge=0, le=MAX_FRESHNESS_HOURS)
 
 
 def load_automation_settings() -> AutomationSettings:
-    try:
-        return AutomationSettings(**read_table(CATALOG_PATH, "automation"))
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        raise CatalogError(f"[automation] {'.'.join(map(str, first['loc']))}: {first['msg']}") from exc
+    """`[automation]` of the current catalog, validated."""
+    return current().section(AutomationSettings)
 
 
 def with_automation(

@@ -7,8 +7,8 @@ they are, Dagster shows them as a Python class path and a stack trace; `user_fai
 into a `dg.Failure` that carries only the message (the CLI, the UI and the alerts show that line). The pure
 rooms log through one plain callable and mark warnings with a leading "WARNING "; `leveled` sends those
 lines to Dagster's WARNING level, so the run's log filter and the UI show them as warnings. A written
-file is shown as a path to copy, and on S3 also as a presigned link; a browser refuses `file://` links
-from a web page, so a local file gets no link.
+file is shown as a path to copy, and with the files server running also as a link to it (never a signed URL:
+metadata is kept for good); a browser refuses `file://` links from a web page.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def leveled(log: logging.Logger | logging.LoggerAdapter) -> Callable[[str], None
 
 def file_locations(store: ShardStore, files: Mapping[str, str]) -> dict[str, dg.MetadataValue]:
     """Metadata name -> storage key of written files: each as a copyable path, and as `<name>_link` a URL that
-    opens in a browser where there is one (presigned on S3; the files server for a folder: browser_link)."""
+    opens in a browser where there is one (the files server's: browser_link)."""
     out: dict[str, dg.MetadataValue] = {}
     for name, key in files.items():
         out[name] = dg.MetadataValue.path(store.uri(key))

@@ -63,8 +63,8 @@ def row_count_metadata(rows: Mapping[str, int], others: Iterable[Mapping[str, An
 
 
 def shard_locations(store: ShardStore, dataset: str, asset: str, partition: str) -> dict[str, dg.MetadataValue]:
-    """Where a partition's shard is: Dagster's `dagster/uri` (a path), and a link that opens beside it on S3 or
-    through the files server, so every written shard is one click from its partition's page."""
+    """Where a partition's shard is: Dagster's `dagster/uri` (a path), and a link that opens beside it through
+    the files server (never a signed URL), so every written shard is one click from its partition's page."""
     key = store.shard_key(dataset, asset, partition)
     link = browser_link(store, key)
     return {URI: dg.MetadataValue.path(store.uri(key)), **({SHARD_LINK: dg.MetadataValue.url(link)} if link else {})}

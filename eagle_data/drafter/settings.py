@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from eagle_data.catalog import CATALOG_PATH, CatalogError, read_table
+from eagle_data.catalog import Section, current
 from eagle_data.drafter import trainers
 
 
@@ -120,6 +119,14 @@ class CaptureSettings(_Frozen):
     on_policy_rows: int = Field(8, ge=0)
     seed: int = 0
 
+    @field_validator("layers")
+    @classmethod
+    def _some_layers(cls, layers: str | tuple[int, ...]) -> str | tuple[int, ...]:
+        if isinstance(layers, tuple) and (not layers or min(layers) < 0 or len(set(layers)) != len(layers)):
+            raise ValueError('[drafter.capture] layers: name distinct decoder-layer ids >= 0, or "auto": an empty '
+                             "list would capture no hidden state for a drafter to learn from")  # fmt: skip
+        return layers
+
     @model_validator(mode="after")
     def _consistent(self) -> CaptureSettings:
         if len(set(self.formats)) != len(self.formats):
@@ -139,13 +146,15 @@ class CaptureSettings(_Frozen):
         return -(-self.max_rows // self.shard_rows)
 
 
-class DrafterSettings(_Frozen):
-    """Attributes:
+class DrafterSettings(Section):
+    """The catalog's `[drafter]` table. Attributes:
     draft_vocab_sizes: one EAGLE-3 draft vocabulary mapping is written per size (top-N supervised tokens).
     decontamination: which benchmarks rows are checked against.
     hidden_states: the capture recipe the hidden-state plan sizes.
     capture: what the hidden-state capture stores.
     """
+
+    TABLE = "drafter"
 
     draft_vocab_sizes: tuple[int, ...] = Field((32_000, 64_000), min_length=1)
     decontamination: Decontamination = Decontamination()
@@ -160,13 +169,6 @@ class DrafterSettings(_Frozen):
         return tuple(sorted(sizes))
 
 
-def load_drafter_settings(path: Path = CATALOG_PATH) -> DrafterSettings:
-    """The `[drafter]` table of the catalog file, validated (defaults where it is absent)."""
-    try:
-        return DrafterSettings(**read_table(path, "drafter"))
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        message = first["msg"].removeprefix("Value error, ")
-        place = "" if message.startswith("[drafter") else f"[drafter] {where}: "  # the message names its setting
-        raise CatalogError(f"{place}{message} (fix {path})") from exc
+def load_drafter_settings() -> DrafterSettings:
+    """The `[drafter]` table of the current catalog, validated (defaults where it is absent)."""
+    return current().section(DrafterSettings)

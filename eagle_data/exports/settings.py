@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+from pydantic import Field, field_validator
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-
-from eagle_data.catalog import CATALOG_PATH, CatalogError, read_table
-from eagle_data.exports.formats import DEFAULT_FORMATS, chosen
+from eagle_data.catalog import Section, current
+from eagle_data.exports.formats import DEFAULT_FORMATS, FORMATS, chosen
 
 
-class ExportSettings(BaseModel):
-    """Attributes:
+class ExportSettings(Section):
+    """The catalog's `[exports]` table. Attributes:
     formats: the trainer files written per dataset (and for the mix, where the format allows):
         names in `exports.formats.FORMATS`.
     parity_rows: rows per exported file the `trainer_parity` check runs the trainer's own loader or
@@ -23,7 +21,7 @@ class ExportSettings(BaseModel):
         or on the demo profile the demo model.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    TABLE = "exports"
 
     formats: tuple[str, ...] = DEFAULT_FORMATS
     parity_rows: int = Field(1000, ge=0)
@@ -33,15 +31,12 @@ class ExportSettings(BaseModel):
     @field_validator("formats")
     @classmethod
     def _known(cls, formats: tuple[str, ...]) -> tuple[str, ...]:
+        if not formats:  # an export of nothing would still set the last one's files aside: refused, not green
+            raise ValueError(f"[exports] formats = []: choose at least one of {', '.join(FORMATS)}")
         chosen(formats)
         return formats
 
 
-def export_settings(path: Path = CATALOG_PATH) -> ExportSettings:
-    """`[exports]` of the catalog (the user's file merged over the packaged one); a bad key is one line."""
-    try:
-        return ExportSettings(**read_table(path, "exports"))
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise CatalogError(f"[exports] {where} = {first.get('input')!r}: {first['msg']} (fix {path})") from None
+def export_settings() -> ExportSettings:
+    """`[exports]` of the current catalog (the user's file merged over the packaged one), validated."""
+    return current().section(ExportSettings)

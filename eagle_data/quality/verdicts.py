@@ -57,6 +57,7 @@ LOOP = "loop"
 SHORT_REASONS = ("empty_completion", "short_loss")  # what the empty_response gate counts
 EMPTY_REPLY = "empty_reply"  # a failed row's error kind when its billed replies held no text (eagle_data/runner)
 CONTAMINATED = "contaminated"
+PROMPT_MISMATCH = "prompt_mismatch"  # the server rendered the prompt otherwise (another chat template)
 CONTAMINATION = "contamination"  # the benchmark a row overlaps (eagle_data.drafter.decontam), else null
 # Tokens per regenerated turn an engine may count that the rebuilt text need not hold: the stop token,
 # and the think tags and blank lines a template leaves out of an earlier turn it re-renders.
@@ -75,7 +76,7 @@ STRUCTURE_REASONS = (
     "bad_structure",
     "roundtrip_mismatch",
     "prefix_mismatch",
-    "prompt_mismatch",
+    PROMPT_MISMATCH,
     PROMPT_COUNT_MISMATCH,
     "missing_eot",
 )
@@ -205,10 +206,12 @@ def _rules(checks: Checks, thinking: bool) -> list[tuple[str, pl.Expr]]:
         ("skipped_budget", pl.col("status") == "skipped_budget"),
         ("render_error", pl.col("target_error").fill_null("") != ""),  # the chat template refused the row
         (WRONG_VOCABULARY, _false("vocab_ok")),  # an id past the target's embedding: another model's ids
+        # the server's own prompt ids differ from our rendering: the cause of whatever else breaks in the row (a
+        # reply made under another template puts its control tokens elsewhere), and what the pre-flight names
+        (PROMPT_MISMATCH, _false("prompt_ok")),
         ("bad_structure", _false("structure_ok")),
         ("roundtrip_mismatch", _false("roundtrip_ok")),
         ("prefix_mismatch", _false("prefix_ok")),
-        ("prompt_mismatch", _false("prompt_ok")),  # the server's own prompt ids differ from our rendering
         # before the count: a server parses a user's literal `<|im_end|>` as one control token, we keep it text
         ("special_token_in_text", pl.col("special_in_text").fill_null(0) > 0),
         (PROMPT_COUNT_MISMATCH, prompt_count_off(checks)),  # the server counted another prompt

@@ -9,6 +9,8 @@ generate a shard: each would pay for every turn. Before a run opens a shard it t
   Otherwise create the next generation with `ShardStore.create_exclusive` (link(2), which fails like
   O_EXCL on a folder; a PUT with `If-None-Match: *` on S3): of runs racing for a free or expired
   shard exactly one creates it. The winner deletes the generations below its own.
+- Lifetime: `lease_ttl`, the runner's `lease_ttl_s` or longer on S3, where it is derived from the storage retry
+  window (`EAGLE_DATA_STORAGE_RETRY_S`) so that it cannot expire inside an outage that window rides out.
 - Renew: every `ttl_s / 3` the holder rewrites its generation with a fresh expiry. A higher generation
   means the lease expired and another run took it over (this one stalled for longer than ttl_s):
   `LeaseLost`, and the shard is not written by this run. A renewal that fails (storage unreachable for
@@ -37,10 +39,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from eagle_data import layout
-from eagle_data.storage import ShardStore
+from eagle_data.storage import RETRY_ENV, ShardStore, retry_window_s
+from eagle_data.storage.s3 import RETRY_PAUSE_S
 from eagle_data.types import UserError
 
 MARGIN = 0.25  # a lease is given up with this share of its ttl left unrenewed: time for in-flight replies
+RENEWS_PER_TTL = 3  # the holder renews every third of the ttl
+LEASE_CHECKS = 12  # looks per ttl for a lease left unrenewed too long; a failed renewal is tried again as often
 
 
 class LeaseLost(UserError):
@@ -67,11 +72,27 @@ class Holder:
         return f"run {self.run_id} (host {self.host}, pid {self.pid}, heartbeat {now - self.heartbeat:.0f} s ago)"
 
 
+def lease_ttl(asked_s: float, store: ShardStore) -> float:
+    """The lease lifetime a run uses on `store`: `asked_s`, or longer where the storage retry window W needs it
+    (S3; a folder has none), so the lease cannot expire inside an outage the window rides out. A renewal starts
+    at most ttl/3 after the last one landed and waits the outage out inside one retried call: it lands at most
+    one pause p after storage is back, or, when that call gave up just before, a LEASE_CHECKS-th of the ttl
+    later. It must land with MARGIN of the ttl left: ttl/3 + W + max(p, ttl/12) <= 3/4 ttl, which
+    ttl >= 3 (W + p) meets (p: the longest pause, or W when shorter). W = 120 s gives 375 s."""
+    return max(asked_s, _outlasting(retry_window_s() if store.is_s3 else 0.0))
+
+
+def _outlasting(window_s: float) -> float:
+    """The shortest ttl that outlives an outage of `window_s` (lease_ttl)."""
+    return RENEWS_PER_TTL * (window_s + min(window_s, RETRY_PAUSE_S[1]))
+
+
 class Leases:
     """The leases one run takes on the shards of one dataset."""
 
     def __init__(self, store: ShardStore, dataset: str, run_id: str, ttl_s: float) -> None:
         self.store, self.dataset, self.run_id, self.ttl_s = store, dataset, run_id, ttl_s
+        self.window_s = retry_window_s() if store.is_s3 else 0.0  # how long one storage call rides out an outage
         self.held: dict[str, int] = {}  # partition -> generation this run holds
         self.expires: dict[str, float] = {}  # partition -> the expiry its last written lease object says
         self.renewed_at = time.time()  # when a renewal last went through
@@ -123,11 +144,16 @@ class Leases:
             self.held.pop(partition, None)
         if not late:
             return ""
+        outlived = (
+            f", which outlives any outage inside {RETRY_ENV}={self.window_s:g} s: storage was gone for longer"
+            if self.window_s and self.ttl_s >= _outlasting(self.window_s)
+            else ""
+        )
         return (
             f"{self.dataset} {', '.join(late)}: the shard lease could not be renewed for {now - self.renewed_at:.0f} s "
             f"({self.last_error or 'renewal still waiting on storage'}); stopped sending before it could expire "
-            f"(lease_ttl_s={self.ttl_s:g} s), so no other run pays for these turns twice; the answered turns are "
-            "kept in the result log: re-run once storage answers"
+            f"(lease_ttl_s={self.ttl_s:g} s{outlived}), so no other run pays for these turns twice; the answered "
+            "turns are kept in the result log: re-run once storage answers"
         )
 
     def holds(self, partition: str) -> bool:

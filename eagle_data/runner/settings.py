@@ -30,7 +30,8 @@ class RunnerSettings:
             the oldest request's age, done, errors so far), so a hung server is visible within seconds.
         max_retry_wait_s: the longest a server's Retry-After is honoured; a long one is announced.
         lease_ttl_s: a shard's lease expires this long after its last renewal (renewed every third of
-            it): how long a run that died on another host keeps others off its shards.
+            it): how long a run that died on another host keeps others off its shards. On S3 a run uses
+            more where the storage retry window needs it (`runner.lease.lease_ttl`: 375 s for 120 s).
         lease_wait_s: how long to wait, after every other shard, for shards another live run holds;
             then the call fails naming them (their rows are that run's to write).
     """

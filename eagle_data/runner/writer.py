@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Literal
 
 from eagle_data.catalog import DatasetSpec
-from eagle_data.runner.lease import Holder, LeaseLost, Leases
+from eagle_data.runner.lease import LEASE_CHECKS, RENEWS_PER_TTL, Holder, LeaseLost, Leases, lease_ttl
 from eagle_data.runner.progress import Tally
 from eagle_data.runner.resultlog import ResultLog, Turn
 from eagle_data.runner.rows import Row
@@ -18,7 +18,6 @@ from eagle_data.runner.settings import RunnerSettings
 from eagle_data.storage import ROOT_ENV, ShardStore, StorageError, UnwritableRoot
 
 Finish = Literal["shard", "hand_over", "sample"]  # a finished shard's rows: its file, a HANDED part, or parts
-LEASE_CHECKS = 12  # looks per lease ttl for a lease left unrenewed too long
 
 
 class OpenShard:
@@ -45,7 +44,8 @@ class ShardWriter:
         self.store, self.spec, self.run_id, self.settings, self.finish, self.say, self.stop = (
             store, spec, run_id, settings, finish, say, stop,
         )  # fmt: skip
-        self.leases = Leases(store, spec.name, run_id, settings.lease_ttl_s)
+        self.ttl_s = lease_ttl(settings.lease_ttl_s, store)  # outlives the storage retry window
+        self.leases = Leases(store, spec.name, run_id, self.ttl_s)
         self.open_shards: dict[str, OpenShard] = {}
         self.flush_now = asyncio.Event()
         self.unwritable: UnwritableRoot | None = None  # the output root refused a write: full, quota, read-only
@@ -115,7 +115,7 @@ class ShardWriter:
         while shard.pending:
             await self._flush(shard)
             if shard.pending:
-                if self.unwritable and time.monotonic() - self.unwritable_since > self.settings.lease_ttl_s:
+                if self.unwritable and time.monotonic() - self.unwritable_since > self.ttl_s:
                     return  # the root still refuses writes: the caller counts what stays unstored
                 await asyncio.sleep(self.settings.flush_every_s)
 
@@ -138,7 +138,7 @@ class ShardWriter:
         held = sum(len(s.pending) for s in self.open_shards.values())
         line = (
             f"{self.spec.name} {shard.partition}: the output root {exc.root} {exc.why}: stopped sending; {held} "
-            f"answered turns are held in memory, their checkpoint retried for up to {self.settings.lease_ttl_s:g} s: "
+            f"answered turns are held in memory, their checkpoint retried for up to {self.ttl_s:g} s: "
             "free space now and nothing already answered is paid again"
         )
         self.say(f"WARNING {line}")
@@ -165,7 +165,7 @@ class ShardWriter:
         renewing = asyncio.create_task(self._renew_loop(lost))
         try:
             while True:
-                await asyncio.sleep(self.settings.lease_ttl_s / LEASE_CHECKS)
+                await asyncio.sleep(self.ttl_s / LEASE_CHECKS)
                 if given_up := self.leases.give_up_unrenewed():
                     lost(given_up)
         finally:
@@ -173,18 +173,18 @@ class ShardWriter:
 
     async def _renew_loop(self, lost: Callable[[str], None]) -> None:
         """Renew every ttl/3; a renewal that failed on storage is tried again after a LEASE_CHECKS-th of it."""
-        pause = self.settings.lease_ttl_s / 3
+        pause = self.ttl_s / RENEWS_PER_TTL
         while True:
             await asyncio.sleep(pause)
             try:
                 await asyncio.to_thread(self.leases.renew)
-                pause = self.settings.lease_ttl_s / 3
+                pause = self.ttl_s / RENEWS_PER_TTL
             except LeaseLost as exc:
                 lost(str(exc))
             except (StorageError, OSError) as exc:  # storage gone past its retry window: try again soon
                 self.leases.last_error = str(exc)
                 self.say(f"WARNING {self.spec.name}: lease renewal failed, retrying: {exc}")
-                pause = self.settings.lease_ttl_s / LEASE_CHECKS
+                pause = self.ttl_s / LEASE_CHECKS
 
     def abandon(self) -> None:
         """Interrupted (Ctrl-C, Dagster termination) or done: keep what landed, free the leases."""

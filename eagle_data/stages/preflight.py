@@ -14,6 +14,7 @@ from eagle_data import engines, layout
 from eagle_data.catalog import CatalogError, DatasetSpec
 from eagle_data.drafter.evalsets import BenchmarkError, benchmark_index
 from eagle_data.drafter.settings import load_drafter_settings
+from eagle_data.quality.verdicts import PROMPT_MISMATCH
 from eagle_data.report import Log
 from eagle_data.runner.prices import refuse_unpriced
 from eagle_data.runner.resultlog import resume_key
@@ -52,7 +53,8 @@ def check_server_template(spec: DatasetSpec, engine: Engine, prompts: Mapping[st
         return
     if not spec.check_server_template:
         log(f"WARNING {spec.name}: the server's chat template is not checked (check_server_template = false); "
-            "rows it renders otherwise than the target are prompt_mismatch at validation")  # fmt: skip
+            f"rows it renders otherwise than target {spec.target} are set aside at validation as {PROMPT_MISMATCH} "
+            "(the blocking token_structure check)")  # fmt: skip
         return
     first = next((frame["messages"].head(1).to_list()[0] for frame in prompts.values() if frame.height), [])
     segments = plan_turns(first, spec.regenerate, spec.max_turns)

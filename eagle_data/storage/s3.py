@@ -18,9 +18,9 @@ from eagle_data.storage.errors import ROOT_ENV, StorageError
 from eagle_data.storage.local import _new_temp
 
 LINK_EXPIRES_S = 7 * 24 * 3600
-# The endpoint presigned links name when browsers reach the store at another address than this process
-# (docker's MinIO: `http://minio:9000` inside compose, `http://127.0.0.1:9000` on the host). A SigV4
-# signature covers the host, so the link is signed for that address, not rewritten after signing.
+# The endpoint the files server's signed redirects name when browsers reach the store at another address than
+# this process (docker's MinIO: `http://minio:9000` inside compose, `http://127.0.0.1:9000` on the host). A
+# SigV4 signature covers the host, so the link is signed for that address, not rewritten after signing.
 LINK_URL_ENV = "EAGLE_DATA_S3_LINK_URL"
 RETRY_ENV = "EAGLE_DATA_STORAGE_RETRY_S"
 DEFAULT_RETRY_S = 120.0  # how long an S3 call rides out an outage before the step fails
@@ -68,25 +68,27 @@ class S3Files:
         self.client()
 
     def client(self) -> Any:
-        """The client every call goes through, retried through an outage. The bucket check on first use is
-        not retried: before anything is written there is nothing to keep."""
+        """The client every call goes through, retried through an outage; the bucket is checked on its first
+        use, through the same retries: that first call may be the shard IO manager's, after an hour of paid
+        replies (an outage there lost the run, issue 43)."""
         if self._client is None:
-            client = presign_with_sigv4(self.client_factory())
+            client = _Retrying(presign_with_sigv4(self.client_factory()), retry_window_s())
             check_bucket(client, self.bucket)
-            self._client = _Retrying(client, retry_window_s())
+            self._client = client
         return self._client
 
     def key(self, key: str) -> str:
         return layout.under(self.prefix, key)
 
-    def link(self, key: str) -> str:
-        """A presigned GET URL, valid for LINK_EXPIRES_S (7 days, the longest S3 signatures allow), for the
-        endpoint a browser reaches (LINK_URL_ENV; signing makes no request)."""
+    def link(self, key: str, expires_s: int = LINK_EXPIRES_S) -> str:
+        """A presigned GET URL, valid for `expires_s` (at most 7 days, the longest S3 signatures allow), for the
+        endpoint a browser reaches (LINK_URL_ENV; signing makes no request). Never stored: it carries the
+        credentials' id and a session token's value (the files server signs one per request instead)."""
         client, public = self.client(), link_endpoint()
         if public and public != (client.meta.endpoint_url or "").rstrip("/"):
             client = self._link_client(public)
         params = {"Bucket": self.bucket, "Key": self.key(key)}
-        return client.generate_presigned_url("get_object", Params=params, ExpiresIn=LINK_EXPIRES_S)
+        return client.generate_presigned_url("get_object", Params=params, ExpiresIn=expires_s)
 
     def _link_client(self, endpoint_url: str) -> Any:
         if self._link is None or self._link.meta.endpoint_url != endpoint_url:
@@ -186,8 +188,9 @@ def presign_with_sigv4(client: Any) -> Any:
 
 
 def check_bucket(client: Any, bucket: str) -> None:
-    """One line when the bucket is missing, the credentials are refused or the endpoint is unreachable."""
-    from botocore.exceptions import ClientError, EndpointConnectionError
+    """One line when the bucket is missing or the credentials are refused; an unreachable endpoint is retried
+    by `client` (`_Retrying`), then is its line."""
+    from botocore.exceptions import ClientError
 
     endpoint = mask_url(client.meta.endpoint_url or "")
     try:
@@ -200,8 +203,6 @@ def check_bucket(client: Any, bucket: str) -> None:
                 "at an existing bucket"
             ) from None
         raise StorageError(f"S3 bucket {bucket!r} at {endpoint}: {code} ({exc}); check credentials") from None
-    except EndpointConnectionError:
-        raise StorageError(f"cannot reach the S3 endpoint {endpoint}: start it or fix AWS_ENDPOINT_URL") from None
 
 
 def retry_window_s() -> float:
@@ -229,6 +230,13 @@ def _transient(exc: BaseException) -> bool:
     return False
 
 
+def _unreachable(exc: BaseException) -> bool:
+    """No connection at all: the endpoint is down or its address is wrong."""
+    from botocore.exceptions import EndpointConnectionError
+
+    return isinstance(exc, EndpointConnectionError)
+
+
 class _Retrying:
     """An S3 client whose calls ride out an outage: a transient failure is retried with doubling pauses for
     up to `window_s`, then becomes one StorageError line. Meanwhile the caller waits, and what it holds
@@ -254,9 +262,10 @@ class _Retrying:
                     raise
                 endpoint = mask_url(self.meta.endpoint_url or "")
                 if time.monotonic() + pause > deadline:
+                    fix = "start it or fix AWS_ENDPOINT_URL" if _unreachable(exc) else "bring it back"
                     raise StorageError(
                         f"S3 at {endpoint} still failing after {self._window_s:g} s of retries "
-                        f"({type(exc).__name__}: {str(exc).splitlines()[0]}): bring it back and re-run (what was "
+                        f"({type(exc).__name__}: {str(exc).splitlines()[0]}): {fix} and re-run (what was "
                         f"written stays), or set {RETRY_ENV} to wait longer"
                     ) from None
                 if not said:

@@ -13,7 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from eagle_data import settings
-from eagle_data.catalog import CATALOG_PATH, USER_CATALOG_ENV, read_table
+from eagle_data.catalog import USER_CATALOG_ENV, current
 from eagle_data.types import UserError
 
 TARGETS_PATH = Path(__file__).with_name("targets.toml")
@@ -83,7 +83,7 @@ def _tables(path: Path) -> list[tuple[str, dict[str, Any]]]:
 def read_table_user() -> dict[str, Any]:
     """The user's catalog's `[targets]` table ({} without one): profiles, formats and served models it adds or
     overrides, so a team's own model needs no edit of the installed package."""
-    return read_table(CATALOG_PATH, "targets") if settings.get(USER_CATALOG_ENV) else {}
+    return current().files.table("targets") if settings.get(USER_CATALOG_ENV) else {}  # the catalog's one loader
 
 
 def read_profiles(path: Path = TARGETS_PATH) -> dict[str, Profile]:
