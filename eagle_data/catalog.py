@@ -126,13 +126,9 @@ class Checks(_Frozen):
 
 
 class Breaker(_Frozen):
-    """The breaker that judges replies as they arrive (eagle_data/runner/breaker.py, docs/breaker.md).
-
-    Over the last `window` answered replies (judged once `min_replies` are in), a blocking verdict's
-    share trips it when its one-sided Wilson lower bound at `confidence` exceeds the verdict's gate in
-    `checks`, so healthy noise just under a gate does not. `empty_retries`: how often a billed reply
-    with no usable text (empty, lost text) is asked for again before its row is recorded failed.
-    """
+    """The breaker that judges replies as they arrive (eagle_data/runner/breaker.py, docs/breaker.md): over the
+    last `window` answered replies (once `min_replies` are in), a verdict's share trips it when its lower bound
+    at `confidence` exceeds its gate; a billed reply with no usable text is asked again `empty_retries` times."""
 
     enabled: bool = True
     window: int = Field(200, gt=0)
@@ -148,14 +144,9 @@ class Breaker(_Frozen):
 
 
 class OnPolicy(_Frozen):
-    """The on-policy score of validated shards and its blocking check (eagle_data/quality/on_policy.py).
-
-    `scorer`: where the target's log-probabilities come from: "auto" (the embedded engine's own checkpoint for
-    rows it generated; other engines' rows are not scored here, the hidden-state capture scores them), "none",
-    "transformers" (`checkpoint`), "sglang" or "vllm" (a server at `url`, serving `model`). `sample_rows` rows
-    of each shard are scored (seeded by prompt id); the check fails when agreement or mean log-probability is
-    surely (at `confidence`) further below the target's own prediction than the tolerances.
-    """
+    """The on-policy score of validated shards and its blocking check (eagle_data/quality/on_policy.py; each key
+    in docs/design.md): `scorer` "auto" (the embedded engine's own checkpoint, for its rows), "none", "transformers"
+    (`checkpoint`), "sglang" or "vllm" (a server at `url`, serving `model`)."""
 
     scorer: Literal["auto", "none", "transformers", "sglang", "vllm"] = "auto"
     checkpoint: str = ""

@@ -17,7 +17,8 @@ from eagle_data.runner import RunnerSettings, run_generation
 from eagle_data.runner.resultlog import ResultLog, resume_key
 from eagle_data.runner.rows import build_row, to_frame
 from eagle_data.runner.run import NothingAnswered
-from eagle_data.standins.openai_fake import FakeOpenAI, Faults, fake_reply, prompt_shards, spec_for_tests
+from eagle_data.standins.openai_fake import FakeOpenAI, Faults, prompt_shards, spec_for_tests
+from eagle_data.standins.reply_shapes import fake_reply
 from eagle_data.storage import ShardStore
 from eagle_data.targets import profile, reasoning, reasoning_markers
 from eagle_data.targets.reasoning import THINK_TAGS

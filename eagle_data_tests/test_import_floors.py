@@ -17,7 +17,7 @@ FLOORS = (
     {"runner", "drafter", "exports", "report", "alerts", "files_server"},
     {"engines", "quality"},
     {"targets", "sources", "storage", "catalog", "demo"},
-    {"types", "settings", "layout", "secrets", "provenance", "retry_after", "procs"},
+    {"types", "settings", "layout", "secrets", "provenance", "retry_after", "procs", "checkpoints"},
 )
 FLOOR = {room: level for level, rooms in enumerate(FLOORS) for room in rooms}
 WIRING = {"defs", "definitions"}  # the only rooms that know Dagster

@@ -24,7 +24,7 @@ from eagle_data.drafter.capture import TransformersBackend, capture_shard
 from eagle_data.drafter.layers import resolve
 from eagle_data.drafter.settings import CaptureSettings
 from eagle_data.engines import make_engine
-from eagle_data.engines.local import TOP_K
+from eagle_data.engines.batched import TOP_K
 from eagle_data.engines.scoring import (
     Row,
     ScorerError,

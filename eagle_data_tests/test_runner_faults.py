@@ -16,7 +16,8 @@ from eagle_data.engines import make_engine
 from eagle_data.runner import RunnerSettings, run_generation
 from eagle_data.runner.progress import ProgressBar, Tally
 from eagle_data.runner.run import NothingAnswered
-from eagle_data.standins.openai_fake import FakeOpenAI, Faults, fake_reply, prompt_shards, spec_for_tests
+from eagle_data.standins.openai_fake import FakeOpenAI, Faults, prompt_shards, spec_for_tests
+from eagle_data.standins.reply_shapes import fake_reply
 from eagle_data.storage import ShardStore
 from eagle_data.types import AbortError
 

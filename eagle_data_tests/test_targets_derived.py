@@ -317,7 +317,9 @@ def test_a_users_catalog_adds_a_preset_and_maps_its_model_without_touching_the_p
     assert load_catalog(profile="")["b7_sharegpt"].target == "team-qwen"
     assert load_target("team-qwen").prompt_ids([{"role": "user", "content": "Hi"}], thinking=True)[0] == 151644
     assert resolve_target("auto", ["acme/chat-7b"]) == "team-qwen"
-    user.write_text(TEAM_CATALOG.replace('format = "chatml-qwen3"', 'format = "no-such-format"'))
+    broken = tmp_path / "broken.toml"  # a catalog file is read once per process: another file, as a new run would
+    broken.write_text(TEAM_CATALOG.replace('format = "chatml-qwen3"', 'format = "no-such-format"'))
+    monkeypatch.setenv("EAGLE_DATA_CATALOG", str(broken))
     load_target.cache_clear()
     with pytest.raises(TargetError, match=r"^target team-qwen \(\[targets\] of \$EAGLE_DATA_CATALOG\): unknown format"):
         load_target("team-qwen")

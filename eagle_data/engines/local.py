@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import copy
 import functools
 import hashlib
-import json
 import os
 import threading
 from collections.abc import Iterator
@@ -28,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from eagle_data.catalog import Generation
 from eagle_data.engines import EngineKind, EngineSettings, register
+from eagle_data.engines.batched import Row, checkpoint_top_k, generate_rows
 from eagle_data.engines.cpus import ThreadMeter
 from eagle_data.engines.replies import completion_from_ids
 from eagle_data.targets.reasoning import THINK_TAGS, ReasoningMarkers, reasoning_markers
@@ -39,8 +38,6 @@ if TYPE_CHECKING:
 DEMO_NOTE = "the demo model"
 BATCH_SIZE = 16  # prompts generated together: SmolLM2-135M on one thread, 8: 51 tokens/s, 16: 70, 32: 83
 GATHER_S = 0.05  # a batch waits for more requests while they keep arriving at most this far apart
-TOP_K = 50  # a sampled row's top-k where the checkpoint's generation config sets none: transformers' default
-# (`GenerationConfig._get_default_generation_params`), which `generate` applied when it sampled itself
 # One generation at a time in this process, whichever engine asks: engines share a loaded checkpoint and
 # torch's thread count is the process's.
 _GENERATING = threading.Lock()
@@ -100,7 +97,7 @@ class LocalEngine(Engine):
         """The prompt ids this checkpoint's own chat template gives `messages` (what `complete` generates from)."""
         return await asyncio.to_thread(self._render, messages)
 
-    def _request(self, messages: list[Message], prompt_id: str) -> _Row:
+    def _request(self, messages: list[Message], prompt_id: str) -> Row:
         """One request as a batch row: the checkpoint's own chat template renders it; its seed is its prompt's
         and turn's."""
         import torch
@@ -108,7 +105,7 @@ class LocalEngine(Engine):
         turn = sum(m["role"] == "user" for m in messages)
         seed = int(hashlib.sha256(f"{prompt_id}:{turn}".encode()).hexdigest()[:8], 16)
         g = self.generation
-        return _Row(
+        return Row(
             self._render(messages), g.max_tokens, min(g.min_tokens, g.max_tokens), g.temperature, g.top_p,
             torch.Generator(self.device).manual_seed(seed),
         )  # fmt: skip
@@ -147,18 +144,6 @@ class LocalEngine(Engine):
 
     async def aclose(self) -> None:
         """Nothing to release per run: the model stays loaded for the next run in this process (`_checkpoint`)."""
-
-
-@dataclass
-class _Row:
-    """One request in a batch: its prompt ids, sampling and generator (None when greedy)."""
-
-    prompt: list[int]
-    max_tokens: int
-    min_tokens: int
-    temperature: float
-    top_p: float
-    generator: Any
 
 
 @dataclass(eq=False)
@@ -214,7 +199,7 @@ class _Batcher:
     def _serve(self) -> None:
         while True:
             batch = self._next_batch()
-            rows: list[tuple[_Ask, _Row]] = []
+            rows: list[tuple[_Ask, Row]] = []
             for ask in batch:
                 try:
                     rows.append((ask, ask.engine._request(ask.messages, ask.prompt_id)))
@@ -223,7 +208,7 @@ class _Batcher:
             if rows:
                 self._answer(rows)
 
-    def _answer(self, rows: list[tuple[_Ask, _Row]]) -> None:
+    def _answer(self, rows: list[tuple[_Ask, Row]]) -> None:
         """Generate the batch; when it fails, each row alone, so one bad prompt fails only itself."""
         engine = rows[0][0].engine
         try:
@@ -262,104 +247,6 @@ def _batcher() -> _Batcher:
         if _BATCHER is None or _BATCHER[0] != os.getpid():
             _BATCHER = (os.getpid(), _Batcher())
         return _BATCHER[1]
-
-
-def end_ids(model: Any, tokenizer: Any) -> list[int]:
-    """The ids that end a reply: the checkpoint's generation config's end ids, else its tokenizer's."""
-    ends = model.generation_config.eos_token_id
-    ends = tokenizer.eos_token_id if ends is None else ends
-    return [ends] if isinstance(ends, int) else list(ends)
-
-
-def generate_rows(model: Any, tokenizer: Any, rows: list[_Row]) -> list[list[int]]:
-    """One left-padded `generate` over every row; each row's output ids, through its first end id (kept)
-    or its own max_tokens. Decoding is greedy: a sampled row's token is drawn by `_RowSampler`, which leaves
-    only that token standing."""
-    import torch
-    from transformers import LogitsProcessorList, StoppingCriteriaList
-
-    ends = end_ids(model, tokenizer)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else ends[0]
-    width = max(len(row.prompt) for row in rows)
-    device = model.device
-    input_ids = torch.tensor([[pad] * (width - len(r.prompt)) + r.prompt for r in rows], device=device)
-    mask = torch.tensor([[0] * (width - len(r.prompt)) + [1] * len(r.prompt) for r in rows], device=device)
-    config = copy.deepcopy(model.generation_config)  # its other settings (a repetition penalty) apply as before
-    config.do_sample, config.temperature, config.top_p, config.top_k = False, None, None, None  # `_RowSampler`'s
-    config.min_new_tokens = None  # each row's own, in `_RowSampler`
-    config.max_new_tokens, config.pad_token_id, config.eos_token_id = max(r.max_tokens for r in rows), pad, ends
-    with torch.no_grad():
-        out = model.generate(
-            input_ids=input_ids,
-            attention_mask=mask,
-            generation_config=config,
-            logits_processor=LogitsProcessorList([_RowSampler(rows, width, ends, model.generation_config.top_k)]),
-            stopping_criteria=StoppingCriteriaList([_RowLengths(rows, width)]),
-        )
-    replies = []
-    for row, ids in zip(rows, out[:, width:].tolist(), strict=True):
-        ids = ids[: row.max_tokens]
-        end = next((i for i, token in enumerate(ids) if token in ends), None)
-        replies.append(ids if end is None else ids[: end + 1])
-    return replies
-
-
-def checkpoint_top_k(folder: Path) -> int:
-    """The top-k a sampled row is cut to: the checkpoint's generation_config.json `top_k`, else TOP_K (0: off)."""
-    config = folder / "generation_config.json"
-    top_k = json.loads(config.read_text()).get("top_k") if config.is_file() else None
-    return TOP_K if top_k is None else int(top_k)
-
-
-class _RowSampler:
-    """Each row's min_tokens (its end ids barred before), then, for a sampled row, what `generate` does when it
-    samples that row alone (its temperature, the checkpoint's top-k, its top-p: transformers' own warpers, in
-    their order) and one draw from the row's own generator, where `generate` draws from torch's, seeded the
-    same: the drawn token alone is left standing for the greedy pick. So a row's tokens depend only on its own
-    logits and seed, never on the rows beside it, and equal those of one `generate` seeded with its seed."""
-
-    def __init__(self, rows: list[_Row], start: int, ends: list[int], top_k: int | None) -> None:
-        from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
-
-        self.rows, self.start, self.ends = rows, start, ends
-        top_k = TOP_K if top_k is None else top_k
-        self.warpers = [
-            LogitsProcessorList(
-                ([TemperatureLogitsWarper(row.temperature)] if row.temperature != 1.0 else [])
-                + ([TopKLogitsWarper(top_k)] if top_k else [])  # 0: the checkpoint turns top-k off
-                + ([TopPLogitsWarper(row.top_p)] if row.top_p < 1.0 else [])
-            )
-            if row.temperature > 0
-            else None  # greedy
-            for row in rows
-        ]
-
-    def __call__(self, input_ids: Any, scores: Any) -> Any:
-        import torch
-
-        step = input_ids.shape[1] - self.start
-        for i, row in enumerate(self.rows):
-            if step < row.min_tokens:
-                scores[i, self.ends] = -float("inf")
-            if (warpers := self.warpers[i]) is not None:
-                probs = torch.softmax(warpers(input_ids[i : i + 1], scores[i : i + 1]), dim=-1)
-                token = torch.multinomial(probs, num_samples=1, generator=row.generator)[0, 0]
-                scores[i] = -float("inf")
-                scores[i, token] = 0.0
-        return scores
-
-
-class _RowLengths:
-    """Stops each row at its own max_tokens (transformers pads it from there until the batch is done)."""
-
-    def __init__(self, rows: list[_Row], start: int) -> None:
-        self.limits, self.start = [row.max_tokens for row in rows], start
-
-    def __call__(self, input_ids: Any, scores: Any, **_: Any) -> Any:
-        import torch
-
-        done = input_ids.shape[1] - self.start
-        return torch.tensor([done >= limit for limit in self.limits], device=input_ids.device)
 
 
 @functools.lru_cache(maxsize=1)

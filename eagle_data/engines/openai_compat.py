@@ -124,20 +124,8 @@ class OpenAICompatEngine(Engine):
         self._url_secret = password
         self.api_key_env = api_key_env
         self.timeout_s, self.connect_timeout_s, self.max_connections = timeout_s, connect_timeout_s, max_connections
-        body: dict[str, Any] = {
-            "model": model,
-            "max_tokens": max_tokens,
-            "temperature": temperature,
-            "top_p": top_p,
-        }
-        if provider := _checked("provider", provider, PROVIDER_KEYS):
-            body["provider"] = provider
-        if reasoning := _checked("reasoning", reasoning, REASONING_KEYS):
-            body["reasoning"] = reasoning
-        elif thinking is not None and reasoning_request:
-            body["reasoning"] = {"enabled": thinking}
-        elif thinking is not None:
-            body["chat_template_kwargs"] = {"enable_thinking": thinking}
+        body: dict[str, Any] = {"model": model, "max_tokens": max_tokens, "temperature": temperature, "top_p": top_p}
+        body.update(_switches(provider, reasoning, thinking, reasoning_request=reasoning_request))
         if token_ids:
             body["return_token_ids"] = True
         body.update(extra_body or {})
@@ -369,3 +357,20 @@ register(EngineKind(
     name=OPENROUTER, build=build_compatible, make=make_openrouter, takes=ROUTED_SETTINGS,
     summary="OpenRouter's API", key_env=OPENROUTER_KEY_ENV, required={"model": MODEL_FIX}, billing="reported",
 ))  # fmt: skip
+
+
+def _switches(
+    provider: dict[str, Any] | None, reasoning: dict[str, Any] | None, thinking: bool | None, *, reasoning_request: bool
+) -> dict[str, Any]:
+    """The request's routing and reasoning fields: OpenRouter's `provider` and `reasoning` objects as given
+    (checked), else the thinking switch where the API reads it (`reasoning.enabled` or `chat_template_kwargs`)."""
+    out: dict[str, Any] = {}
+    if provider := _checked("provider", provider, PROVIDER_KEYS):
+        out["provider"] = provider
+    if reasoning := _checked("reasoning", reasoning, REASONING_KEYS):
+        out["reasoning"] = reasoning
+    elif thinking is not None and reasoning_request:
+        out["reasoning"] = {"enabled": thinking}
+    elif thinking is not None:
+        out["chat_template_kwargs"] = {"enable_thinking": thinking}
+    return out

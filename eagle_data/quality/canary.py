@@ -160,16 +160,7 @@ def judge(
     rejected = Counter({v: n for v, n in counts.items() if v in behind or v.split(":")[0] in behind})
     parts, examples = [], ()
     if rejected:
-        verdict, n = rejected.most_common(1)[0]
-        examples = tuple(rows.filter(named == verdict)["prompt_id"].head(EXAMPLES).to_list())
-        parts.append(f"{pct(n / rows.height)} of them are {verdict} (e.g. {', '.join(examples)})")
-        if verdict == PROMPT_COUNT_MISMATCH:
-            first = rows.filter(named == verdict).row(0, named=True)
-            parts.append(
-                f"the server counted {first['prompt_tokens']} prompt tokens for {first['prompt_id']} where target "
-                f"{target or '(unnamed)'} renders {first['rendered_prompt_tokens']}: another vocabulary or chat "
-                "template made the replies; set `target` to the served model's own"
-            )
+        examples, parts = _rejected(rows, named, rejected, target)
     elif gates:  # every row passed on its own, but together they fail (one completion or loss-mask sum dominating)
         parts.append(gates[0].message)
     if scored and not scored.passed:
@@ -184,6 +175,24 @@ def judge(
                      f"{', '.join(cut_ids)}); max_tokens={suggested_max_tokens} would cover 95% of them: raise "
                      "max_tokens in the catalog and re-run")  # fmt: skip
     return Canary(**common, line=f"{head}: {'; '.join(parts)}", examples=examples)  # type: ignore[arg-type]
+
+
+def _rejected(
+    rows: pl.DataFrame, named: pl.Series, rejected: Counter[str], target: str
+) -> tuple[tuple[str, ...], list[str]]:
+    """The most common verdict behind the failing gates, with example prompts; for rows whose server counted
+    other prompt tokens, both counts and the target."""
+    verdict, n = rejected.most_common(1)[0]
+    examples = tuple(rows.filter(named == verdict)["prompt_id"].head(EXAMPLES).to_list())
+    parts = [f"{pct(n / rows.height)} of them are {verdict} (e.g. {', '.join(examples)})"]
+    if verdict == PROMPT_COUNT_MISMATCH:
+        first = rows.filter(named == verdict).row(0, named=True)
+        parts.append(
+            f"the server counted {first['prompt_tokens']} prompt tokens for {first['prompt_id']} where target "
+            f"{target or '(unnamed)'} renders {first['rendered_prompt_tokens']}: another vocabulary or chat "
+            "template made the replies; set `target` to the served model's own"
+        )
+    return examples, parts
 
 
 @dataclass(frozen=True)

@@ -31,25 +31,9 @@ from aiohttp import web
 from eagle_data.catalog import DatasetSpec, load_catalog
 from eagle_data.standins import model_logprobs
 from eagle_data.standins.drip import drip
+from eagle_data.standins.reply_shapes import fake_reply, shaped_message, token_ids
 from eagle_data.targets import load_target
-from eagle_data.targets.vocab import qwen_tokenizer
 from eagle_data.types import PROMPT_ID_HEADER
-
-# Reply shapes servers use. "split": OpenRouter's `reasoning` string beside `content`; "details": only
-# OpenRouter's typed `reasoning_details` parts (with an encrypted part that has no text); "reasoning_content":
-# SGLang's and older vLLM's field; "think_inline": no reasoning parser, a think block inside `content`;
-# "null_content": `content` null, no reasoning, finish "stop"; "special_only": the model emitted only
-# special tokens the server stripped: content "", finish "length", completion_tokens = max_tokens.
-SHAPES = ("split", "details", "reasoning_content", "think_inline", "null_content", "special_only")
-# The words of a healthy reply, each one Qwen token with or without a leading space, drawn per turn: varied text,
-# since a reply of one word repeated is a loop the quality gates set aside (eagle_data/quality/verdicts.py).
-REPLY_WORDS = (
-    "the", "of", "and", "to", "in", "is", "was", "for", "on", "that", "with", "as", "by", "at", "from", "this", "it",
-    "an", "be", "are", "or", "have", "not", "but", "his", "they", "all", "which", "one", "had", "were", "their",
-    "has", "more", "new", "can", "will", "also", "would", "about", "other", "there", "been", "some", "time", "two",
-    "like", "people", "first", "into", "its", "only", "after", "may", "over", "most", "years", "many", "such",
-    "these", "when", "where", "who", "what",
-)
 
 
 @dataclass
@@ -73,7 +57,7 @@ class Faults:
     force_reason: str = ""  # ... and this metadata.reason
     fail_turn: int = 0  # answer every request for this user turn (1-based) with HTTP 500
     reply_tokens: tuple[int, int] = (20, 60)  # natural reply length range, fixed per prompt
-    shape: str = "split"  # how the reply's text comes back: one of SHAPES
+    shape: str = "split"  # how the reply's text comes back: one of reply_shapes.SHAPES
     fixed_text: str | None = None  # every reply's content is this text, no reasoning ("" for empty replies) ...
     reported_tokens: int = 0  # ... with this many completion tokens reported (0: one per word of the text)
     poison_prompts: tuple[str, ...] = ()  # these prompts' replies hold a lone surrogate ("\\ud800" in the JSON)
@@ -339,47 +323,6 @@ class FakeOpenAI:
         for task in hung:
             task.cancel()
         await asyncio.gather(*hung, return_exceptions=True)
-
-
-def shaped_message(shape: str, content: str, reasoning: str) -> dict[str, Any]:
-    """The assistant message of one reply in the given shape (see SHAPES)."""
-    message: dict[str, Any] = {"role": "assistant"}
-    if shape == "split":
-        return {**message, "content": content, "reasoning": reasoning}
-    if shape == "details":
-        parts = [{"type": "reasoning.encrypted", "data": "b64=="}, {"type": "reasoning.text", "text": reasoning},
-                 {"type": "reasoning.summary", "summary": " (summary)"}]  # fmt: skip
-        return {**message, "content": content, "reasoning": None, "reasoning_details": parts}
-    if shape == "reasoning_content":
-        return {**message, "content": content, "reasoning_content": reasoning}
-    if shape == "think_inline":
-        return {**message, "content": f"<think>\n{reasoning}\n</think>\n\n{content}"}
-    if shape == "null_content":
-        return {**message, "content": None}
-    if shape == "special_only":
-        return {**message, "content": ""}
-    raise ValueError(f"unknown reply shape {shape!r}; known: {SHAPES}")
-
-
-def fake_reply(turn: str, n: int) -> str:
-    """A healthy reply of `n` tokens to one turn (`prompt_id#turn`), the same on every request."""
-    rng = random.Random(zlib.crc32(turn.encode()))
-    return " ".join(rng.choice(REPLY_WORDS) for _ in range(n))
-
-
-def token_ids(
-    messages: list[dict[str, Any]], message: dict[str, Any], finish: str, thinking: bool = True
-) -> tuple[list[int], list[int]]:
-    """(prompt ids, reply ids) as vLLM returns them for a Qwen3 model: the ChatML rendering of the
-    conversation (with thinking off, an empty think block after it) and of the reply (its think block, its
-    content, `<|im_end|>` unless cut), in Qwen's vocabulary."""
-    turns = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
-    prompt = turns + "<|im_start|>assistant\n" + ("" if thinking else "<think>\n\n</think>\n\n")
-    thought = message.get("reasoning") or message.get("reasoning_content")
-    reply = (f"<think>\n{thought}\n</think>\n\n" if thought else "") + (message.get("content") or "")
-    reply += "<|im_end|>" if finish == "stop" else ""
-    encode = qwen_tokenizer().encode
-    return encode(prompt, add_special_tokens=False).ids, encode(reply, add_special_tokens=False).ids
 
 
 def prompt_shards(shards: int, per_shard: int, turns: int = 1, dataset: str = "b7_sharegpt") -> dict[str, pl.DataFrame]:

@@ -39,6 +39,18 @@ class _Span:
     end: int
 
 
+@dataclass(frozen=True, slots=True)
+class _Reply:
+    """The final reply as the row holds it, and what building it found."""
+
+    ids: list[int]
+    text: str  # what its ids decode to, as the template writes it
+    tail: str  # the template's text after the turn (untrained)
+    prefix_ok: bool
+    ids_match: bool | None
+    control_ok: bool
+
+
 class DerivedTarget:
     """A checkpoint's tokenizer and chat template as a target (the same surface as a profile's `Target`)."""
 
@@ -195,28 +207,8 @@ class DerivedTarget:
             starts = [s for s, _ in head.offsets]
             for t in range(bisect_left(starts, span.start), bisect_left(starts, span.end)):
                 mask[t] = 1
-        prefix_ok = full.startswith(prompt)
-        if prefix_ok or output_ids is None:
-            reply = self._span(full, None, None, prompt)
-            body_text = full[reply.start : reply.end if not truncated else self._eot_start(full, reply)]
-            tail_text = "" if truncated else full[reply.end :]
-            text_ids: list[int] | None = encode(body_text, add_special_tokens=False).ids
-        else:
-            # The template renders the prompt otherwise once the reply follows it (Mistral Nemo's drops the system
-            # message then): the row is what the model saw, its prompt and its own ids, then the template's text
-            # after the conversation's last end token.
-            text_ids, body_text, prefix_ok = None, self.decode(output_ids), True
-            tail_text = "" if truncated else full[self._last_end(full) :]
-        ids_match, control_ok, body = None, True, text_ids or []
-        if output_ids is not None:
-            out = list(output_ids)
-            if not truncated and (not out or out[-1] not in self.control):
-                out.append(self.eot_id)  # the engine reported a stop but left the stop token out of its ids
-            if text_ids is not None:
-                ids_match = out == text_ids
-                if not ids_match:  # the model's own tokens win; their control ids must be where the template's are
-                    control_ok = [t for t in out if t in self.control] == [t for t in text_ids if t in self.control]
-            body = out
+        reply = self._reply(full, prompt, truncated, output_ids)
+        body, body_text, tail_text = reply.ids, reply.text, reply.tail
         body_mask = self._body_mask(body, thinking, mask_empty_think, messages[-1])
         tail = encode(tail_text, add_special_tokens=False).ids if tail_text else []
         ids += [*body, *tail]
@@ -230,11 +222,11 @@ class DerivedTarget:
             "num_tokens": len(ids),
             "loss_tokens": sum(mask),
             "roundtrip_ok": self.decode(ids) == prompt + body_text + tail_text,
-            "prefix_ok": prefix_ok,
-            "structure_ok": control_ok,
+            "prefix_ok": reply.prefix_ok,
+            "structure_ok": reply.control_ok,
             "eot_ok": truncated or (bool(body) and body[-1] in self.eot_ids),
             "special_in_text": specials,
-            "ids_match": ids_match,
+            "ids_match": reply.ids_match,
             "prompt_ok": None if server_prompt is None else server_prompt == list(head.ids),
             "target_error": "",
             "reply_tokens": len(body) + history,
@@ -242,6 +234,32 @@ class DerivedTarget:
             "rendered_prompt_tokens": sum(len(encode(p, add_special_tokens=False).ids) for p in prompts.values()),
             "vocab_ok": not ids or (min(ids) >= 0 and max(ids) < self.vocab_size),
         }
+
+    def _reply(self, full: str, prompt: str, truncated: bool, output_ids: list[int] | None) -> _Reply:
+        """The final reply's ids: the engine's own where it returned them, else its text as the template writes it,
+        tokenized alone; with the text the template writes after it."""
+        prefix_ok = full.startswith(prompt)
+        if prefix_ok or output_ids is None:
+            span = self._span(full, None, None, prompt)
+            text = full[span.start : span.end if not truncated else self._eot_start(full, span)]
+            tail = "" if truncated else full[span.end :]
+            text_ids: list[int] | None = self.tokenizer.encode(text, add_special_tokens=False).ids
+        else:
+            # The template renders the prompt otherwise once the reply follows it (Mistral Nemo's drops the system
+            # message then): the row is what the model saw, its prompt and its own ids, then the template's text
+            # after the conversation's last end token.
+            text_ids, text, prefix_ok = None, self.decode(output_ids), True
+            tail = "" if truncated else full[self._last_end(full) :]
+        if output_ids is None:
+            return _Reply(text_ids or [], text, tail, prefix_ok, None, True)
+        out = list(output_ids)
+        if not truncated and (not out or out[-1] not in self.control):
+            out.append(self.eot_id)  # the engine reported a stop but left the stop token out of its ids
+        ids_match = None if text_ids is None else out == text_ids
+        control_ok = ids_match is not False or (  # the model's own tokens win: their control ids where the template's
+            [t for t in out if t in self.control] == [t for t in text_ids or [] if t in self.control]
+        )
+        return _Reply(out, text, tail, prefix_ok, ids_match, control_ok)
 
     def _last_end(self, text: str) -> int:
         """The character offset just past the last end token of `text` (0 when it has none)."""

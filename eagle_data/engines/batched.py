@@ -1,0 +1,123 @@
+"""One left-padded `generate` over many requests, each keeping what it would get alone: its own min/max tokens,
+temperature, top-k and top-p, and a draw from its own seeded generator (the local engine's batches)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+TOP_K = 50  # a sampled row's top-k where the checkpoint's generation config sets none: transformers' default
+# (`GenerationConfig._get_default_generation_params`), which `generate` applied when it sampled itself
+
+
+@dataclass
+class Row:
+    """One request in a batch: its prompt ids, sampling and generator (None when greedy)."""
+
+    prompt: list[int]
+    max_tokens: int
+    min_tokens: int
+    temperature: float
+    top_p: float
+    generator: Any
+
+
+def end_ids(model: Any, tokenizer: Any) -> list[int]:
+    """The ids that end a reply: the checkpoint's generation config's end ids, else its tokenizer's."""
+    ends = model.generation_config.eos_token_id
+    ends = tokenizer.eos_token_id if ends is None else ends
+    return [ends] if isinstance(ends, int) else list(ends)
+
+
+def generate_rows(model: Any, tokenizer: Any, rows: list[Row]) -> list[list[int]]:
+    """One left-padded `generate` over every row; each row's output ids, through its first end id (kept)
+    or its own max_tokens. Decoding is greedy: a sampled row's token is drawn by `_RowSampler`, which leaves
+    only that token standing."""
+    import torch
+    from transformers import LogitsProcessorList, StoppingCriteriaList
+
+    ends = end_ids(model, tokenizer)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else ends[0]
+    width = max(len(row.prompt) for row in rows)
+    device = model.device
+    input_ids = torch.tensor([[pad] * (width - len(r.prompt)) + r.prompt for r in rows], device=device)
+    mask = torch.tensor([[0] * (width - len(r.prompt)) + [1] * len(r.prompt) for r in rows], device=device)
+    config = copy.deepcopy(model.generation_config)  # its other settings (a repetition penalty) apply as before
+    config.do_sample, config.temperature, config.top_p, config.top_k = False, None, None, None  # `_RowSampler`'s
+    config.min_new_tokens = None  # each row's own, in `_RowSampler`
+    config.max_new_tokens, config.pad_token_id, config.eos_token_id = max(r.max_tokens for r in rows), pad, ends
+    with torch.no_grad():
+        out = model.generate(
+            input_ids=input_ids,
+            attention_mask=mask,
+            generation_config=config,
+            logits_processor=LogitsProcessorList([_RowSampler(rows, width, ends, model.generation_config.top_k)]),
+            stopping_criteria=StoppingCriteriaList([_RowLengths(rows, width)]),
+        )
+    replies = []
+    for row, ids in zip(rows, out[:, width:].tolist(), strict=True):
+        ids = ids[: row.max_tokens]
+        end = next((i for i, token in enumerate(ids) if token in ends), None)
+        replies.append(ids if end is None else ids[: end + 1])
+    return replies
+
+
+def checkpoint_top_k(folder: Path) -> int:
+    """The top-k a sampled row is cut to: the checkpoint's generation_config.json `top_k`, else TOP_K (0: off)."""
+    config = folder / "generation_config.json"
+    top_k = json.loads(config.read_text()).get("top_k") if config.is_file() else None
+    return TOP_K if top_k is None else int(top_k)
+
+
+class _RowSampler:
+    """Each row's min_tokens (its end ids barred before), then, for a sampled row, what `generate` does when it
+    samples that row alone (its temperature, the checkpoint's top-k, its top-p: transformers' own warpers, in
+    their order) and one draw from the row's own generator, where `generate` draws from torch's, seeded the
+    same: the drawn token alone is left standing for the greedy pick. So a row's tokens depend only on its own
+    logits and seed, never on the rows beside it, and equal those of one `generate` seeded with its seed."""
+
+    def __init__(self, rows: list[Row], start: int, ends: list[int], top_k: int | None) -> None:
+        from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+        self.rows, self.start, self.ends = rows, start, ends
+        top_k = TOP_K if top_k is None else top_k
+        self.warpers = [
+            LogitsProcessorList(
+                ([TemperatureLogitsWarper(row.temperature)] if row.temperature != 1.0 else [])
+                + ([TopKLogitsWarper(top_k)] if top_k else [])  # 0: the checkpoint turns top-k off
+                + ([TopPLogitsWarper(row.top_p)] if row.top_p < 1.0 else [])
+            )
+            if row.temperature > 0
+            else None  # greedy
+            for row in rows
+        ]
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        import torch
+
+        step = input_ids.shape[1] - self.start
+        for i, row in enumerate(self.rows):
+            if step < row.min_tokens:
+                scores[i, self.ends] = -float("inf")
+            if (warpers := self.warpers[i]) is not None:
+                probs = torch.softmax(warpers(input_ids[i : i + 1], scores[i : i + 1]), dim=-1)
+                token = torch.multinomial(probs, num_samples=1, generator=row.generator)[0, 0]
+                scores[i] = -float("inf")
+                scores[i, token] = 0.0
+        return scores
+
+
+class _RowLengths:
+    """Stops each row at its own max_tokens (transformers pads it from there until the batch is done)."""
+
+    def __init__(self, rows: list[Row], start: int) -> None:
+        self.limits, self.start = [row.max_tokens for row in rows], start
+
+    def __call__(self, input_ids: Any, scores: Any, **_: Any) -> Any:
+        import torch
+
+        done = input_ids.shape[1] - self.start
+        return torch.tensor([done >= limit for limit in self.limits], device=input_ids.device)
