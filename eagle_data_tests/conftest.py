@@ -125,6 +125,22 @@ def demo_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
         return ensure_random_model(tmp_path_factory.mktemp("random-model") / "random-qwen3")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def demo_profile_on_the_random_model(demo_model: Path) -> Iterator[None]:
+    """Every test runs the demo profile on the random-weight stand-in (seconds, where text does not matter), its
+    CLI and Dagster subprocesses too; a test that judges real text asks for SmolLM2 (the `smollm2` fixture, or
+    EAGLE_DATA_DEMO_MODEL set to it in its own environment, as the shared end-to-end demo run does)."""
+    from eagle_data.demo import DEMO_MODEL_ENV
+
+    saved = os.environ.get(DEMO_MODEL_ENV)
+    os.environ[DEMO_MODEL_ENV] = str(demo_model)
+    yield
+    if saved is None:
+        os.environ.pop(DEMO_MODEL_ENV, None)
+    else:
+        os.environ[DEMO_MODEL_ENV] = saved
+
+
 @pytest.fixture(scope="session")
 def smollm2() -> Path:
     """SmolLM2-135M-Instruct, the real instruct model of the demo (eagle_data.demo), as a transformers folder:
