@@ -146,7 +146,7 @@ def loop_share(text: str) -> float:
     if len(tokens) < LOOP_MIN_TOKENS:
         return 0.0
     phrases = len(tokens) - LOOP_NGRAM + 1
-    return 1 - len(set(zip(*(tokens[k:] for k in range(LOOP_NGRAM))))) / phrases  # zip: each phrase once
+    return 1 - len(set(zip(*(tokens[k:] for k in range(LOOP_NGRAM)), strict=False))) / phrases  # shifted lists: each phrase once
 
 
 def is_loop(text: str | None) -> bool:
