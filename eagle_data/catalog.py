@@ -114,6 +114,7 @@ class Checks(_Frozen):
     max_missing_reasoning_share: float = Field(0.01, ge=0, le=1)
     lost_text_tolerance: float = Field(0.10, ge=0, le=1)  # a row whose text holds less of the reported tokens
     max_lost_text_share: float = Field(0.01, ge=0, le=1)
+    prompt_tokens_tolerance: float = Field(0.02, ge=0, le=1)  # the server's prompt count vs our rendering's
     max_loop_share: float = Field(0.05, ge=0, le=1)  # replies set aside as `loop` (eagle_data/quality/verdicts.py)
     # A share gate fails when the one-sided lower bound of its share at this confidence is over its threshold.
     confidence: float = Field(0.999, gt=0.5, lt=1)
@@ -141,6 +142,27 @@ class Breaker(_Frozen):
         return self
 
 
+class OnPolicy(_Frozen):
+    """The on-policy score of validated shards and its blocking check (eagle_data/quality/on_policy.py).
+
+    `scorer`: where the target's log-probabilities come from: "auto" (the embedded engine's own checkpoint for
+    rows it generated; other engines' rows are not scored here, the hidden-state capture scores them), "none",
+    "transformers" (`checkpoint`), "sglang" or "vllm" (a server at `url`, serving `model`). `sample_rows` rows
+    of each shard are scored (seeded by prompt id); the check fails when agreement or mean log-probability is
+    surely (at `confidence`) further below the target's own prediction than the tolerances.
+    """
+
+    scorer: Literal["auto", "none", "transformers", "sglang", "vllm"] = "auto"
+    checkpoint: str = ""
+    url: str = ""
+    model: str = ""
+    sample_rows: int = Field(32, ge=0)
+    top_logprobs: int = Field(20, gt=0, le=1000)
+    agreement_tolerance: float = Field(0.05, ge=0, le=1)
+    logprob_tolerance: float = Field(0.5, ge=0)
+    confidence: float = Field(0.999, gt=0.5, lt=1)
+
+
 class DatasetSpec(_Frozen):
     """One catalog entry with defaults and the active profile applied."""
 
@@ -159,7 +181,7 @@ class DatasetSpec(_Frozen):
     max_turns: int = Field(8, gt=0, le=MAX_TURNS)
     token_budget: int = Field(0, ge=0)
     cost_budget_usd: float = Field(0.0, ge=0)
-    target: str = "qwen3"
+    target: str = "auto"
     mix_weight: float = Field(1.0, ge=0, le=MAX_WEIGHT)  # share of this dataset in the training mix (exports)
     mask_empty_think: bool = False  # loss mask 0 on an empty think block the model wrote (nothing to learn)
     # Before generation, an engine that reports the prompt ids its server rendered sends one prompt, and a server
@@ -170,6 +192,7 @@ class DatasetSpec(_Frozen):
     generation: Generation = Generation()
     checks: Checks = Checks()
     breaker: Breaker = Breaker()
+    on_policy: OnPolicy = OnPolicy()
     # Shown as the assets' owners in the Dagster catalog: an email or "team:<name>" (Dagster's two forms).
     owners: tuple[str, ...] = ()
 

@@ -17,6 +17,7 @@ from eagle_data.defs.checks import build_checks
 from eagle_data.defs.drafter import CaptureResource, build_decontamination_checks, build_drafter_assets
 from eagle_data.defs.exports import build_exports
 from eagle_data.defs.io_managers import shard_resources
+from eagle_data.defs.on_policy import build_on_policy_checks
 from eagle_data.defs.pools import dead_run_reaper, pool_watch_executor
 from eagle_data.defs.resources import EngineResource, StorageResource
 from eagle_data.defs.schedules import build_schedules
@@ -25,7 +26,7 @@ from eagle_data.defs.sensors import build_sensors
 
 def build_definitions(specs: Sequence[DatasetSpec]) -> dg.Definitions:
     """Everything Dagster loads, built from catalog entries (the benchmarks build it from their own)."""
-    checks = [*build_checks(specs), *build_decontamination_checks(specs)]
+    checks = [*build_checks(specs), *build_decontamination_checks(specs), *build_on_policy_checks(list(specs))]
     assets, automation = with_automation(
         [
             *(asset for spec in specs for asset in build_dataset_assets(spec)),

@@ -10,11 +10,14 @@ Keys are relative paths under the root (a folder or `s3://bucket/prefix`):
 | turn_carry | `{ds}/{ds}/_log/{partition}/carry-{run}.jsonl` (turns of conversations a shard left unfinished) |
 | lease | `{ds}/{ds}/_lease/{partition}/{generation:08d}.json` (the one run generating the shard) |
 | usage | `{ds}/{ds}/_usage/{partition}.json` (tokens and dollars of a finished generation shard) |
+| kept | `{ds}/{ds}/_log/{partition}/kept.parquet` (a stored generation shard's rows, kept to rebuild it unpaid) |
+| digest | `{ds}/{asset}/_digest/{partition}.json` (sha256 and size of a prompts or generation shard as stored) |
 | index | `{ds}/{ds}_prompts/_index/summary.json` (the saved prompt index: counts, source identity) |
 | index_block | `{ds}/{ds}_prompts/_index/{digest}/{block}.parquet` (its rows, one block per shard) |
 | quality | `{ds}/{ds}_quality/{partition}.json` / `{partition}.html` / `index.html` (quality report) |
 | export | `{ds}/export/{name}` (`train.parquet`, and each chosen trainer file: `prompts.jsonl` ...) |
 | mix | `training_mix/training_mix/mix.parquet`, and beside it the mix's trainer files (`prompts.jsonl`) |
+| export record | `training_mix/training_mix/_written.json` (sha256 and size of every file the last export wrote) |
 | drafter | `drafter/{asset}/{name}`; draft vocabulary files: `drafter/draft_vocab/{tokenizer}-{mix hash}/{name}` |
 | write check | `{ds}/.write-check-{token}` (written and deleted at once by the pre-flight; hidden from listings) |
 
@@ -35,6 +38,8 @@ Kind = Literal[
     "turn_carry",
     "lease",
     "usage",
+    "kept",
+    "digest",
     "index",
     "index_block",
     "quality_record",
@@ -49,6 +54,9 @@ SEP = "/"
 SHARD_SUFFIX = ".parquet"
 LOG_DIR = "_log"
 USAGE_DIR = "_usage"
+DIGEST_DIR = "_digest"
+KEPT_FILE = "kept.parquet"
+EXPORT_RECORD = "_written.json"
 LEASE_DIR = "_lease"
 INDEX_DIR = "_index"
 EXPORT_DIR = "export"
@@ -153,6 +161,21 @@ def write_check(dataset: str, token: str) -> str:
 
 def usage(dataset: str, partition: str) -> str:
     return join(dataset, generation_asset(dataset), USAGE_DIR, partition + ".json")
+
+
+def kept(dataset: str, partition: str) -> str:
+    """The kept copy of a stored generation shard's rows (resultlog.ResultLog.commit_handed)."""
+    return join(log_prefix(dataset, partition), KEPT_FILE)
+
+
+def digest_record(dataset: str, asset: str, partition: str) -> str:
+    """The digest record of a prompts or generation shard (storage.digests)."""
+    return join(dataset, asset, DIGEST_DIR, partition + ".json")
+
+
+def export_record() -> str:
+    """The digests of every file the last export wrote (storage.digests)."""
+    return mix_file(EXPORT_RECORD)
 
 
 def index_prefix(dataset: str) -> str:
@@ -265,12 +288,16 @@ def parse(key: str) -> Key | None:
         log_kinds: tuple[tuple[Kind, re.Pattern[str]], ...] = (
             ("log_part", _PART), ("turn_log", _TURNS), ("turn_carry", _CARRY)
         )  # fmt: skip
+        if rest[2] == KEPT_FILE:
+            return Key("kept", dataset, folder, partition=rest[1], name=rest[2])
         kind = next((k for k, pattern in log_kinds if pattern.fullmatch(rest[2])), None)
         return Key(kind, dataset, folder, partition=rest[1], name=rest[2]) if kind else None
     if folder == generation_asset(dataset) and rest[0] == LEASE_DIR and len(rest) == 3 and _LEASE.fullmatch(rest[2]):
         return Key("lease", dataset, folder, partition=rest[1], name=rest[2])
     if folder == generation_asset(dataset) and rest[0] == USAGE_DIR and len(rest) == 2 and rest[1].endswith(".json"):
         return Key("usage", dataset, folder, partition=rest[1].removesuffix(".json"), name=rest[1])
+    if rest[0] == DIGEST_DIR and len(rest) == 2 and rest[1].endswith(".json"):
+        return Key("digest", dataset, folder, partition=rest[1].removesuffix(".json"), name=rest[1])
     if len(rest) == 1 and rest[0].endswith(SHARD_SUFFIX) and not rest[0].startswith("."):
         return Key("shard", dataset, folder, partition=rest[0].removesuffix(SHARD_SUFFIX))
     return None

@@ -13,10 +13,12 @@ from html import escape
 
 from eagle_data import layout
 from eagle_data.catalog import DatasetSpec
-from eagle_data.quality import CHECK_COLUMNS, Inputs, ShardRecord, rollup, row_verdicts, shard_record
-from eagle_data.quality.figures import Bins, Figures, markdown_table
+from eagle_data.quality import CHECK_COLUMNS, Inputs, ShardRecord, on_policy, rollup, row_verdicts, shard_record
+from eagle_data.quality.figures import Bins, Figures, markdown_table, on_policy_bins
 from eagle_data.quality.gates import CheckResult
+from eagle_data.quality.records import Judged, judged_rollup
 from eagle_data.storage import ShardStore, digest, read_columns
+from eagle_data.storage.digests import FileDigest, check, materialize_command
 
 Log = Callable[[str], None]
 
@@ -107,12 +109,25 @@ def _check_rows(results: Sequence[CheckResult]) -> list[str]:
     return rows
 
 
-# The check that is not a quality gate: judged after validation by `{ds}_decontamination`, so a page written at
-# validation time names it and where its result is (the asset's Checks tab), instead of leaving it out.
+# The check that is not a quality gate: judged after validation by `{ds}_decontamination`, so a page written
+# before it ran names it and where its result will be, instead of leaving it out; once judged, the shard's page
+# shows the outcome stored in its record.
 DECONTAMINATION_ROW = (
-    "<tr><td>decontamination</td><td>see Dagster</td><td>ERROR (blocking)</td><td>judged after validation by "
-    "the {check} check: each shard's result is on {asset}'s Checks tab</td></tr>"
+    "<tr><td>decontamination</td><td>not judged yet</td><td>ERROR (blocking)</td><td>judged after validation by "
+    "the {check} check: each shard's result is on its own page and {asset}'s Checks tab</td></tr>"
 )
+ON_POLICY_ROW = (  # judged from the shard's stored scores by its own check (eagle_data/defs/on_policy.py)
+    "<tr><td>on_policy</td><td>see Dagster</td><td>ERROR (blocking)</td><td>judged from the scored rows by the "
+    "{check} check: each shard's result is on {asset}'s Checks tab; the figures are below</td></tr>"
+)
+
+
+def _judged_rows(judged: Sequence[Judged]) -> list[str]:
+    return [
+        f'<tr><td>{escape(j.check)}</td><td class="{"pass" if j.passed else "fail"}">{"PASS" if j.passed else "FAIL"}'
+        f"</td><td>ERROR (blocking)</td><td>{escape(j.message)}</td></tr>"
+        for j in judged
+    ]
 
 
 def _shard_links(figures: Figures) -> str:
@@ -122,14 +137,22 @@ def _shard_links(figures: Figures) -> str:
     return f"<h2>Shard pages</h2><ul>{items}</ul>" if items else ""
 
 
-def render_report(title: str, figures: Figures, results: Sequence[CheckResult], dataset: str = "") -> bytes:
+def render_report(
+    title: str, figures: Figures, results: Sequence[CheckResult], dataset: str = "", judged: Sequence[Judged] = ()
+) -> bytes:
     """The report page as UTF-8 bytes: checks, key figures, histograms, per-shard trends, verdicts; with
-    `dataset`, the decontamination check's row and, on a roll-up, links to each shard's page."""
+    `dataset`, the decontamination check's row (its stored outcome when `judged` holds one) and, on a roll-up,
+    links to each shard's page."""
+    pending = bool(dataset) and not judged  # decontamination is the one check judged after validation
     sections = [
         f"<h1>{escape(title)}</h1>",
         "<h2>Checks</h2><table><tr><th>check</th><th>result</th><th>severity</th><th>figures</th></tr>",
         *_check_rows(results),
+        *_judged_rows(judged),
         DECONTAMINATION_ROW.format(check=escape(f"{dataset}_decontamination"), asset=escape(f"{dataset}_validated"))
+        if pending
+        else "",
+        ON_POLICY_ROW.format(check=escape(f"{dataset}_on_policy"), asset=escape(f"{dataset}_validated"))
         if dataset
         else "",
         "</table>",
@@ -143,6 +166,8 @@ def render_report(title: str, figures: Figures, results: Sequence[CheckResult], 
         "<h2>Token accounting</h2>",
         bar_chart(figures.ratio_hist, "Replies by rebuilt tokens, % of the tokens the engine reported"),
     ]
+    if agreement := on_policy_bins(figures.numbers):  # the target's own score (quality/on_policy.py)
+        sections += ["<h2>On-policy score</h2>", bar_chart(agreement, "Scored rows by top-1 agreement with the target")]
     if figures.shards:
         xs = [str(r["shard"]) for r in figures.shards]
         shares = {k: [float(r[k]) for r in figures.shards] for k in ("truncated_share", "failed_share", "short_share")}
@@ -176,16 +201,49 @@ def write_shard_report(spec: DatasetSpec, store: ShardStore, record: ShardRecord
     """Store a shard's quality record and its report page; returns the page's URI."""
     store.write_bytes(layout.quality_record(spec.name, record.partition), record.to_json())
     title = f"{spec.title or spec.name}: shard {record.partition}"
-    page = render_report(title, record.figures(), record.results, spec.name)
+    page = render_report(title, record.figures(), record.results, spec.name, record.judged_after)
     return store.write_bytes(layout.quality_page(spec.name, record.partition), page)
 
 
-def read_record(spec: DatasetSpec, store: ShardStore, key: str, log: Log = print) -> ShardRecord:
+def stored_record(spec: DatasetSpec, store: ShardStore, key: str) -> ShardRecord | None:
+    """A shard's stored record as it is (None: none, or of another schema); `read_record` rebuilds a stale one."""
+    return _stored(store, spec.name, key)
+
+
+def _stored(store: ShardStore, dataset: str, key: str) -> ShardRecord | None:
+    path = layout.quality_record(dataset, key)
+    return ShardRecord.from_json(store.read_bytes(path)) if store.exists(path) else None
+
+
+def validated_bytes(store: ShardStore, dataset: str, key: str) -> bytes:
+    """A validated shard's bytes, once they are those its quality record says validation stored (a
+    `digests.ChangedFile` line otherwise; a shard without a digest in its record is read as it is)."""
+    asset = layout.validated_asset(dataset)
+    data = store.shard_bytes(dataset, asset, key)
+    record = _stored(store, dataset, key)
+    recorded = FileDigest(record.shard_sha256, record.shard_size) if record and record.shard_sha256 else None
+    check(store.uri(layout.shard(dataset, asset, key)), FileDigest.of(data), recorded, materialize_command(asset, key))
+    return data
+
+
+def record_judged(spec: DatasetSpec, store: ShardStore, key: str, judged: Judged, log: Log = print) -> None:
+    """Store a check judged after validation (decontamination) in the shard's record and page: where the
+    export's admission reads it. A record judged with other thresholds is rebuilt first, exactly as the gates'
+    check step (which may run beside this one) rebuilds it, so neither write puts back stale gate results. A
+    shard without a record of this schema keeps none (the gates' check step rebuilds it; the export leaves the
+    shard out until this check judges it again)."""
+    if stored_record(spec, store, key) is None:
+        log(f"{spec.name} shard {key}: no quality record to hold its {judged.check} outcome; re-run its checks")
+        return
+    write_shard_report(spec, store, read_record(spec, store, key, log, judged.run_id).with_judged(judged))
+
+
+def read_record(spec: DatasetSpec, store: ShardStore, key: str, log: Log = print, run_id: str = "") -> ShardRecord:
     """A shard's stored record. One that is stale (older schema, judged with other thresholds than the
-    catalog's now, or without the digest of the bytes it judged) is rebuilt from the validated shard,
-    stored, and announced in one line."""
-    path = layout.quality_record(spec.name, key)
-    record = ShardRecord.from_json(store.read_bytes(path)) if store.exists(path) else None
+    catalog's now, or without the digest of the bytes it judged) is rebuilt from the validated shard (by run
+    `run_id`; the outcomes judged after validation on those same bytes carried over), stored, and announced in
+    one line."""
+    record = stored_record(spec, store, key)
     if record is None:
         why = "missing or of an older schema"
     elif (record.inputs.checks, record.inputs.thinking) != (spec.checks, spec.generation.thinking):
@@ -196,9 +254,12 @@ def read_record(spec: DatasetSpec, store: ShardStore, key: str, log: Log = print
         return record
     previous = record.inputs.previous_avg_completion_tokens if record else None
     data = store.shard_bytes(spec.name, layout.validated_asset(spec.name), key)
-    frame = row_verdicts(read_columns(data, CHECK_COLUMNS), spec.checks, spec.generation.thinking)  # no token lists
+    columns = (*CHECK_COLUMNS, on_policy.COLUMN)  # no token lists
+    frame = row_verdicts(read_columns(data, columns), spec.checks, spec.generation.thinking)
     log(f"{spec.name} shard {key}: quality record {why}; rebuilt from the validated shard")
-    rebuilt = replace(shard_record(key, frame, inputs_for(spec, previous)), shard_sha256=digest(data))
+    run = run_id or (record.run_id if record else "")
+    fresh = shard_record(key, frame, inputs_for(spec, previous))
+    rebuilt = replace(fresh, shard_sha256=digest(data), shard_size=len(data), run_id=run).carried_from(record)
     write_shard_report(spec, store, rebuilt)
     return rebuilt
 
@@ -210,7 +271,9 @@ def rounded(value: object) -> object:
 
 SHARD_TABLE_ROWS = 20  # shards in the asset page's per-shard table
 
-HEADLINE_FIGURES = ("rows", "train_rows", "pass_share", "avg_completion_tokens")  # of the dataset page
+HEADLINE_FIGURES = (  # of the dataset page
+    "rows", "train_rows", "pass_share", "avg_completion_tokens", "on_policy_agreement", "on_policy_expected_agreement",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -258,5 +321,6 @@ def write_dataset_report(spec: DatasetSpec, store: ShardStore, log: Log = print)
     records = [read_record(spec, store, p.partition, log) for p in parsed if p and p.kind == "quality_record"]
     fig, results = rollup(records)
     title = f"{spec.title or spec.name} ({spec.name}): {len(records)} of {spec.num_shards} shards"
-    uri = store.write_bytes(layout.quality_index(spec.name), render_report(title, fig, results, spec.name))
+    page = render_report(title, fig, results, spec.name, judged_rollup(records))
+    uri = store.write_bytes(layout.quality_index(spec.name), page)
     return DatasetReport(uri, len(records), fig, tuple(results))

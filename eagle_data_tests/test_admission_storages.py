@@ -22,9 +22,10 @@ from eagle_data.alerts import WEBHOOK_ENV
 from eagle_data.catalog import load_catalog
 from eagle_data.defs.checks import check_keys
 from eagle_data.defs.sensors import build_sensors
+from eagle_data.stages import validation
 from eagle_data.standins.webhook import Receiver
 from eagle_data.storage import ShardStore
-from eagle_data_tests import fixtures_stages as stage
+from eagle_data.storage.shards import StoredShards
 from eagle_data_tests.conftest import materialize_cli
 from eagle_data_tests.fixtures_postgres import postgres_storage
 from eagle_data_tests.fixtures_quality import generation_frame
@@ -131,11 +132,12 @@ def test_a_later_failing_run_leaves_out_that_shard_alone(instance: dg.DagsterIns
 
 
 def test_a_shard_rewritten_after_its_checks_is_left_out(instance: dg.DagsterInstance, tmp_path: Path) -> None:
-    """A validation run that stopped part-way rewrote shard 00002 and recorded nothing."""
+    """A validation run that stopped part-way recorded shard 00002's new bytes and never stored them."""
     ds = Dataset(tmp_path)
     ds.rerun(instance)
-    ds.generate("00002", 0.87)
-    stage.validate(ds.spec, ds.store, ["00002"], log=lambda _: None)
+    ds.store.write_shard(ds.spec.name, ds.spec.name, "00002", shard_frame(ds.spec.name, "00002", 0.0).head(40))
+    generations = StoredShards(ds.store, ds.spec.name, ds.spec.name, ["00002"])
+    validation.validate(ds.spec, ds.store, generations, log=lambda _: None)  # records written, no shard stored
     result = run(instance, ds.defs, "training_mix")
     assert result.success
     assert ds.exported().height == ds.rows(("00000", "00001"))

@@ -20,9 +20,10 @@ import pytest
 from eagle_data import layout
 from eagle_data.catalog import load_catalog
 from eagle_data.defs.drafter import follow_the_mix
-from eagle_data.defs.instance import latest_evaluations, latest_materializations
+from eagle_data.defs.instance import latest_materializations
 from eagle_data.defs.metadata import SHARD_DIGEST
 from eagle_data.drafter import verify
+from eagle_data_tests.fixtures_checks import latest_evaluations
 from eagle_data_tests.test_demo_catalog import undocumented
 from eagle_data_tests.test_drafter_capture import mix_frame, write_mix
 

@@ -24,9 +24,10 @@ from dagster_graphql.test.utils import execute_dagster_graphql
 from eagle_data import layout
 from eagle_data.catalog import load_catalog
 from eagle_data.defs.drafter import follow_the_mix
-from eagle_data.defs.instance import latest_evaluations, latest_materializations
+from eagle_data.defs.instance import latest_materializations
 from eagle_data.defs.metadata import SHARD_DIGEST
 from eagle_data.drafter import verify
+from eagle_data_tests.fixtures_checks import latest_evaluations
 from eagle_data_tests.test_drafter_capture import mix_frame, write_mix
 
 ROOT = Path(__file__).resolve().parents[1]

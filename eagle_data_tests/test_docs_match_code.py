@@ -265,9 +265,10 @@ def default(value: str) -> Any:
 @pytest.mark.parametrize(
     ("path", "section", "model", "nested"),
     [
-        (DESIGN, "[datasets.<name>]", catalog.DatasetSpec, ("generation", "checks", "breaker")),
+        (DESIGN, "[datasets.<name>]", catalog.DatasetSpec, ("generation", "checks", "breaker", "on_policy")),
         (DESIGN, "[defaults.generation]", catalog.Generation, ()),
         (DESIGN, "[defaults.checks]", catalog.Checks, ()),
+        (DESIGN, "[defaults.on_policy]", catalog.OnPolicy, ()),
         (ROOT / "docs" / "breaker.md", "[defaults.breaker]", catalog.Breaker, ()),
         (DESIGN, "[drafter]", drafter.DrafterSettings, ("decontamination", "hidden_states", "capture")),
         (DESIGN, "[drafter.decontamination]", drafter.Decontamination, ()),

@@ -4,6 +4,7 @@ descriptions in the UI's config schema, the environment's reading and the refusa
 from __future__ import annotations
 
 from dataclasses import fields
+from pathlib import Path
 
 import dagster as dg
 import pytest
@@ -37,14 +38,15 @@ def test_every_setting_is_one_field_of_the_resource_with_its_description_in_dags
 def test_the_environment_gives_every_declared_variable_parsed(env: pytest.MonkeyPatch) -> None:
     given = {ENGINE_ENV: "openrouter", "EAGLE_DATA_MODEL": "m", "EAGLE_DATA_BASE_URL": "http://127.0.0.1:9/v1",
              "EAGLE_DATA_TIMEOUT_S": "30", "EAGLE_DATA_CONNECT_TIMEOUT_S": "2.5", "EAGLE_DATA_MAX_IN_FLIGHT": "64",
-             "EAGLE_DATA_PROVIDER": '{"sort": "price"}', "EAGLE_DATA_REASONING": '{"effort": "high"}'}  # fmt: skip
+             "EAGLE_DATA_PROVIDER": '{"sort": "price"}', "EAGLE_DATA_REASONING": '{"effort": "high"}',
+             "EAGLE_DATA_BATCH_SIZE": "8", "EAGLE_DATA_THREADS": "1"}  # fmt: skip
     assert set(given) == {s.env for s in SETTINGS.values() if s.env}  # a new variable: add it here
     for variable, text in given.items():
         env.setenv(variable, text)
     assert from_environment() == {
         "kind": "openrouter", "model": "m", "base_url": "http://127.0.0.1:9/v1", "api_key_env": None,
         "timeout_s": 30.0, "connect_timeout_s": 2.5, "max_in_flight": 64, "provider": {"sort": "price"},
-        "reasoning": {"effort": "high"},
+        "reasoning": {"effort": "high"}, "batch_size": 8, "threads": 1,
     }  # fmt: skip
     assert EngineSettings(**from_environment()).max_in_flight == 64
 
@@ -74,5 +76,24 @@ def test_a_setting_a_kind_may_refuse_names_its_variable_and_its_run_config_field
     line = lookup("local").refused(EngineSettings(kind="local", base_url="http://127.0.0.1:9"))
     assert line == (
         "engine local takes no base_url setting: unset EAGLE_DATA_BASE_URL or remove base_url_env from the "
+        "engine's run config"
+    )
+
+
+def test_the_local_kinds_batch_size_reaches_the_engine_and_its_in_flight_ceiling_fills_two_batches(
+    env: pytest.MonkeyPatch, demo_model: Path
+) -> None:
+    from eagle_data.engines import build_engine, lookup
+    from eagle_data.standins.openai_fake import spec_for_tests
+
+    local = lookup("local")
+    assert local.in_flight(EngineSettings(kind="local")) == 32  # two batches of the default 16
+    assert local.in_flight(EngineSettings(kind="local", batch_size=40)) == 80
+    assert local.in_flight(EngineSettings(kind="local", batch_size=40, max_in_flight=5)) == 5  # the setting wins
+    settings = EngineSettings(kind="local", model=str(demo_model), batch_size=4, threads=1)
+    engine = build_engine(settings, spec_for_tests())
+    assert (engine.batch_size, engine.threads) == (4, 1)
+    assert lookup("openai").refused(EngineSettings(kind="openai", batch_size=4)) == (
+        "engine openai takes no batch_size setting: unset EAGLE_DATA_BATCH_SIZE or remove batch_size from the "
         "engine's run config"
     )

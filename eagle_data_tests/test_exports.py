@@ -26,7 +26,8 @@ from eagle_data.exports import (
 )
 from eagle_data.exports.formats import to_specforge_text
 from eagle_data.stages.export import export
-from eagle_data.storage import ShardStore, digest
+from eagle_data.storage import ShardStore
+from eagle_data.storage.digests import FileDigest
 from eagle_data.storage.shards import shards_written
 from eagle_data.targets import build_training_rows, load_target
 from eagle_data.targets.rows import MESSAGE_DTYPE
@@ -259,7 +260,7 @@ def test_export_leaves_out_an_admitted_shard_whose_bytes_are_not_the_judged_ones
     store = ShardStore(str(tmp_path))
     spec = write_fixture(store)[1]  # b92_beta: shards 00000..00002
     asset = layout.validated_asset(spec.name)
-    judged = {key: digest(store.shard_bytes(spec.name, asset, key)) for key in ("00000", "00001")}
+    judged = {key: FileDigest.of(store.shard_bytes(spec.name, asset, key)) for key in ("00000", "00001")}
     store.write_shard(spec.name, asset, "00001", validated_shard(spec.name, 1, rows=20))  # rewritten since
     lines: list[str] = []
     figures = export([spec], store, {spec.name: Admission(("00000", "00001"), digests=judged)}, seed=0,

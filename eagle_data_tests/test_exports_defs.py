@@ -20,8 +20,9 @@ from eagle_data.defs.checks import build_checks
 from eagle_data.defs.exports import build_exports
 from eagle_data.defs.io_managers import shard_resources
 from eagle_data.defs.resources import EngineResource, StorageResource
+from eagle_data.stages import validation
 from eagle_data.storage import ShardStore
-from eagle_data_tests import fixtures_stages as stage
+from eagle_data.storage.shards import StoredShards
 from eagle_data_tests.fixtures_quality import generation_frame
 
 ROWS = 50
@@ -67,10 +68,10 @@ def run(
 
 @pytest.fixture(scope="module")
 def gate(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gate]:
-    """b9_gate: shards 00001 and 00002 fail `empty_response`, 00003 is re-validated after its checks ran
-    (no check judged its latest materialization). b9_none: its one shard fails. Each partition in its own
-    run, as a user launching them from the UI would. b9_range: one run over 00000...00002 (a backfill),
-    where 00001 fails."""
+    """b9_gate: shards 00001 and 00002 fail `empty_response`, 00003 is re-validated without its check step
+    (validation judged its gates on the bytes it stored: its quality record says so). b9_none: its one shard
+    fails. Each partition in its own run, as a user launching them from the UI would. b9_range: one run over
+    00000...00002 (a backfill), where 00001 fails."""
     root = tmp_path_factory.mktemp("gate")
     store = ShardStore(str(root))
     with dg.DagsterInstance.ephemeral() as instance:
@@ -98,13 +99,12 @@ def test_training_mix_alone_leaves_out_shards_whose_blocking_check_failed_in_an_
     assert result.success
     mixed = pl.read_parquet(gate.root / layout.mix())
     train = pl.read_parquet(gate.root / layout.export_file("b9_gate", layout.TRAIN_FILE))
-    assert set(mixed["prompt_id"].str.slice(0, 5)) == set(train["prompt_id"].str.slice(0, 5)) == {"00000"}
+    assert set(mixed["prompt_id"].str.slice(0, 5)) == set(train["prompt_id"].str.slice(0, 5)) == {"00000", "00003"}
     assert mixed.height == train.height > 0
     metadata = result.asset_materializations_for_node("training_mix")[0].metadata
     table = metadata["excluded"].value
-    assert metadata["excluded_shards"].value == 3
+    assert metadata["excluded_shards"].value == 2
     assert "| b9_gate | 00001 | empty_response failed" in table and "| b9_gate | 00002 | empty_response failed" in table
-    assert "| b9_gate | 00003 | empty_response last ran on an earlier materialization of this shard" in table
     parity = result.get_asset_check_evaluations()[0]  # the blocking trainer_parity check, on what was written
     assert (parity.check_name, parity.passed) == ("trainer_parity", True)
     assert f"mix prompts.jsonl {train.height}/{train.height} identical" in parity.description
@@ -130,17 +130,18 @@ def test_after_a_range_run_the_export_takes_the_shards_it_passed_and_leaves_out_
 
 
 def test_a_shard_rewritten_after_its_checks_passed_is_left_out(tmp_path: Path) -> None:
-    """A validation run that stopped part-way (killed, or failed on a later partition) leaves a shard with
-    new bytes and no new materialization; the checks that passed judged the old bytes. Old main exported
-    the new rows; now the export compares the shard's digest with the one its materialization recorded."""
+    """A validation run that stopped part-way (killed, or failed on a later partition) leaves a quality record
+    of new bytes its IO manager never stored, or a shard rewritten by hand: the stored bytes are not those the
+    checks judged. Old main exported them; now the export hashes what it reads against the record's digest."""
     ds, store = spec("b9_stopped", 2), ShardStore(str(tmp_path))
     defs = definitions(ds, tmp_path)
     with dg.DagsterInstance.ephemeral() as instance:
         for key in ("00000", "00001"):
             store.write_shard(ds.name, ds.name, key, shard_frame(ds.name, key, 0.0))
             assert run(instance, defs, f"{ds.name}_validated", key).success
-        store.write_shard(ds.name, ds.name, "00000", shard_frame(ds.name, "00000", 0.87))
-        stage.validate(ds, store, ["00000"], log=lambda _: None)  # the stopped run: shard written, no event
+        store.write_shard(ds.name, ds.name, "00000", shard_frame(ds.name, "00000", 0.0).head(40))
+        generations = StoredShards(store, ds.name, ds.name, ["00000"])
+        validation.validate(ds, store, generations, log=lambda _: None)  # the stopped run: record, no shard stored
         result = run(instance, defs, "training_mix")
     assert result.success
     train = pl.read_parquet(tmp_path / layout.export_file(ds.name, layout.TRAIN_FILE))

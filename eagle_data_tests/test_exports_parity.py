@@ -4,7 +4,7 @@ behind `data.prompts_path`; the text files, tokenized again by its template path
 the blocking `trainer_parity` check fails when a trainer would train on other data.
 
 Rows are built by the real validation code (`build_training_rows`) on the demo target with the demo model's
-tokenizer and chat template (`eagle_data.demo`), as `training_mix` writes them for the demo.
+tokenizer and chat template (`eagle_data.standins.random_model`), as `training_mix` writes them on it.
 """
 
 from __future__ import annotations
@@ -18,14 +18,14 @@ import pytest
 
 from eagle_data import layout
 from eagle_data.catalog import Adapter, Checks, DatasetSpec, Generation
-from eagle_data.demo import CHAT_TEMPLATE
 from eagle_data.exports import Admission
 from eagle_data.exports.check import check_exports
 from eagle_data.exports.formats import FORMATS, chosen
 from eagle_data.exports.parity import ParityError
 from eagle_data.exports.settings import ExportSettings
 from eagle_data.stages.export import export
-from eagle_data.storage import ShardStore
+from eagle_data.standins.random_model import CHAT_TEMPLATE
+from eagle_data.storage import ShardStore, digests
 from eagle_data.targets import build_training_rows, load_target
 from eagle_data.targets.rows import MESSAGE_DTYPE
 
@@ -159,7 +159,8 @@ def test_thinking_template_on_thinking_off_rows_names_the_supervised_think_marke
 
 
 def test_parity_check_fails_on_a_prompts_file_that_differs_from_the_verified_rows(exported, tmp_path: Path) -> None:
-    """One mask value flipped in one row of the mix's prompts.jsonl: the check names the file and the row count."""
+    """One mask value flipped in one row of the mix's prompts.jsonl, as the export wrote it (its recorded digest is
+    of these bytes): the check names the file and the row count."""
     store, specs = exported
     copy = ShardStore(str(tmp_path))
     for key in store.list(""):
@@ -169,6 +170,10 @@ def test_parity_check_fails_on_a_prompts_file_that_differs_from_the_verified_row
     row = json.loads(lines[2])
     row["loss_mask"][-1] = 1 - row["loss_mask"][-1]
     path.write_text("\n".join([*lines[:2], json.dumps(row), *lines[3:]]) + "\n")
+    written = digests.read_record(copy, layout.export_record())
+    assert written is not None
+    written.files[layout.mix_file("prompts.jsonl")] = digests.FileDigest.of_file(path)
+    digests.write_record(copy, layout.export_record(), written.files)
     report = check_exports(copy, specs, ExportSettings(parity_rows=0))
     assert report.failures == ["mix prompts.jsonl: other 1"]
     assert report.summary().startswith("a trainer would train on data other than ours: mix prompts.jsonl")

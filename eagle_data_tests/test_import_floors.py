@@ -85,17 +85,32 @@ def test_no_two_rooms_import_each_other_through_any_path() -> None:
         room: {t for t, _ in targets if t not in (room, DAGSTER)}
         for room, targets in room_imports().items()
     }
+    assert not sorted(room for room in graph if room in _reach(graph, room))
 
-    def reach(start: str) -> set[str]:
-        seen, todo = set(), [start]
-        while todo:
-            for nxt in graph.get(todo.pop(), ()):
-                if nxt not in seen:
-                    seen.add(nxt)
-                    todo.append(nxt)
-        return seen
 
-    assert not sorted(room for room in graph if room in reach(room))
+def _reach(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        for nxt in graph.get(todo.pop(), ()):
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return seen
+
+
+def test_no_two_engine_modules_import_each_other_through_any_path() -> None:
+    """Within the engines room (`engines/local.py` and `engines/local_sglang.py` once did). A package's
+    `__init__` is left out: importing a submodule runs it, and it may re-export its submodules."""
+    paths = {".".join(p.relative_to(PACKAGE.parent).with_suffix("").parts): p for p in PACKAGE.rglob("*.py")}
+    modules = {name for name, path in paths.items() if path.name != "__init__.py" and room_of(name) == "engines"}
+
+    def module_of(name: str) -> str:
+        while name and name not in paths:  # `from eagle_data.x import f` names f
+            name = name.rpartition(".")[0]
+        return name
+
+    graph = {m: {module_of(n) for n in imported(paths[m])} & modules - {m} for m in modules}
+    assert not sorted(m for m in graph if m in _reach(graph, m))
 
 
 def test_pure_rooms_never_import_dagster_or_the_wiring() -> None:

@@ -5,10 +5,12 @@ import pytest
 
 from eagle_data.catalog import Generation
 from eagle_data.engines import make_engine
-from eagle_data.engines.local import LocalEngine, _fingerprint, _to_completion
+from eagle_data.engines.local import LocalEngine, _fingerprint
+from eagle_data.engines.replies import completion_from_ids
 from eagle_data.runner.resultlog import resume_key
 from eagle_data.standins.openai_fake import spec_for_tests
-from eagle_data.types import FatalError
+from eagle_data.targets.reasoning import THINK_TAGS
+from eagle_data.types import Completion, FatalError
 
 GEN = Generation(max_tokens=40, min_tokens=8, temperature=0.8, top_p=0.95, thinking=False)
 CHAT = [{"role": "user", "content": "Write a haiku about compilers."}]
@@ -50,9 +52,9 @@ def test_engines_share_a_loaded_checkpoint_until_it_is_rewritten(engine: LocalEn
 def test_reasoning_is_split_at_the_think_end_token(engine: LocalEngine):
     tokenizer, _ = engine._load()
     ids = tokenizer.encode("<think>\nstep one\n</think>\n\nThe answer.<|im_end|>", add_special_tokens=False)
-    done = _to_completion(tokenizer, ids, prompt_tokens=5)
+    done = completion_from_ids(tokenizer, ids, [0] * 5, THINK_TAGS, "local")
     assert (done.reasoning, done.content, done.finish_reason) == ("step one", "The answer.", "stop")
-    cut = _to_completion(tokenizer, ids[:-1], prompt_tokens=5)
+    cut = completion_from_ids(tokenizer, ids[:-1], [0] * 5, THINK_TAGS, "local")
     assert cut.finish_reason == "length" and cut.truncated
 
 
@@ -64,7 +66,7 @@ def test_two_checkpoints_with_the_same_folder_name_never_share_a_resume_key(tmp_
     spec = spec_for_tests()
     assert resume_key(a.config(), spec).config_hash != resume_key(b.config(), spec).config_hash
     assert a.config()["model"] == str((tmp_path / "a" / "final").resolve()) and a.config()["max_tokens"] == 40
-    assert a.model == b.model == "final"  # the rows' short label
+    assert (a.model, b.model) == (a.config()["model"], b.config()["model"])  # rows name the checkpoint itself
 
 
 def test_missing_checkpoint_is_a_one_line_error(tmp_path: Path):
@@ -76,7 +78,87 @@ def test_missing_checkpoint_is_a_one_line_error(tmp_path: Path):
 def test_the_demo_model_says_so_in_what_it_reports(demo_model: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("EAGLE_DATA_DEMO_MODEL", str(demo_model))
     demo = make_engine("local", model=str(demo_model), **GEN.model_dump())
-    assert demo.describe() == "local (demo model, random weights)"
-    assert "demo model, random weights" in (line := asyncio.run(demo.check())) and "text is meaningless" in line
+    assert demo.describe() == "local (the demo model)"
+    assert "the demo model" in (line := asyncio.run(demo.check())) and str(demo_model.resolve()) in line
     monkeypatch.setenv("EAGLE_DATA_DEMO_MODEL", str(demo_model.parent / "elsewhere"))
     assert make_engine("local", model=str(demo_model), **GEN.model_dump()).describe() == f"local {demo_model.resolve()}"
+
+
+QUESTIONS = (
+    "What is the capital of France?", "Write a haiku about compilers.", "Explain recursion in one sentence.",
+    "List three fruits.", "What is 2+2?", "Name a famous painter.", "Why is the sky blue?", "Say hello.",
+)  # fmt: skip
+SHORT = {"max_tokens": 24, "min_tokens": 0, "top_p": 0.9, "thinking": False}
+
+
+def _together(*asks: tuple[LocalEngine, int]) -> list[Completion]:
+    """Every (engine, question) asked at once, as the runner asks: the prompt id names the question."""
+
+    async def gather() -> list[Completion]:
+        return await asyncio.gather(
+            *(engine.complete([{"role": "user", "content": QUESTIONS[i]}], prompt_id=f"q{i}") for engine, i in asks)
+        )
+
+    return asyncio.run(gather())
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8], ids=["greedy", "sampled"])
+def test_requests_in_flight_go_in_one_batch_and_each_gets_the_ids_it_gets_alone(smollm2: Path, temperature: float):
+    """Greedy: the same ids exactly; sampled: each row draws from its own generator seeded from its prompt."""
+    engine = LocalEngine(smollm2, Generation(temperature=temperature, **SHORT), batch_size=8, threads=1)
+    batched = _together(*((engine, i) for i in range(8)))
+    assert engine.stats() == {"batches": 1, "rows_per_batch": 8, "torch_threads": 1}
+    alone = LocalEngine(smollm2, Generation(temperature=temperature, **SHORT), threads=1)
+    for i in (0, 6):
+        (single,) = _together((alone, i))
+        assert single.output_ids == batched[i].output_ids and single.finish_reason == batched[i].finish_reason
+    assert alone.stats()["batches"] == 2 and alone.stats()["rows_per_batch"] == 1
+    assert len({tuple(done.output_ids) for done in batched}) == 8
+    assert batched[3].output_ids == _bare_generate(engine, 3)  # what one seeded `generate` of it makes
+
+
+def _bare_generate(engine: LocalEngine, question: int) -> list[int]:
+    """One `model.generate` of one question, sampling (if at all) from torch's generator seeded as the engine
+    seeds that prompt: the ids through the end of the turn."""
+    import hashlib
+
+    import torch
+
+    tokenizer, model = engine._load()
+    chat = [{"role": "user", "content": QUESTIONS[question]}]
+    prompt = tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_dict=True, return_tensors="pt")
+    g = engine.generation
+    torch.manual_seed(int(hashlib.sha256(f"q{question}:1".encode()).hexdigest()[:8], 16))
+    out = model.generate(**prompt, max_new_tokens=g.max_tokens, do_sample=g.temperature > 0,
+                         temperature=g.temperature or None, top_p=g.top_p,
+                         pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+    ids = out[0, prompt["input_ids"].shape[1] :].tolist()
+    return ids[: ids.index(tokenizer.eos_token_id) + 1] if tokenizer.eos_token_id in ids else ids
+
+
+def test_each_row_of_a_batch_keeps_its_own_lengths_sampling_and_finish_reason(smollm2: Path):
+    """Two runs' engines on one checkpoint share a batch; each row keeps its own engine's settings."""
+    short = LocalEngine(smollm2, Generation(temperature=0.0, **{**SHORT, "max_tokens": 5}), threads=1)
+    long = LocalEngine(smollm2, Generation(temperature=0.7, **{**SHORT, "min_tokens": 20, "max_tokens": 30}), threads=1)
+    tokenizer, _ = short._load()
+    done = _together((short, 0), (long, 0), (short, 4), (long, 4))
+    assert short.stats()["batches"] == long.stats()["batches"] == 1  # one batch of the four
+    for reply, (low, high) in zip(done, [(1, 5), (20, 30)] * 2, strict=True):
+        assert low <= reply.completion_tokens == len(reply.output_ids) <= high
+        stopped = reply.output_ids[-1] == tokenizer.eos_token_id
+        assert reply.finish_reason == ("stop" if stopped else "length")
+        assert tokenizer.eos_token_id not in reply.output_ids[:-1]  # nothing after the end of the turn
+    assert done[0].finish_reason == "length" and done[0].content == "The capital of France is"  # greedy, cut at 5
+    assert done[1].output_ids != done[0].output_ids
+
+
+def test_the_thread_count_is_the_setting_or_the_meters(smollm2: Path):
+    from eagle_data.engines.local import _batcher
+
+    given = LocalEngine(smollm2, Generation(temperature=0.0, **{**SHORT, "max_tokens": 2}), threads=3)
+    _together((given, 0))
+    assert given.stats()["torch_threads"] == 3
+    ruled = LocalEngine(smollm2, Generation(temperature=0.0, **{**SHORT, "max_tokens": 2}))
+    _together((ruled, 0))
+    meter = _batcher()._meter
+    assert ruled.stats()["torch_threads"] == meter.threads <= len(meter.cpus) and meter.others_busy is not None

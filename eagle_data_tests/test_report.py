@@ -13,10 +13,12 @@ import polars as pl
 from eagle_data import layout
 from eagle_data.catalog import Adapter, Checks, DatasetSpec
 from eagle_data.quality import Inputs, figures, rollup, row_verdicts, run_checks, shard_record
+from eagle_data.quality.records import Judged
 from eagle_data.report import (
     bar_chart,
     inputs_for,
     read_record,
+    record_judged,
     render_report,
     write_dataset_report,
     write_shard_report,
@@ -123,8 +125,9 @@ def test_a_record_of_an_older_schema_is_rebuilt_from_its_shard_with_one_notice(t
     assert notices == [
         "b9_fixture shard 00001: quality record missing or of an older schema; rebuilt from the validated shard"
     ]
-    judged = digest(store.shard_bytes(spec.name, "b9_fixture_validated", "00001"))
-    assert record == replace(shard_record("00001", shard, inputs_for(spec)), shard_sha256=judged)
+    data = store.shard_bytes(spec.name, "b9_fixture_validated", "00001")
+    rebuilt = shard_record("00001", shard, inputs_for(spec))
+    assert record == replace(rebuilt, shard_sha256=digest(data), shard_size=len(data))
     assert read_record(spec, store, "00001", notices.append) == record and len(notices) == 1  # stored: read as is
     stricter = spec.model_copy(update={"checks": spec.checks.model_copy(update={"max_short_share": 0.5})})
     assert read_record(stricter, store, "00001", notices.append).inputs.checks.max_short_share == 0.5
@@ -141,8 +144,9 @@ def test_the_dataset_page_links_each_shard_page_and_names_all_nine_checks(tmp_pa
     assert links == ["00000.html", "00001.html"]
     assert all((Path(uri).parent / link).is_file() for link in links)  # relative: opens from a folder or a download
     named = set(re.findall(r"<tr><td>([a-z_]+)</td>", page))
-    assert {d.name for d in CHECKS} | {"decontamination"} <= named and len({d.name for d in CHECKS}) + 1 == 9
+    assert {d.name for d in CHECKS} | {"decontamination", "on_policy"} <= named
     assert "b9_fixture_decontamination" in page and "b9_fixture_validated's Checks tab" in page
+    assert "b9_fixture_on_policy" in page
 
 
 def test_the_asset_pages_shard_table_shows_the_worst_shards_and_stays_bounded(tmp_path: Path) -> None:
@@ -157,3 +161,22 @@ def test_the_asset_pages_shard_table_shows_the_worst_shards_and_stays_bounded(tm
     assert "00002" in shown and len(shown) == 2 and shown == sorted(shown)
     assert table.endswith("2 more shards on the report page")
     assert re.findall(r"^\| (0000\d) \|", report.shards_table(), re.M) == sorted(frames)
+
+
+def test_a_check_judged_after_validation_shows_its_stored_outcome_on_the_shard_page_and_the_index(
+    tmp_path: Path,
+) -> None:
+    """decontamination stores its outcome in the shard's record: the pages read it there, not from Dagster."""
+    spec = DatasetSpec(name="b9_fixture", title="Fixture", adapter=Adapter(prompt_field="q", response_field="r"))
+    store = ShardStore(str(tmp_path))
+    uri = write_reports(spec, store, {"00000": clean_frame(100), "00001": clean_frame(100, seed=3)})
+    assert "not judged yet" in Path(uri).read_text()
+    for key, passed in (("00000", True), ("00001", False)):
+        judged = Judged("decontamination", passed, f"shard {key} said so", digest(key.encode()), "run-1")
+        record_judged(spec, store, key, judged)
+    shard_page = (tmp_path / layout.quality_page(spec.name, "00001")).read_text()
+    assert re.search(r'<td>decontamination</td><td class="fail">FAIL</td>.*?shard 00001 said so', shard_page)
+    index = Path(write_dataset_report(spec, store).uri).read_text()
+    assert "not judged yet" not in index
+    assert re.search(r'<td>decontamination</td><td class="fail">FAIL</td><td>ERROR \(blocking\)</td>'
+                     r"<td>1 of 2 shards failed \(00001: shard 00001 said so\)</td>", index)  # fmt: skip

@@ -10,7 +10,8 @@ import pytest
 from eagle_data import exports, layout
 from eagle_data.exports import Admission
 from eagle_data.stages.export import export
-from eagle_data.storage import ShardStore, digest
+from eagle_data.storage import ShardStore
+from eagle_data.storage.digests import FileDigest
 from eagle_data_tests.fixtures_exports import write_fixture
 
 
@@ -28,7 +29,7 @@ def test_a_damaged_validated_shard_is_left_out_as_unreadable_with_its_mv_line(tm
     store = ShardStore(str(tmp_path))
     spec = write_fixture(store)[1]  # b92_beta: shards 00000..00002
     asset = layout.validated_asset(spec.name)
-    judged = {key: digest(store.shard_bytes(spec.name, asset, key)) for key in ("00000", "00001")}
+    judged = {key: FileDigest.of(store.shard_bytes(spec.name, asset, key)) for key in ("00000", "00001")}
     path = tmp_path / store.shard_key(spec.name, asset, "00001")
     path.write_bytes(damage(path.read_bytes()))
     lines: list[str] = []

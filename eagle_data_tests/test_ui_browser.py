@@ -278,7 +278,7 @@ def test_ui_materializes_a_b7_partition_reruns_its_checks_and_opens_the_report(
     browser.switch_to.window(browser.window_handles[-1])
     wait.until(ec.title_contains("b7_sharegpt"))
     assert browser.current_url == report and browser.find_element(By.TAG_NAME, "h1").text
-    assert "decontamination" in browser.find_element(By.TAG_NAME, "body").text  # all eight checks listed
+    assert "decontamination" in browser.find_element(By.TAG_NAME, "body").text  # all nine checks listed
     browser.save_screenshot(str(ui_dir / "6-report.png"))
     click(wait, "//a[normalize-space(text())='shard 00000']")  # the dataset page links each shard's own page
     wait.until(ec.title_contains("shard 00000"))

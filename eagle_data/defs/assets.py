@@ -282,7 +282,7 @@ def build_validated(spec: DatasetSpec) -> dg.AssetsDefinition:
         context: dg.AssetExecutionContext, storage: StorageResource, shards: StoredShards
     ) -> dg.Output[LazyShards]:
         store = storage.store()
-        done = validation_stage.validate(spec, store, shards, log=context.log.warning)
+        done = validation_stage.validate(spec, store, shards, log=context.log.warning, run_id=context.run.run_id)
         verdicts: Counter[str] = Counter()
         for key, record in done.records.items():  # the IO manager adds the shard's URI and digest
             page = file_locations(store, {"shard_report": layout.quality_page(ds, key)})

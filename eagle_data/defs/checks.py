@@ -113,12 +113,13 @@ def report_shards(
         yield dg.Output(None, output_name=dg.AssetCheckSpec(check.name, asset=check.asset_key).get_python_identifier())
 
 
-def stored_results(spec: DatasetSpec, store: ShardStore, log: Callable[[str], None]) -> Judge:
+def stored_results(spec: DatasetSpec, store: ShardStore, log: Callable[[str], None], run_id: str = "") -> Judge:
     """A shard's stored check results (its quality record), with the digest of the bytes they judged. A record
-    judged under other severities or blocking flags than the registry's is rebuilt on reading (quality.records)."""
+    judged under other severities or blocking flags than the registry's, or other thresholds, is rebuilt on
+    reading (quality.records) and stored, by run `run_id`: the export's admission reads the stored record."""
 
     def judge(partition: str) -> tuple[str, list[dict[str, Any]]]:
-        record = report.read_record(spec, store, partition, log)
+        record = report.read_record(spec, store, partition, log, run_id)
         return record.shard_sha256, [check_outcome(r.name, r.passed, r.message, r.metadata()) for r in record.results]
 
     return judge
@@ -133,7 +134,7 @@ def dataset_checks(spec: DatasetSpec) -> dg.AssetChecksDefinition:
     )
     @user_failure
     def checks(context: dg.AssetCheckExecutionContext, storage: StorageResource):
-        judge = stored_results(spec, storage.store(), context.log.warning)
+        judge = stored_results(spec, storage.store(), context.log.warning, context.run.run_id)
         yield from report_shards(context, key, judged_partitions(context, key, shards), judge)
 
     return checks

@@ -25,13 +25,9 @@ from eagle_data.drafter.capture import resolve_target
 from eagle_data.drafter.decontam import BenchmarkIndex
 from eagle_data.drafter.evalsets import benchmark_index, unread
 from eagle_data.drafter.settings import load_drafter_settings
-from eagle_data.quality import registry
-from eagle_data.stages.decontamination import DecontamReport, decontamination_report
+from eagle_data.stages.decontamination import DECONTAMINATION, DecontamReport, decontamination_report, record_outcome
 from eagle_data.stages.draft_vocab import write_draft_vocab
 from eagle_data.stages.hidden_states import PLAN_ASSET, verify_stored, write_hidden_state_plan, write_hidden_states
-
-# quality.registry's `decontamination`, judged by decontamination_report in decontamination_check below.
-DECONTAMINATION = registry.implemented("decontamination", ("decontamination",))[0].name
 
 
 def build_drafter_assets(specs: list[DatasetSpec]) -> list[dg.AssetsDefinition]:
@@ -217,6 +213,7 @@ def decontamination_check(spec: DatasetSpec) -> dg.AssetChecksDefinition:
 
         def judge(partition: str) -> tuple[str, list[dict[str, Any]]]:  # each shard on its own
             report = decontamination_report(spec.name, store, [partition], index, missing)
+            record_outcome(spec, store, partition, report, context.run.run_id, context.log.warning)  # for admission
             return report.digests[partition], [_outcome(report, index, sources, key.to_user_string())]
 
         yield from report_shards(context, key, judged_partitions(context, key, shards), judge)

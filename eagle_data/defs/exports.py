@@ -2,9 +2,9 @@
 
 Downstream of every `{ds}_validated`, so a failed blocking check stops it in the same run. A blocking
 check only stops steps of its own run, so the export also holds the gate across runs: it reads only the
-validated shards whose latest evaluation of every blocking check passed on that shard's latest
-materialization (`exports.admit`, over the records `defs.instance` reads), and names every shard it
-leaves out, with the reason.
+validated shards whose stored outcome of every blocking check passed on the very bytes on storage
+(`exports.admit`, over the quality records on storage: `exports.gate_records`; nothing from the event log),
+and names every shard it leaves out, with the reason.
 
 The asset carries its blocking `trainer_parity` check (`exports.check`): the trainer files it wrote, run
 through the trainer's own released code, must give our ids and masks (docs/exports.md).
@@ -20,7 +20,6 @@ from eagle_data.catalog import DatasetSpec
 from eagle_data.defs.assets import catalog_labels
 from eagle_data.defs.checks import validated_key
 from eagle_data.defs.drafter import follow_the_mix
-from eagle_data.defs.instance import gate_records
 from eagle_data.defs.messages import file_locations, leveled, uri_locations, user_failure
 from eagle_data.defs.metadata import settings_version
 from eagle_data.defs.registry import check_specs
@@ -30,19 +29,15 @@ from eagle_data.exports.parity import ParityError
 from eagle_data.exports.settings import ExportSettings, export_settings
 from eagle_data.stages.export import export, export_keys
 from eagle_data.storage import ShardStore
-from eagle_data.storage.shards import shards_written
 
 
 class ExportConfig(dg.Config):
     seed: int = 0  # the mix's shuffle and sub-sampling; the same seed gives the same rows
 
 
-def admission(
-    instance: dg.DagsterInstance, store: ShardStore, spec: DatasetSpec, blocking: Sequence[dg.AssetCheckKey]
-) -> exports.Admission:
-    """Which validated shards of `spec` the export may read, gated by the `blocking` checks."""
-    on_storage = shards_written(store, spec.name, layout.validated_asset(spec.name))
-    return exports.admit(gate_records(instance, validated_key(spec), on_storage, blocking))
+def admission(store: ShardStore, spec: DatasetSpec, blocking: Sequence[dg.AssetCheckKey]) -> exports.Admission:
+    """Which validated shards of `spec` the export may read, gated by the `blocking` checks: from storage only."""
+    return exports.admit(exports.gate_records(spec, store, [key.name for key in blocking]))
 
 
 def parity_result(store: ShardStore, specs: Sequence[DatasetSpec], config: ExportSettings) -> dg.AssetCheckResult:
@@ -84,7 +79,7 @@ def build_exports(specs: Sequence[DatasetSpec], checks: Sequence[dg.AssetChecksD
         context: dg.AssetExecutionContext, config: ExportConfig, storage: StorageResource
     ) -> dg.MaterializeResult:
         store, settings = storage.store(), export_settings()
-        gate = {spec.name: admission(context.instance, store, spec, gated_by[spec.name]) for spec in specs}
+        gate = {spec.name: admission(store, spec, gated_by[spec.name]) for spec in specs}
         figures = export(list(specs), store, gate, seed=config.seed, log=leveled(context.log), formats=settings.formats)
         if "excluded" in figures:
             figures["excluded"] = dg.MetadataValue.md(figures["excluded"])

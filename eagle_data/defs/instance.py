@@ -2,14 +2,13 @@
 that imports `dagster._core`.
 
 Dagster 1.13 has no public API for backfill records (`PartitionBackfill`, read and updated through the
-instance), for a check's per-partition execution history (the event log storage's
-`get_asset_check_execution_history`, its `AssetCheckExecutionRecord`), for the materialization an
-evaluation names (`AssetCheckEvaluationTargetMaterializationData`), for concurrency-pool slots (the event log
-storage's concurrency methods) nor for wrapping the default executor (`executor_creation_fn`, the
-`InitExecutorContext` named tuple's `_replace`); those uses live here, behind named functions, as do the
-types other modules of `defs` name. Evaluations and materializations are related by run id and shard
-digest, never by event storage id: on SQLite an evaluation's storage id comes from its run's own
-event-log file and a materialization's from the index, two numberings (docs/facts.md).
+instance), for a check's execution history (the event log storage's `get_asset_check_execution_history`, its
+`AssetCheckExecutionRecord`: the canary's latest verdict, the alert sensor's failed checks), for the
+materialization an evaluation names (`AssetCheckEvaluationTargetMaterializationData`, which the UI shows), for
+concurrency-pool slots (the event log storage's concurrency methods) nor for wrapping the default executor
+(`executor_creation_fn`, the `InitExecutorContext` named tuple's `_replace`); those uses live here, behind
+named functions, as do the types other modules of `defs` name. The export's admission reads none of this:
+the check outcomes and shard digests it judges are in the quality records on storage (`exports.gate_records`).
 """
 
 from __future__ import annotations
@@ -25,8 +24,7 @@ from dagster._core.storage.asset_check_execution_record import AssetCheckExecuti
 from dagster._core.storage.tags import BACKFILL_ID_TAG, ROOT_RUN_ID_TAG
 from dagster._utils.error import SerializableErrorInfo as ErrorInfo
 
-from eagle_data import exports, quality
-from eagle_data.defs.metadata import SHARD_DIGEST
+from eagle_data import quality
 
 if TYPE_CHECKING:  # types only; Dagster exports none of these publicly in 1.13
     # the per-pool run-worker executor (pools.py) is built over the executor's internals
@@ -49,7 +47,6 @@ __all__ = [
 ]
 
 _BATCH = 500  # storage ids per query: bounded IN lists for the event log's SQL
-_PAGE = 1000  # check executions read per query
 CANARY_HISTORY = 20  # canary executions read back for the latest evaluation (a run that died leaves none)
 # The states of a check execution that carry a verdict; PLANNED (the step has not evaluated it yet, failed
 # before it did, or its run died) carries an AssetCheckEvaluationPlanned, which has no verdict or metadata.
@@ -80,17 +77,6 @@ def target(record: dg.EventLogRecord | None) -> AssetCheckEvaluationTargetMateri
     )
 
 
-def _shard_digest(metadata: dict[str, dg.MetadataValue]) -> str | None:
-    value = metadata.get(SHARD_DIGEST)
-    return str(value.value) if value is not None else None
-
-
-def _materialization(record: dg.EventLogRecord) -> exports.Materialization:
-    event = record.asset_materialization
-    digest = _shard_digest(dict(event.metadata)) if event is not None else None
-    return exports.Materialization(str(record.partition_key), record.run_id, digest)
-
-
 def judged(record: AssetCheckExecutionRecord) -> dg.AssetCheckEvaluation | None:
     """The verdict an execution record holds, or None for one that holds none (planned, never evaluated):
     the one reader of check executions, for every state Dagster records."""
@@ -98,22 +84,6 @@ def judged(record: AssetCheckExecutionRecord) -> dg.AssetCheckEvaluation | None:
         return None
     evaluation = record.event.dagster_event.event_specific_data
     return evaluation if isinstance(evaluation, dg.AssetCheckEvaluation) else None
-
-
-def _evaluation(record: AssetCheckExecutionRecord) -> exports.Evaluation:
-    check, partition = record.key.name, str(record.partition)
-    if (evaluation := judged(record)) is None:
-        return exports.Evaluation(check, partition, record.run_id, passed=None)
-    judged_on = evaluation.target_materialization_data
-    return exports.Evaluation(
-        check,
-        partition,
-        record.run_id,
-        passed=evaluation.passed,
-        judged_run_id=judged_on.run_id if judged_on else None,
-        shard_sha256=_shard_digest(dict(evaluation.metadata)),
-        description=evaluation.description or "",
-    )
 
 
 def latest_canary(instance: dg.DagsterInstance, key: dg.AssetCheckKey) -> quality.LatestCanary | None:
@@ -137,26 +107,6 @@ def failed_in_run(instance: dg.DagsterInstance, key: dg.AssetCheckKey, run_id: s
     return None
 
 
-def latest_evaluations(
-    instance: dg.DagsterInstance, checks: Sequence[dg.AssetCheckKey], partitions: Collection[str]
-) -> dict[tuple[str, str], exports.Evaluation]:
-    """(check, partition) -> the latest execution of each check on each of `partitions` (newest first, paged
-    until every partition is found or the history ends)."""
-    found: dict[tuple[str, str], exports.Evaluation] = {}
-    for key in checks:
-        cursor, missing = None, set(partitions)
-        while missing:
-            page = instance.event_log_storage.get_asset_check_execution_history(key, limit=_PAGE, cursor=cursor)
-            for record in page:
-                if record.partition in missing:
-                    missing.discard(record.partition)
-                    found[(key.name, record.partition)] = _evaluation(record)
-            if len(page) < _PAGE:
-                break
-            cursor = page[-1].id
-    return found
-
-
 def failed_executions(
     instance: dg.DagsterInstance, key: dg.AssetCheckKey, limit: int
 ) -> list[AssetCheckExecutionRecord]:
@@ -170,20 +120,6 @@ def failed_check_partitions(instance: dg.DagsterInstance, keys: Sequence[dg.Asse
     infos = instance.event_log_storage.get_asset_check_partition_info(list(keys)) if keys else []
     failed = AssetCheckExecutionRecordStatus.FAILED
     return {info.partition_key for info in infos if info.partition_key and info.latest_execution_status == failed}
-
-
-def gate_records(
-    instance: dg.DagsterInstance, key: dg.AssetKey, on_storage: Iterable[str], blocking: Sequence[dg.AssetCheckKey]
-) -> exports.GateRecords:
-    """What `exports.admit` judges for the validated asset `key`, gated by the `blocking` checks."""
-    latest = {p: _materialization(r) for p, r in latest_materializations(instance, key).items()}
-    stored = frozenset(on_storage)
-    return exports.GateRecords(
-        blocking=tuple(k.name for k in blocking),
-        on_storage=stored,
-        materializations=latest,
-        evaluations=latest_evaluations(instance, blocking, stored | set(latest)),
-    )
 
 
 def pool_infos(instance: dg.DagsterInstance, pools: Iterable[str]) -> Mapping[str, ConcurrencyKeyInfo]:

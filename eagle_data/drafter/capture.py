@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -33,7 +33,12 @@ from eagle_data import layout
 from eagle_data.demo import ensure_demo_model
 from eagle_data.drafter import formats, trainers
 from eagle_data.drafter.layers import LayerPlan
+from eagle_data.drafter.scores import ShardScores, forward
 from eagle_data.drafter.settings import CaptureSettings
+from eagle_data.engines import scoring
+from eagle_data.engines.scoring import batches  # one batching for the capture and the scorer
+from eagle_data.quality import on_policy
+from eagle_data.quality.on_policy import Scored
 from eagle_data.settings import get as environment
 from eagle_data.storage import ShardStore
 from eagle_data.types import UserError
@@ -41,6 +46,7 @@ from eagle_data.types import UserError
 Log = Callable[[str], None]
 SHARDS, PROGRESS = "shards", "progress"
 EMPTY = "empty"
+TOP_K = 20  # the target's most likely tokens read per scored position (as the validation scorers')
 FLOOR_REASONS = {  # a chosen trainer's supervised-token floor (trainers.Trainer.floor) -> the set-aside reason
     "consecutive": "no_adjacent_supervised_tokens",  # SpecForge's DFlash family (since 2026-07-30)
     "supervised": "unsupervised",  # speculators' prepare step drops rows without a supervised token
@@ -72,23 +78,19 @@ def resolve_dtype(dtype: str, device: str) -> str:
 
 
 class TransformersBackend:
-    """A transformers checkpoint in this process: its base model only (no LM head), batches right-padded
-    with an attention mask, so a row's states do not depend on the rows beside it."""
+    """A transformers checkpoint in this process: its base model runs the batches, right-padded with an
+    attention mask, so a row's states do not depend on the rows beside it; its LM head runs only on the
+    supervised positions of the rows asked to be scored (`capture_scored`: the on-policy figures)."""
 
     def __init__(self, checkpoint: Path, device: str, dtype: str) -> None:
         import torch
-        from transformers import AutoModel
-        from transformers.utils import logging as hf_logging
+        from transformers import AutoModelForCausalLM
 
         self.torch = torch
         self.dtype = dtype
         self._torch_dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
-        verbosity = hf_logging.get_verbosity()
-        hf_logging.set_verbosity_error()  # the base model alone: its load report lists the unused LM head
-        try:
-            self.model = AutoModel.from_pretrained(checkpoint, dtype=self._torch_dtype).to(device).eval()
-        finally:
-            hf_logging.set_verbosity(verbosity)
+        full = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=self._torch_dtype).to(device).eval()
+        self.model, self.head = full.get_decoder(), full.get_output_embeddings()
         config = self.model.config.get_text_config()
         self.num_layers, self.hidden_size, self.vocab_size = (
             config.num_hidden_layers, config.hidden_size, config.vocab_size
@@ -96,6 +98,14 @@ class TransformersBackend:
         self.device = device
 
     def capture(self, rows: Sequence[np.ndarray], plan: LayerPlan) -> list[Any]:
+        return self.capture_scored(rows, plan, {})[0]
+
+    def capture_scored(
+        self, rows: Sequence[np.ndarray], plan: LayerPlan, score: Mapping[int, scoring.Row], top_k: int = TOP_K
+    ) -> tuple[list[Any], dict[int, Scored]]:
+        """`capture`, and for the rows of `score` (index in `rows` -> its mask and sampling settings) their
+        on-policy figures from the same forward pass: the LM head over their supervised positions' final
+        states (after the norm: `hidden_states[-1]`)."""
         torch = self.torch
         lengths = [len(r) for r in rows]
         ids = torch.zeros((len(rows), max(lengths)), dtype=torch.long)
@@ -125,7 +135,12 @@ class TransformersBackend:
             torch.stack([p[b, :n] for p in picked], dim=1, out=packed[start : start + n])
             start += n
         packed = packed.to("cpu")
-        return list(packed.split(lengths))
+        with torch.inference_mode():
+            scored = {
+                b: scoring.head_figures(torch, out.hidden_states[-1][b, : lengths[b]], self.head, row, top_k)
+                for b, row in score.items()
+            }
+        return list(packed.split(lengths)), scored
 
 
 def checkpoint_folder(checkpoint: str) -> Path:
@@ -159,25 +174,13 @@ def checkpoint_hash(path: Path) -> str:
     return _folder_hash(path, signature)
 
 
-def batches(lengths: Sequence[int], batch_tokens: int) -> list[list[int]]:
-    """Row positions grouped longest first, each group padding to at most `batch_tokens` tokens (a row
-    longer than that alone); deterministic, so a resumed shard re-forms the same batches."""
-    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-    groups: list[list[int]] = []
-    for i in order:
-        if groups and (len(groups[-1]) + 1) * lengths[groups[-1][0]] <= batch_tokens:
-            groups[-1].append(i)
-        else:
-            groups.append([i])
-    return groups
-
-
 def shard_frame(path: Path, index: int, shard_rows: int) -> pl.DataFrame:
     """Rows [index * shard_rows, +shard_rows) of the mix file: `row` (global), prompt_id, ids, mask."""
     start = index * shard_rows
+    scan = pl.scan_parquet(path)
+    sampling = ["sampling"] if "sampling" in scan.collect_schema() else []  # to score rows at their settings
     return (
-        pl.scan_parquet(path)
-        .select("prompt_id", "input_ids", "loss_mask")
+        scan.select("prompt_id", "input_ids", "loss_mask", *sampling)
         .slice(start, shard_rows)
         .collect()
         .with_row_index("row", offset=start)
@@ -315,10 +318,11 @@ def capture_shard(
     plan: LayerPlan,
     settings: CaptureSettings,
     log: Log = print,
+    scored_by: scoring.TargetIds | None = None,
 ) -> ShardResult:
     """Capture one shard into capture `cid` (or skip it when its record's key matches), resuming from its
     progress file. `provenance` names what the states depend on; the digest of its `shard_material` is the
-    shard's key."""
+    shard's key. With `scored_by` (the rows' target), some rows' on-policy figures too (`scores.py`)."""
     material = shard_material(provenance, settings, backend.dtype)
     key = shard_key(material)
     folder = layout.capture_dir(cid)
@@ -342,8 +346,9 @@ def capture_shard(
     if done:
         log(f"hidden states {partition}: resuming at batch {done + 1} of {len(groups)}")
     started = time.perf_counter()
+    scores = ShardScores.plan(kept, ids, masks, settings, scored_by, progress) if scored_by else None
     for b in range(done, len(groups)):
-        states = backend.capture([ids[i] for i in groups[b]], plan)
+        states = forward(backend, [ids[i] for i in groups[b]], plan, scores, groups[b], [r for r, _ in rows])
         samples = [
             formats.Sample(*rows[i], ids[i], masks[i], s, index=i) for i, s in zip(groups[b], states, strict=True)
         ]  # fmt: skip
@@ -356,6 +361,8 @@ def capture_shard(
     batches_rows = progress["batches"]
     _write_shard_files(store, folder, partition, batches_rows, kept, plan, settings)
     record = {"key": key, "partition": partition, **material, **_figures(frame.height, aside, batches_rows)}
+    if scores is not None and (scored := scores.record()):
+        record[on_policy.COLUMN] = scored
     store.write_bytes(record_key, json.dumps(record).encode())
     store.delete(progress_key)
     result.record = record

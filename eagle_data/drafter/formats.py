@@ -57,9 +57,7 @@ def _id_bytes(trainer: Trainer) -> int:
 # Per sample: torch.save's zip of its tensors, a safetensors header (+ the Arrow dataset's row), a native
 # index entry; measured with torch 2.13 / safetensors 0.8 and checked on every capture.
 ID_BYTES = {name: _id_bytes(t) for name, t in REGISTRY.items()}
-SAMPLE_BYTES = {
-    name: {TORCH: 2_200, SAFETENSORS: 230, NATIVE_FILES: 60}[t.container] for name, t in REGISTRY.items()
-}
+SAMPLE_BYTES = {name: {TORCH: 2_200, SAFETENSORS: 230, NATIVE_FILES: 60}[t.container] for name, t in REGISTRY.items()}
 
 
 @dataclass(frozen=True)

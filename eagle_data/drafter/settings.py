@@ -102,6 +102,8 @@ class CaptureSettings(_Frozen):
     max_rows: the mix rows the partitions cover (partitions = max_rows / shard_rows, rounded up).
     batch_tokens: padded tokens per forward pass (rows grouped by length); a longer row runs alone.
     recapture_rows: rows per shard the `recapture_matches` check captures again and compares.
+    on_policy_rows: rows per shard whose on-policy figures (the target's own score, quality/on_policy.py) the
+        capture takes from its forward passes: the LM head over their supervised positions only.
     seed: picks those rows.
     """
 
@@ -115,6 +117,7 @@ class CaptureSettings(_Frozen):
     max_rows: int = Field(1_000_000, gt=0)
     batch_tokens: int = Field(16_384, gt=0)
     recapture_rows: int = Field(2, ge=0)
+    on_policy_rows: int = Field(8, ge=0)
     seed: int = 0
 
     @model_validator(mode="after")

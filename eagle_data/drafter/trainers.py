@@ -185,7 +185,7 @@ def resolve(names: tuple[str, ...], layers: object, last_state: str) -> Capture:
         if needed and last_state != needed[0]:
             raise TrainerError(
                 f'[drafter.capture] last_state = "{last_state}": {needed[1]} reads the last state '
-                f'{_NORM_WORDS[needed[0]]}; '
+                f"{_NORM_WORDS[needed[0]]}; "
                 f'set last_state = "{needed[0]}" or "auto"'
             )
         last = None if last_state == "none" else last_state

@@ -7,7 +7,12 @@ fp8's bound where the native format stores fp8). The bytes on disk must be withi
 formula (`hidden_states.capture_bytes`) for the same layers, dtype, format, samples and tokens.
 
 Each shard is judged on its own (`Findings` of one shard), so a corrupt shard fails only its own verdicts,
-and each verdict carries the sha256 of the stored bytes it read.
+and each verdict carries the sha256 of the stored bytes it read. Every file read is hashed as it is read: the
+first verification after a capture records each file's digest (`Findings.files`), and every later one (the next
+capture run that skips the shard, a checks-only run) checks the files against them: a file changed since
+(values rescaled, rows rewritten) fails `ids_match_mix` (the stored samples are no longer those made from the mix
+and verified) with the line naming it, what changed and the command that captures the shard again, whatever the
+sampled re-capture would have caught.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from eagle_data.drafter.layers import LayerPlan
 from eagle_data.drafter.settings import HiddenStateRecipe
 from eagle_data.quality import registry
 from eagle_data.storage import ShardStore
+from eagle_data.storage.digests import ChangedFile, FileDigest, check
 
 IDS, FINITE, SHAPES, RECAPTURE, BYTES = (
     "ids_match_mix", "finite", "shapes_match_target", "recapture_matches", "bytes_match_plan"
@@ -52,20 +58,33 @@ class Findings:
     recapture_worst: float = 0.0  # the largest error as a share of the allowed error (<= 1 passes)
     actual_bytes: dict[str, int] = field(default_factory=dict)
     planned_bytes: dict[str, int] = field(default_factory=dict)
-    hasher: Any = field(default_factory=hashlib.sha256, repr=False)  # over every stored file read, in order
     absent: str = ""  # why there was nothing to verify (no record of the current capture): every check fails
+    files: dict[str, FileDigest] = field(default_factory=dict)  # every stored file read, by key
+    changed: list[ChangedFile] = field(default_factory=list)  # files unlike their recorded digests
+
+    def took(self, uri: str, key: str, data: bytes, recorded: dict[str, FileDigest] | None, repair: str) -> None:
+        """Hash one stored file as read; with `recorded` digests, note it when it is not the file recorded."""
+        self.files[key] = found = FileDigest.of(data)
+        if recorded is None:
+            return
+        try:
+            check(uri, found, recorded.get(key, FileDigest("(none: not among the files recorded)", 0)), repair)
+        except ChangedFile as exc:
+            self.changed.append(exc)
 
     @property
     def shard_sha256(self) -> str:
-        """The sha256 of the stored bytes these findings judged."""
-        return self.hasher.hexdigest()
+        """The sha256 of the stored bytes these findings judged: over each file's key and digest, in read order
+        (every byte hashed once, as read)."""
+        listed = "".join(f"{key}\0{d.sha256}\0{d.size}\n" for key, d in self.files.items())
+        return hashlib.sha256(listed.encode()).hexdigest()
 
     def bytes_error(self) -> float:
         planned, actual = sum(self.planned_bytes.values()), sum(self.actual_bytes.values())
         return abs(actual - planned) / planned if planned else 0.0
 
     def passed(self, name: str) -> bool:
-        if self.absent:
+        if self.absent or (name == IDS and self.changed):
             return False
         if name == BYTES:
             return self.bytes_error() <= BYTES_TOLERANCE and not self.problems[BYTES]
@@ -81,6 +100,9 @@ class Findings:
         if self.absent:
             return f"{shard}{self.absent}: materialize hidden_states partition {self.partition}"
         found = self.problems[name]
+        if name == IDS and self.changed and not found:
+            more = f" (and {len(self.changed) - 1} more file(s))" if len(self.changed) > 1 else ""
+            return f"{shard}{self.changed[0]}{more}"
         first = f" (first: {', '.join(found[:SHOWN])})" if found else ""
         if name == BYTES:
             shown = f"{sum(self.actual_bytes.values()):,} bytes on disk vs {sum(self.planned_bytes.values()):,} planned"
@@ -107,14 +129,31 @@ class Findings:
             "bytes_on_disk": sum(self.actual_bytes.values()),
             "bytes_planned": sum(self.planned_bytes.values()),
             "bytes_error": round(self.bytes_error(), 5),
+            "files_changed": len(self.changed),
         }
 
 
+@dataclass(frozen=True)
+class Recorded:
+    """The digests a shard's files were recorded with (None: none yet, this verification records them) and the
+    command that captures the shard again."""
+
+    files: dict[str, FileDigest] | None
+    repair: str
+
+
 def _stored(
-    store: ShardStore, folder: str, partition: str, fmt: str, rows: list[int], plan: LayerPlan, found: Findings
+    store: ShardStore,
+    folder: str,
+    partition: str,
+    fmt: str,
+    rows: list[int],
+    plan: LayerPlan,
+    found: Findings,
+    recorded: Recorded,
 ) -> Iterator[formats.Stored]:
     """Every stored sample of one target for the shard's captured rows; missing and unreadable files are
-    recorded, and their bytes counted."""
+    recorded, and their bytes counted and hashed (checked against `recorded`)."""
     size = 0
 
     def read(key: str) -> bytes | None:
@@ -124,7 +163,7 @@ def _stored(
             return None
         data = store.read_bytes(key)
         size += len(data)
-        found.hasher.update(data)
+        found.took(store.uri(key), key, data, recorded.files, recorded.repair)
         return data
 
     trainer = trainers.REGISTRY[fmt]
@@ -197,12 +236,12 @@ def verify_shard(
     backend: CaptureBackend,
     recapture_rows: int,
     seed: int,
+    recorded: Recorded | None = None,
 ) -> Findings:
-    """Check one captured shard (its record from capture_shard) against its mix rows and the target."""
+    """Check one captured shard (its record from capture_shard) against `recorded`, its mix rows and the target."""
     import torch
 
-    partition = record["partition"]
-    found = Findings(partition)
+    partition, found = record["partition"], Findings(record["partition"])
     mix = {
         row: (np.asarray(ids), np.asarray(mask))
         for row, ids, mask in frame.select("row", "input_ids", "loss_mask").iter_rows()
@@ -216,7 +255,7 @@ def verify_shard(
         layers = formats.stored_layers(trainers.REGISTRY[fmt], plan)
         recipe = HiddenStateRecipe(captured_layers=layers, hidden_size=backend.hidden_size, dtype=dtype, format=fmt)
         found.planned_bytes[fmt] = capture_bytes(recipe, len(rows), tokens)
-        for sample in _stored(store, folder, partition, fmt, rows, plan, found):
+        for sample in _stored(store, folder, partition, fmt, rows, plan, found, recorded or Recorded(None, "")):
             found.samples += 1
             name = f"{fmt} row {sample.row}"
             ids, mask = mix.get(sample.row, (None, None))

@@ -124,6 +124,12 @@ class EngineSettings:
         "OpenRouter provider routing, e.g. {ignore: [Fireworks]}", "EAGLE_DATA_PROVIDER", _json_object)))
     reasoning: dict[str, Any] | None = field(default=None, metadata=_declares(Setting(
         "OpenRouter reasoning request, e.g. {effort: high}", "EAGLE_DATA_REASONING", _json_object)))
+    batch_size: int | None = field(default=None, metadata=_declares(Setting(
+        "Most prompts generated together in one pass (local; default 16)", "EAGLE_DATA_BATCH_SIZE",
+        _positive(int))))
+    threads: int | None = field(default=None, metadata=_declares(Setting(
+        "torch threads (local; default: the CPUs other processes leave free)", "EAGLE_DATA_THREADS",
+        _positive(int))))
     # fmt: on
 
     def key_env(self) -> str:
@@ -159,7 +165,8 @@ class EngineKind:
         summary: a few words for listings and errors.
         key_env: the environment variable that holds its API key ("" when it needs none).
         required: setting name -> what to do when it is missing (one line, names the variable).
-        max_in_flight: default ceiling of concurrent requests.
+        max_in_flight: default ceiling of concurrent requests (raised to two batches where the kind takes
+            a `batch_size` larger than half of it: `in_flight`).
         ramp: start low and ramp up (a paid API, so a cold start never causes a 429 storm), or start
             at full width (servers we own).
         demo: the kind the demo profile runs when no engine is chosen.
@@ -186,6 +193,11 @@ class EngineKind:
     @property
     def pool_name(self) -> str:
         return self.pool or self.name
+
+    def in_flight(self, settings: EngineSettings) -> int:
+        """The ceiling of concurrent requests: the setting, else the kind's default, raised to two batches
+        where a batch size is set (one generating, the next one filling up meanwhile)."""
+        return settings.max_in_flight or max(self.max_in_flight, 2 * (settings.batch_size or 0))
 
     def missing(self, settings: EngineSettings) -> str | None:
         """One line saying which required setting is missing and how to set it, or None."""

@@ -3,8 +3,9 @@
 `make_local` picks it only when torch sees a CUDA GPU and `sglang` imports (the `gpu` extra); everywhere
 else the transformers path runs, unchanged. Same protocol, same rows: the checkpoint's own chat template
 renders the prompt ids, SGLang returns the model's own output ids (`skip_tokenizer_init`: it never
-detokenizes), and the transformers path's `_to_completion` splits them. SGLang batches whatever is in
-flight, so a GPU run raises EAGLE_DATA_MAX_IN_FLIGHT (the kind's default, 4, suits the CPU path).
+detokenizes), and `replies.completion_from_ids` splits them, as for the transformers path. SGLang batches
+whatever is in flight, so a GPU run raises EAGLE_DATA_MAX_IN_FLIGHT (the kind's default suits the CPU path).
+`make_local` (engines/local.py) chooses this path; nothing here imports it back.
 
 SGLang binds its request handling to the event loop it starts on, and the runner opens a new loop per run:
 the engine lives on a thread of its own with its own loop, loaded once per process, and each request is
@@ -19,12 +20,12 @@ import functools
 import importlib.util
 import threading
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from eagle_data.catalog import Generation
-from eagle_data.engines.local import DEMO_NOTE, _to_completion
+from eagle_data.engines.replies import completion_from_ids
 from eagle_data.targets.reasoning import THINK_TAGS, ReasoningMarkers
 from eagle_data.types import Completion, Engine, Message, Sampling, SamplingRefused
 
@@ -103,22 +104,23 @@ class SGLangLocalEngine(Engine):
         model_path: Path,
         generation: Generation,
         *,
-        demo: bool = False,
+        note: str = "",
         markers: ReasoningMarkers | None = THINK_TAGS,
     ) -> None:
-        self.model_path, self.generation, self.demo, self.markers = model_path, generation, demo, markers
-        self.model = model_path.name
+        """`note`: what the checkpoint is when it is not what the user named (the demo model), else ""."""
+        self.model_path, self.generation, self.note, self.markers = model_path, generation, note, markers
+        self.model = str(model_path)
 
     def config(self) -> dict[str, Any]:
         """The transformers path's: the same checkpoint and sampling ask for the same replies."""
         return {"engine": self.name, "model": str(self.model_path), **self.generation.model_dump()}
 
     def describe(self) -> str:
-        return f"{self.name} ({DEMO_NOTE}, {PROVIDER})" if self.demo else f"{self.name} {self.model_path} ({PROVIDER})"
+        return f"{self.name} ({self.note}, {PROVIDER})" if self.note else f"{self.name} {self.model_path} ({PROVIDER})"
 
     async def check(self) -> str:
         await asyncio.to_thread(_runtime, self.model_path)
-        note = f" ({DEMO_NOTE}: its text is meaningless)" if self.demo else ""
+        note = f" ({self.note})" if self.note else ""
         return f"local engine: {self.model_path}{note} in SGLang's offline engine on the GPU"
 
     async def complete(
@@ -141,8 +143,8 @@ class SGLangLocalEngine(Engine):
             input_ids=list(prompt), sampling_params=params, rid=f"{prompt_id}-{uuid.uuid4().hex[:8]}"
         )
         out = await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(request, runtime.loop))
-        done = _to_completion(runtime.tokenizer, [int(i) for i in out["output_ids"]], len(prompt), self.markers)
-        return replace(done, provider=PROVIDER)
+        ids = [int(i) for i in out["output_ids"]]
+        return completion_from_ids(runtime.tokenizer, ids, list(prompt), self.markers, PROVIDER)
 
     async def aclose(self) -> None:
         """Nothing per run: the engine stays loaded for the next run in this process (`_runtime`)."""

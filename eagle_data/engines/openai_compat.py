@@ -22,6 +22,7 @@ from eagle_data import settings
 from eagle_data.engines import EngineKind, EngineSettings, lookup, register
 from eagle_data.engines.openai_protocol import parse_response, served_ids
 from eagle_data.engines.openrouter_key import OPENROUTER_KEY_ENV, OPENROUTER_URL, check_credit
+from eagle_data.engines.pacing import Pacing
 from eagle_data.engines.served import ModelMismatchError, model_matches
 from eagle_data.secrets import mask_url, redact, strip_credentials, url_parts
 from eagle_data.targets.reasoning import THINK_TAGS, ReasoningMarkers, reasoning_markers
@@ -102,6 +103,7 @@ class OpenAICompatEngine(Engine):
         checks_model: bool = True,
         markers: ReasoningMarkers | None = THINK_TAGS,
         token_ids: bool = False,
+        watch_pace: bool = False,
     ) -> None:
         """`reasoning_request`: the API takes OpenRouter's `reasoning` request field, so the thinking
         switch goes there (else into `chat_template_kwargs`); `reports_credit`: it answers GET /key with
@@ -109,7 +111,9 @@ class OpenAICompatEngine(Engine):
         the server serves, so a model missing from a non-empty list is refused before anything is sent;
         `markers`: the target's think-block markers (None: its format has none), for replies that leave a
         think block inside `content`; `token_ids`: ask for the reply's and the prompt's token ids (vLLM's
-        `return_token_ids`) and refuse an answer without them."""
+        `return_token_ids`) and refuse an answer without them; `watch_pace`: notice a server that answers one
+        request at a time and then send one at a time (`pacing`; requests given up at the timeout are counted
+        either way)."""
         self.name, self.model, self.markers = name, model, markers
         self.reasoning_request, self.reports_credit, self.checks_model = reasoning_request, reports_credit, checks_model
         base, user, password = strip_credentials(checked_base_url(base_url))
@@ -139,6 +143,7 @@ class OpenAICompatEngine(Engine):
         body.update(extra_body or {})
         self._body, self.token_ids, self.reports_prompt_ids = body, token_ids, token_ids
         self._session: aiohttp.ClientSession | None = None
+        self.pacing = Pacing(timeout_s, watch=watch_pace)
 
     def config(self) -> dict[str, Any]:
         """Everything that changes the output (no URL, timeout or key)."""
@@ -146,6 +151,15 @@ class OpenAICompatEngine(Engine):
 
     def describe(self) -> str:
         return f"{self.name} {self.model} at {self.shown}"
+
+    def stats(self) -> dict[str, Any]:
+        """Whether the server was seen answering one request at a time, and the requests given up on it."""
+        if not self.pacing.line():
+            return {}
+        return {"answers_one_at_a_time": self.pacing.serial, "abandoned_requests": self.pacing.abandoned}
+
+    def stats_line(self) -> str:
+        return self.pacing.line()
 
     def _auth(self) -> dict[str, str]:
         """The Authorization header (basic auth from the URL, or the key); a one-line error when the key
@@ -281,22 +295,28 @@ class OpenAICompatEngine(Engine):
             self._session = self._open()
         turns = [{"role": m["role"], "content": m["content"]} for m in messages]
         payload = {**self._body, **overrides, "messages": turns}
+        sent, tokens, abandoned = await self.pacing.start(), None, False
         try:
             async with self._session.post(
                 self.url, data=json.dumps(payload).encode(), headers={PROMPT_ID_HEADER: prompt_id}
             ) as resp:
                 body = await resp.read()
                 retry_after = resp.headers.get("Retry-After")
-                return parse_response(resp.status, body, retry_after, markers=self.markers, token_ids=self.token_ids)
+                done = parse_response(resp.status, body, retry_after, markers=self.markers, token_ids=self.token_ids)
+                tokens = done.completion_tokens
+                return done
         except aiohttp.ConnectionTimeoutError:
             raise RetryableError(f"no connection to {self.shown} within {self.connect_timeout_s:g} s",
                                  kind="connect_timeout") from None  # fmt: skip
         except TimeoutError:
+            abandoned = True
             raise RetryableError(f"no whole answer within {self.timeout_s:g} s", kind="timeout") from None
         except aiohttp.ClientConnectorError as exc:  # before ClientOSError, its base class
             raise RetryableError(f"cannot connect to {self.shown}: {exc}", kind="connect") from None
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
             raise RetryableError(f"connection reset: {exc}", kind="reset") from None
+        finally:
+            self.pacing.done(sent, tokens, abandoned=abandoned)
 
     async def aclose(self) -> None:
         if self._session is not None:
@@ -321,7 +341,7 @@ def make_openai(*, base_url: str = "", name: str = OPENAI, **arguments: Any) -> 
     """Any OpenAI-compatible server: never falls back to another provider's URL (the key would go there)."""
     if not base_url:
         raise ConfigError(f"engine {name} needs a base URL: set EAGLE_DATA_BASE_URL (e.g. http://host:30000/v1)")
-    return OpenAICompatEngine(name=name, base_url=base_url, **arguments)
+    return OpenAICompatEngine(name=name, base_url=base_url, watch_pace=name == OPENAI, **arguments)
 
 
 def make_openrouter(*, api_key_env: str = OPENROUTER_KEY_ENV, **arguments: Any) -> OpenAICompatEngine:

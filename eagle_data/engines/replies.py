@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from eagle_data.targets.reasoning import THINK_TAGS, ReasoningMarkers
-from eagle_data.types import FatalError, encodable
+from eagle_data.types import Completion, FatalError, encodable
 
 DETAIL_TEXT_FIELDS = {"reasoning.text": "text", "reasoning.summary": "summary"}
 Piece = TypeVar("Piece", str, int)
@@ -79,6 +80,31 @@ def split_ids(
     reasoning, answer = spans
     tokens = min(len(ids), reasoning.stop + 1)  # through the closing marker, or every id when it never closed
     return decode(ids[reasoning]).strip(markers.strip_reasoning), decode(ids[answer]).lstrip(strip_content), tokens
+
+
+def completion_from_ids(
+    tokenizer: Any, output_ids: list[int], prompt_ids: list[int], markers: ReasoningMarkers | None, provider: str
+) -> Completion:
+    """A checkpoint's own reply ids (the local engine's, SGLang's offline engine's) as a Completion: split into
+    reasoning and content at the think-block markers (their ids in the checkpoint's own vocabulary); the
+    end-of-turn id stays in output_ids, and ending on it is what "stop" means."""
+    stopped = bool(output_ids) and output_ids[-1] == tokenizer.eos_token_id
+    body = output_ids[:-1] if stopped else output_ids
+    if markers is not None:
+        ids = tokenizer.convert_tokens_to_ids([markers.open_text, markers.close_text])
+        markers = replace(markers, open_id=ids[0], close_id=ids[1])
+    reasoning, content, reasoning_tokens = split_ids(body, markers, tokenizer.decode, cut_while_thinking=False)
+    return Completion(
+        content=content,
+        reasoning=reasoning,
+        reasoning_tokens=reasoning_tokens,
+        finish_reason="stop" if stopped else "length",
+        prompt_tokens=len(prompt_ids),
+        completion_tokens=len(output_ids),
+        output_ids=output_ids,
+        prompt_ids=prompt_ids,
+        provider=provider,
+    )
 
 
 def reply_text(message: dict[str, Any], markers: ReasoningMarkers | None = THINK_TAGS) -> tuple[str, str]:

@@ -6,9 +6,10 @@
 - A training mix across datasets with per-dataset weights, reproducible from a seed (`mix.parquet`, ours,
   and the tokenized formats' files for the whole mix, in mix order).
 
-Only shards the gate admitted are read (`admit`: every blocking check's latest evaluation passed on the
-shard's latest materialization, matched by run and shard digest), only if their bytes are the ones those
-checks judged (`Admission.digests`), and of those only the rows that pass three looks on the way out: the verdict
+Only shards the gate admitted are read (`admit`, over the quality records on storage: every blocking check's
+stored outcome passed on the very bytes validation stored, matched by digest), only if their bytes are the
+ones those checks judged (`Admission.digests`, hashed as they are read), and of those only the rows that pass
+three looks on the way out: the verdict
 stored at validation, a fresh verdict under today's catalog thresholds (both must keep the row; a
 threshold tightened since validation takes effect without re-validating), and a look at the tokens
 themselves (`verify`), so no export can hold a zero-mask row whatever happened upstream.
@@ -26,7 +27,8 @@ import array
 import io
 import random
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,16 +37,23 @@ import numpy as np
 import polars as pl
 from polars.io.plugins import register_io_source
 
+from eagle_data import layout
 from eagle_data.catalog import DatasetSpec
 from eagle_data.exports.formats import FORMATS, TRAINING_SCHEMA, to_training_parquet
 from eagle_data.quality import KEPT, row_verdicts, split_rows
+from eagle_data.quality.records import Judged
 from eagle_data.quality.verdicts import REQUIRED_COLUMNS as JUDGED_COLUMNS
+from eagle_data.report import stored_record
+from eagle_data.storage import ShardStore
+from eagle_data.storage.digests import FileDigest
+from eagle_data.storage.shards import shards_written
 from eagle_data.types import UserError
 
 TRAINING_COLUMNS = ("prompt_id", "dataset", "input_ids", "loss_mask")
 STRUCTURE_FLAGS = ("structure_ok", "roundtrip_ok", "prefix_ok")  # False: the ids are not the target's
 REQUIRED_COLUMNS = tuple(dict.fromkeys((*TRAINING_COLUMNS, "messages", "verdict", *JUDGED_COLUMNS)))
 ROW_GROUP_ROWS = 1024  # parquet row groups of the exports: small enough that writing them stays flat
+READERS = 16  # quality records the gate reads at once
 BUCKET_BYTES = 8 << 20  # rows of the mix held at once while writing it, in bytes of token lists
 
 
@@ -58,82 +67,78 @@ class Admission:
 
     admitted: tuple[str, ...] = ()
     excluded: Mapping[str, str] = field(default_factory=dict)  # partition -> reason
-    # partition -> sha256 of the shard bytes the checks judged; an admitted shard whose bytes differ now
+    # partition -> sha256 and size of the shard bytes the checks judged; an admitted shard whose bytes differ now
     # (rewritten by a validation run that stopped part-way, or by hand) is left out
-    digests: Mapping[str, str] = field(default_factory=dict)
+    digests: Mapping[str, FileDigest] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
-class Materialization:
-    """A validated shard's latest materialization: the run that made it and the sha256 of the bytes it wrote."""
+class StoredShard:
+    """A validated shard's quality record as admission reads it: the digest of the bytes validation stored
+    (None: recorded by an older version) and every check's stored outcome, by name."""
 
-    partition: str
-    run_id: str
-    shard_sha256: str | None  # None: an older version made it without recording one
-
-
-@dataclass(frozen=True)
-class Evaluation:
-    """The latest execution of one blocking check on one shard."""
-
-    check: str
-    partition: str
-    run_id: str  # the run that evaluated it (or planned to)
-    passed: bool | None  # None: planned, no result yet (the run is going, or stopped before the check)
-    judged_run_id: str | None = None  # the run of the materialization it judged
-    shard_sha256: str | None = None  # the sha256 of the shard bytes it judged
-    description: str = ""
+    digest: FileDigest | None
+    outcomes: Mapping[str, Judged]
 
 
 @dataclass(frozen=True)
 class GateRecords:
-    """What the gate of one dataset's export looks at, read from storage and the Dagster instance."""
+    """What the gate of one dataset's export looks at, all of it read from storage."""
 
     blocking: tuple[str, ...]  # names of the blocking checks
     on_storage: frozenset[str]  # partitions whose validated shard file exists
-    materializations: Mapping[str, Materialization]  # partition -> its latest materialization
-    evaluations: Mapping[tuple[str, str], Evaluation]  # (check, partition) -> its latest execution
+    records: Mapping[str, StoredShard]  # partition -> its current quality record (absent: none, or another schema)
 
 
-def _check_reason(latest: Materialization, evaluation: Evaluation | None, check: str) -> str | None:
+def _check_reason(record: StoredShard, check: str) -> str | None:
     """Why one blocking check keeps the shard out, or None when it lets it in."""
-    if evaluation is None:
+    outcome = record.outcomes.get(check)
+    if outcome is None:
         return f"{check} never ran on this shard; run the checks"
-    run = evaluation.run_id[:8]
-    if evaluation.passed is None:
-        return f"{check} has no result for this shard (run {run} did not finish it); re-run the checks"
-    judged = (evaluation.judged_run_id, evaluation.shard_sha256)
-    if judged != (latest.run_id, latest.shard_sha256):
-        return f"{check} last ran on an earlier materialization of this shard; re-run the checks"
-    if not evaluation.passed:
-        said = evaluation.description.splitlines()[0] if evaluation.description else ""
-        return f"{check} failed in run {run}" + (f": {said}" if said else "")
+    if record.digest is None or outcome.shard_sha256 != record.digest.sha256:
+        return f"{check} last ran on other bytes of this shard; re-run the checks"
+    if not outcome.passed:
+        said = outcome.message.splitlines()[0] if outcome.message else ""
+        run = f" in run {outcome.run_id[:8]}" if outcome.run_id else ""
+        return f"{check} failed{run}" + (f": {said}" if said else "")
     return None
 
 
 def admit(records: GateRecords) -> Admission:
-    """The shards an export may read: on storage, materialized, and passed by the latest evaluation of every
-    blocking check on that very materialization (the same run, the same shard digest: identities, so the
-    answer does not depend on how a storage numbers its events); every other shard with why it is out."""
+    """The shards an export may read: on storage, with a quality record that holds the digest of the bytes
+    validation stored, and a passed outcome of every blocking check judged on those very bytes (identities:
+    partition and digest, never a run's order or an event's number); every other shard with why it is out."""
     admitted, excluded = [], {}
-    for partition in sorted(records.on_storage | set(records.materializations)):
-        latest = records.materializations.get(partition)
+    for partition in sorted(records.on_storage | set(records.records)):
+        record = records.records.get(partition)
         if partition not in records.on_storage:
             excluded[partition] = "its shard file is missing from storage; re-materialize it"
-        elif latest is None:
-            excluded[partition] = "this Dagster instance has no materialization of it; materialize it here"
-        elif latest.shard_sha256 is None:
-            excluded[partition] = "its materialization has no shard digest (an older version made it); re-materialize"
-        elif reasons := [
-            reason
-            for check in records.blocking
-            if (reason := _check_reason(latest, records.evaluations.get((check, partition)), check))
-        ]:
+        elif record is None:
+            excluded[partition] = "it has no quality record of this version; re-run its checks"
+        elif record.digest is None:
+            excluded[partition] = "its quality record holds no shard digest (an older version); re-run its checks"
+        elif reasons := [reason for check in records.blocking if (reason := _check_reason(record, check))]:
             excluded[partition] = "; ".join(reasons)
         else:
             admitted.append(partition)
-    digests = {p: str(records.materializations[p].shard_sha256) for p in admitted}
+    digests = {p: d for p in admitted if (d := records.records[p].digest) is not None}
     return Admission(tuple(admitted), excluded, digests)
+
+
+def gate_records(spec: DatasetSpec, store: ShardStore, blocking: Sequence[str]) -> GateRecords:
+    """What `admit` judges for `spec`'s validated shards, gated by the `blocking` checks: the shard files on
+    storage and their quality records, as stored (a stale record is rebuilt by the checks, not here)."""
+    stored = frozenset(shards_written(store, spec.name, layout.validated_asset(spec.name)))
+    parsed = (layout.parse(key) for key in store.list(layout.quality_prefix(spec.name)))
+    partitions = [key.partition for key in parsed if key is not None and key.kind == "quality_record"]
+    with ThreadPoolExecutor(READERS) as pool:  # one small GET each on S3: read side by side
+        found = dict(zip(partitions, pool.map(lambda p: stored_record(spec, store, p), partitions), strict=True))
+    records = {
+        partition: StoredShard(FileDigest(r.shard_sha256, r.shard_size) if r.shard_sha256 else None, r.outcomes())
+        for partition, r in found.items()
+        if r is not None
+    }
+    return GateRecords(tuple(blocking), stored, records)
 
 
 @dataclass

@@ -9,7 +9,7 @@ unexplained ones (`parity.UNEXPLAINED`) block.
 
 from __future__ import annotations
 
-import tomllib
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -26,8 +26,9 @@ from eagle_data.exports.parity import Markers, Parity, ParityError, TextRun
 from eagle_data.exports.settings import ExportSettings
 from eagle_data.quality import registry
 from eagle_data.storage import ShardStore
+from eagle_data.storage.digests import ChangedFile
 from eagle_data.targets import load_target, resolve_target
-from eagle_data.targets.profile import TARGETS_PATH
+from eagle_data.targets.profile import read_profiles
 
 PARITY_CHECK = registry.implemented("parity", ("trainer_parity",))[0].name  # judged by check_exports
 CHECKPOINT_ENV = "EAGLE_DATA_CAPTURE_CHECKPOINT"  # the target folder hidden-state capture reads too
@@ -83,7 +84,7 @@ def text_run(spec: DatasetSpec, train: Path, config: ExportSettings, tokenizer: 
     models = pl.scan_parquet(train).select(pl.col("model").unique()).collect()["model"].drop_nulls().to_list()
     name = resolve_target(spec.target, models)
     target = load_target(name)
-    think = frozenset(p for p in (*target.template.think_open, *target.template.think_close) if isinstance(p, int))
+    think = target.think_ids
     template = config.specforge_template or parity.SPECFORGE_TEMPLATES.get(
         (_format_name(name), spec.generation.thinking), ""
     )
@@ -94,15 +95,20 @@ def text_run(spec: DatasetSpec, train: Path, config: ExportSettings, tokenizer: 
 
 
 def _format_name(profile: str) -> str:
-    """The chat format a profile names in targets.toml."""
-    return str(tomllib.loads(TARGETS_PATH.read_text())["profiles"].get(profile, {}).get("format", ""))
+    """The chat format a profile names in targets.toml ("" for a checkpoint's own template)."""
+    profiles = read_profiles()
+    return profiles[profile].format_name if profile in profiles else ""
 
 
-def _one(store: ShardStore, key: str, train_key: str, config: ExportSettings, measure: Measure) -> Parity:
-    """One trainer file against the parquet written beside it, on `parity_rows` sampled rows."""
-    with local_mix(store, train_key) as train, local_mix(store, key) as jsonl:
-        rows = pl.scan_parquet(train).select(pl.len()).collect().item()
-        return measure(jsonl, train, parity.sample(rows, config.parity_rows), rows)
+def _one(store: ShardStore, fmt: str, key: str, train_key: str, config: ExportSettings, measure: Measure) -> Parity:
+    """One trainer file against the parquet written beside it, on `parity_rows` sampled rows; a file (or parquet)
+    whose bytes are not those the export wrote is refused, as the trainer would refuse it: `not_loaded`."""
+    try:
+        with local_mix(store, train_key) as train, local_mix(store, key) as jsonl:
+            rows = pl.scan_parquet(train).select(pl.len()).collect().item()
+            return measure(jsonl, train, parity.sample(rows, config.parity_rows), rows)
+    except ChangedFile as exc:
+        return Parity(fmt, Path(key).name, 0, causes=Counter(not_loaded=1), error=str(exc))
 
 
 def check_exports(store: ShardStore, specs: Sequence[DatasetSpec], config: ExportSettings) -> Report:
@@ -122,9 +128,9 @@ def check_exports(store: ShardStore, specs: Sequence[DatasetSpec], config: Expor
             key = layout.export_file(spec.name, fmt.file)
             tokenized = partial(parity.prompts_parity, fmt)
             measure = tokenized if fmt.tokenized else partial(parity.text_parity, fmt, run=run)
-            files.append((spec.name, fmt.tokenized, _one(store, key, train_key, config, measure)))
+            files.append((spec.name, fmt.tokenized, _one(store, fmt.name, key, train_key, config, measure)))
     if store.exists(layout.mix()):
         for fmt in (f for f in formats if f.mix):
             measure = partial(parity.prompts_parity, fmt)
-            files.append(("mix", True, _one(store, layout.mix_file(fmt.file), layout.mix(), config, measure)))
+            files.append(("mix", True, _one(store, fmt.name, layout.mix_file(fmt.file), layout.mix(), config, measure)))
     return Report(tuple(files))

@@ -24,11 +24,21 @@ from dataclasses import dataclass, field
 import polars as pl
 
 from eagle_data.catalog import Checks, shard_key
+from eagle_data.quality import on_policy
 from eagle_data.quality.gates import FAILED_RATE, LOOPS, TRUNCATION_RATE, Inputs, pct, run_checks
 from eagle_data.quality.summary import share
-from eagle_data.quality.verdicts import KEPT, LOOP, LOST_TEXT, STRUCTURE_REASONS, TRUNCATED, is_answered
+from eagle_data.quality.verdicts import (
+    KEPT,
+    LOOP,
+    LOST_TEXT,
+    PROMPT_COUNT_MISMATCH,
+    STRUCTURE_REASONS,
+    TRUNCATED,
+    is_answered,
+)
 
 EXAMPLES = 3  # prompt ids quoted in the one-line verdict
+ON_POLICY = "on_policy"  # the target's own score of the sample (eagle_data/quality/on_policy.py)
 IGNORE_SETTING = "ignore_canary"  # the generation run config's override (eagle_data/defs/assets.py)
 # The row verdicts each gate counts, so a failure names the verdict behind it (a failed row's by its error kind).
 GATE_VERDICTS: dict[str, tuple[str, ...]] = {
@@ -117,12 +127,19 @@ def judge(
     max_tokens: int,
     suggested_max_tokens: int,
     config_hash: str,
+    target: str = "",
+    on_policy_limits: on_policy.Limits | None = None,
 ) -> Canary:
-    """Judge the sample's validated rows (with verdicts) by the validation gates; `max_tokens` is the cap
-    the sample ran under and `suggested_max_tokens` the one covering 95% of its replies."""
+    """Judge the sample's validated rows (with verdicts) by the validation gates, and with `on_policy_limits`
+    their on-policy score (already a confidence bound); `max_tokens` is the cap the sample ran under,
+    `suggested_max_tokens` the one covering 95% of its replies, and `target` the target the rows were tokenized
+    for (named when the server counted other prompts)."""
     results = run_checks(rows, Inputs(checks, thinking))
     answered = rows.filter(is_answered())
-    failing = tuple(r.name for r in results if not r.passed and (r.severity == "ERROR" or r.name == TRUNCATION_RATE))
+    scored = on_policy.shard_verdict(rows, on_policy_limits) if on_policy_limits else None
+    failing = tuple(
+        r.name for r in results if not r.passed and (r.severity == "ERROR" or r.name == TRUNCATION_RATE)
+    ) + ((ON_POLICY,) if scored and not scored.passed else ())
     named = labels(rows)
     counts = Counter(named.to_list())
     cut = answered.filter(pl.col("verdict") == TRUNCATED)  # kept, cut at max_tokens: a cut loop is a loop
@@ -138,7 +155,7 @@ def judge(
                 f"training, {pct(truncated)} of replies hit max_tokens={max_tokens}")  # fmt: skip
         return Canary(**common, line=line)  # type: ignore[arg-type]
     head = f"{dataset}: canary failed on {', '.join(failing)} ({rows.height} prompts drawn across the dataset)"
-    gates = [r for r in results if r.name in failing and r.name != TRUNCATION_RATE]
+    gates = [r for r in results if r.name in failing and r.name not in (TRUNCATION_RATE, ON_POLICY)]
     behind = {v for r in gates for v in GATE_VERDICTS.get(r.name, ())}  # the verdicts the failing gates count
     rejected = Counter({v: n for v, n in counts.items() if v in behind or v.split(":")[0] in behind})
     parts, examples = [], ()
@@ -146,9 +163,18 @@ def judge(
         verdict, n = rejected.most_common(1)[0]
         examples = tuple(rows.filter(named == verdict)["prompt_id"].head(EXAMPLES).to_list())
         parts.append(f"{pct(n / rows.height)} of them are {verdict} (e.g. {', '.join(examples)})")
+        if verdict == PROMPT_COUNT_MISMATCH:
+            first = rows.filter(named == verdict).row(0, named=True)
+            parts.append(
+                f"the server counted {first['prompt_tokens']} prompt tokens for {first['prompt_id']} where target "
+                f"{target or '(unnamed)'} renders {first['rendered_prompt_tokens']}: another vocabulary or chat "
+                "template made the replies; set `target` to the served model's own"
+            )
     elif gates:  # every row passed on its own, but together they fail (one completion or loss-mask sum dominating)
         parts.append(gates[0].message)
-    if gates:
+    if scored and not scored.passed:
+        parts.append(scored.line)
+    if gates or ON_POLICY in failing:
         parts.append(f"fix the engine or its server, then materialize {dataset}_estimate again")
     if TRUNCATION_RATE in failing:
         cut_ids = tuple(cut["prompt_id"].head(EXAMPLES).to_list())

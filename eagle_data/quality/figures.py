@@ -6,12 +6,15 @@ numbers as they are. The HTML report (eagle_data/report.py) draws the same figur
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 
+import numpy as np
 import polars as pl
 
 from eagle_data.catalog import Checks
+from eagle_data.quality import on_policy
 from eagle_data.quality.summary import Summary, share, summarize
 from eagle_data.quality.verdicts import is_answered
 
@@ -141,5 +144,51 @@ def figures(frame: pl.DataFrame, checks: Checks, summary: Summary | None = None)
     top_loss = answered.group_by("loss_tokens").len().sort(["len", "loss_tokens"], descending=[True, False])
     top = list(top_loss.head(5).iter_rows())
     md = tables(completion_hist, loss_hist, ratio_hist, s.verdicts, [], top, answered.height)
-    numbers = count_numbers(s) | _token_numbers(answered)
+    numbers = count_numbers(s) | _token_numbers(answered) | on_policy_numbers(frame)
     return Figures(numbers, md, completion_hist, loss_hist, [], s.verdicts, ratio_hist)
+
+
+# The on-policy score's metadata (eagle_data/quality/on_policy.py): sums that add up across shards, and scored
+# rows per band of top-1 agreement (the report's histogram).
+ON_POLICY_EDGES = (0.5, 0.8, 0.9, 0.95, 0.99)
+
+
+def _on_policy_bands() -> list[str]:
+    bounds = [0.0, *ON_POLICY_EDGES, 1.0]
+    return [f"{lo:g}-{hi:g}" for lo, hi in pairwise(bounds)]
+
+
+def on_policy_numbers(frame: pl.DataFrame) -> dict[str, float | int]:
+    """A validated frame's on-policy metadata ({} when no row was scored): the totals, and rows per band of
+    top-1 agreement (`on_policy_rows_agreement_<band>`, the report's histogram)."""
+    t = on_policy.frame_totals(frame)
+    if not t.rows:
+        return {}
+    shares = [r["hits"] / r["tokens"] for r in frame[on_policy.COLUMN].to_list() if r and r["tokens"]]
+    index = np.searchsorted(np.asarray(ON_POLICY_EDGES), np.asarray(shares, dtype=float), side="right")
+    counts = np.bincount(index, minlength=len(ON_POLICY_EDGES) + 1)
+    bins = {
+        f"{on_policy.PREFIX}rows_agreement_{label}": int(n) for label, n in zip(_on_policy_bands(), counts, strict=True)
+    }
+    return t.numbers() | bins
+
+
+def on_policy_rolled(many: Sequence[Mapping[str, float | int]]) -> dict[str, float | int]:
+    """Shards' on-policy metadata added up into the dataset's ({} when no shard was scored)."""
+    keys = [f"{on_policy.PREFIX}rows", *(f"{on_policy.PREFIX}rows_agreement_{label}" for label in _on_policy_bands())]
+    keys += [on_policy.sum_figure(name) for name in on_policy.RAW]
+    summed = {key: sum(float(n.get(key, 0)) for n in many) for key in keys}
+    if not summed[f"{on_policy.PREFIX}rows"]:
+        return {}
+    t = on_policy.Totals(
+        int(summed[f"{on_policy.PREFIX}rows"]), {n: summed[on_policy.sum_figure(n)] for n in on_policy.RAW}
+    )
+    return {key: int(v) for key, v in summed.items() if "_rows" in key} | t.numbers()
+
+
+def on_policy_bins(numbers_: Mapping[str, float | int]) -> list[tuple[str, int]]:
+    """The histogram of rows by top-1 agreement, read back from metadata ([] when nothing was scored)."""
+    found = [
+        (label, int(numbers_.get(f"{on_policy.PREFIX}rows_agreement_{label}", -1))) for label in _on_policy_bands()
+    ]
+    return found if all(n >= 0 for _, n in found) else []

@@ -7,11 +7,17 @@ figures and check results, and the roll-up and the asset checks read that. The r
 were judged by other check definitions (a gate added, or made blocking) is stale and is rebuilt from its
 shard by the caller (report.py), which says so in one line. Fields added later get
 defaults, so a record written before them still reads.
+
+The record is the one home of a validated shard's check outcomes and digest: the gates judged at validation,
+the checks judged later on the stored shard (`judged_after`: decontamination), each with the digest of the
+bytes it judged, and the sha256 and size of the shard as stored. The asset checks, the export's admission
+(`exports.gate_records`) and the report read it; nothing reads outcomes back from Dagster's event log.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import polars as pl
@@ -31,6 +37,18 @@ _TEXT_KEPT = 200  # characters of the most repeated completion kept
 
 
 @dataclass(frozen=True)
+class Judged:
+    """One check's outcome on one stored shard: whether it passed, its one line, the sha256 of the shard bytes
+    it judged and the run that judged them."""
+
+    check: str
+    passed: bool
+    message: str
+    shard_sha256: str
+    run_id: str = ""
+
+
+@dataclass(frozen=True)
 class ShardRecord:
     """What one verdicted shard left: its counts, figures and check results, and what it was judged with."""
 
@@ -45,6 +63,28 @@ class ShardRecord:
     inputs: Inputs
     shard_sha256: str = ""  # of the validated shard's bytes these results judged ("" until it is written)
     version: int = SCHEMA_VERSION
+    shard_size: int = 0  # of those bytes (0: recorded before sizes were)
+    run_id: str = ""  # the run that validated the shard ("": outside a Dagster run)
+    judged_after: tuple[Judged, ...] = ()  # checks judged on the stored shard after validation
+
+    def outcomes(self) -> dict[str, Judged]:
+        """Every check's stored outcome on this shard, by name: the gates, judged at validation on the bytes of
+        `shard_sha256`, and the checks judged after it, on the bytes each names."""
+        gates = {r.name: Judged(r.name, r.passed, r.message, self.shard_sha256, self.run_id) for r in self.results}
+        return gates | {judged.check: judged for judged in self.judged_after}
+
+    def with_judged(self, judged: Judged) -> ShardRecord:
+        """This record with `judged` in place of that check's earlier outcome."""
+        kept = tuple(j for j in self.judged_after if j.check != judged.check)
+        return replace(self, judged_after=(*kept, judged))
+
+    def carried_from(self, earlier: ShardRecord | None) -> ShardRecord:
+        """This record with the outcomes `earlier` holds of checks judged after validation on the very bytes
+        this one judged: re-validating a shard into the same bytes keeps their verdicts."""
+        if earlier is None or not self.shard_sha256:
+            return self
+        same = tuple(j for j in earlier.judged_after if j.shard_sha256 == self.shard_sha256)
+        return replace(self, judged_after=same)
 
     def figures(self) -> Figures:
         """The shard's report figures, as `figures()` gave them at validation."""
@@ -71,6 +111,23 @@ class ShardRecord:
 
 
 _ADAPTER = TypeAdapter(ShardRecord)
+
+
+def judged_rollup(records: Sequence[ShardRecord]) -> list[Judged]:
+    """The checks judged after validation, over every shard's record: one outcome per check, failed when it
+    failed on a shard or has not judged a shard's current bytes yet, saying on how many."""
+    names = sorted({j.check for r in records for j in r.judged_after})
+    out = []
+    for name in names:
+        outcomes = [(r.partition, r.outcomes().get(name), r.shard_sha256) for r in records]
+        current = [(p, o) for p, o, sha in outcomes if o is not None and o.shard_sha256 == sha]
+        failed = [(p, o) for p, o in current if not o.passed]
+        first = f" ({failed[0][0]}: {failed[0][1].message})" if failed else ""
+        missing = len(records) - len(current)
+        said = [f"{len(failed)} of {len(records)} shards failed{first}"]
+        said += [f"{missing} not judged on their current bytes yet"] if missing else []
+        out.append(Judged(name, not failed and not missing, "; ".join(said), ""))
+    return out
 
 
 def shard_record(partition: str, frame: pl.DataFrame, inputs: Inputs) -> ShardRecord:

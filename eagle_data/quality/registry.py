@@ -18,8 +18,9 @@ Severity = Literal["ERROR", "WARN"]
 # The stage whose asset a check judges: `{ds}_estimate`, `{ds}_validated`, `training_mix`, `hidden_states`.
 Stage = Literal["estimate", "validated", "training_mix", "hidden_states"]
 # The code that evaluates a check: the quality gates of a validated shard (also the canary's), the estimate,
-# the benchmark decontamination of a validated shard, the trainer-parity run of the exports, capture verification.
-Judge = Literal["gates", "estimate", "decontamination", "parity", "capture"]
+# the benchmark decontamination of a validated shard, the trainer-parity run of the exports, capture verification,
+# the target's own score of a validated shard's sampled rows.
+Judge = Literal["gates", "estimate", "decontamination", "parity", "capture", "on_policy"]
 Repair = Literal["checks", "none"]  # what the nightly repair re-runs on a shard whose check failed
 STAGE_ASSETS = {"estimate": "{ds}_estimate", "validated": "{ds}_validated"}  # the other stages: one asset each
 
@@ -96,6 +97,13 @@ CHECKS: tuple[CheckDef, ...] = (
         "decontamination", "validated", "decontamination", "ERROR", True,
         "No row kept for training overlaps a benchmark item (exact after normalization, or a shared n-gram); "
         "overlapping rows are set aside with the verdict `contaminated`.",
+        alert=True, repair="checks",
+    ),
+    CheckDef(
+        "on_policy", "validated", "on_policy", "ERROR", True,
+        "The target's own top-1 agreement with, and log-probability of, the supervised tokens of a sample of rows "
+        "are not surely below what its sampling distribution predicts at the run's temperature and top_p; a "
+        "failure names the likely cause (rendering, thinking mismatch, replies not the target's).",
         alert=True, repair="checks",
     ),
     CheckDef(

@@ -42,7 +42,8 @@ class Reporter:
             await asyncio.sleep(self.settings.heartbeat_every_s)
             if busy():
                 errors = sum(self.total.errors.values())
-                pulse = f", {line}" if (line := self.dispatch.breaker.pulse()) else ""
+                said = (self.dispatch.breaker.pulse(), self.engine.stats_line())  # a slow server's line among them
+                pulse = "".join(f", {line}" for line in said if line)
                 self.say(
                     f"{self.name}: heartbeat: {self.dispatch.in_flight()}, {self.total.done}/{self.total.total} "
                     f"done, {errors} errors so far{pulse}"

@@ -14,7 +14,10 @@ False, writes its rows to `part-*.parquet` instead), then the logs are compacted
 conversations that did not finish (failed, stopped) move to one `carry-*.jsonl`, the rest are dropped.
 Handed over (`hand_over`, the Dagster asset's run), the finished shard's rows become one part whose
 sequence number is HANDED (the result log still holds them) until the IO manager writes its bytes as the
-shard file and `commit_handed` drops the part: a kill in between loses nothing and pays nothing again.
+shard file (and its digest record) and `commit_handed` renames the part `kept.parquet`: a kill in between
+loses nothing and pays nothing again. The kept copy stays until the partition's next finished shard replaces
+it, so a stored shard that is later missing, torn or changed (its bytes no longer the recorded digest) is
+moved aside and rebuilt from it: re-materializing the partition sends no request.
 
 Resume, keyed by content (prompt_id + config hash + turn index), never by position:
   - rows (shard file and parts) are reused when
@@ -48,6 +51,7 @@ from eagle_data import layout
 from eagle_data.catalog import DatasetSpec
 from eagle_data.runner.rows import GENERATION_SCHEMA, Row, to_frame
 from eagle_data.storage import CorruptFile, ShardStore
+from eagle_data.storage.digests import ChangedFile, FileDigest, check, recorded_shard
 from eagle_data.types import Completion, encodable
 
 MAX_TOKENS_KEYS = ("max_tokens", "max_new_tokens", "max_completion_tokens")
@@ -209,15 +213,19 @@ def _decode(store: ShardStore, key: str) -> list[Turn]:
     return [t for t in turns if t is not None]
 
 
-def _read_part(store: ShardStore, key: str) -> pl.DataFrame | None:
-    """A stored rows file (checkpoint part, final shard); None after moving an unreadable one aside, with a
-    warning naming both names: its rows are rebuilt from the turn logs, or requested again."""
+def _read_part(store: ShardStore, key: str, recorded: FileDigest | None = None) -> pl.DataFrame | None:
+    """A stored rows file (checkpoint part, final shard, kept copy); None after moving aside one that is
+    unreadable or not the `recorded` bytes, with a warning naming both names: its rows are rebuilt from the
+    kept copy or the turn logs, or requested again."""
+    data = store.read_bytes(key)
     try:
-        return store.read_frame(key)
-    except CorruptFile as exc:
+        check(store.uri(key), FileDigest.of(data), recorded, "")
+        return store.frame_of(key, data)
+    except (CorruptFile, ChangedFile) as exc:
+        why = f"is {exc.why}" if isinstance(exc, CorruptFile) else exc.what
         aside = store.move_aside(key)
-        log.warning("%s is %s; moved aside to %s; its rows are rebuilt from the turn logs or requested again",
-                    store.uri(key), exc.why, store.uri(aside))  # fmt: skip
+        log.warning("%s %s; moved aside to %s; its rows are rebuilt from the kept copy or the turn logs, or "
+                    "requested again", store.uri(key), why, store.uri(aside))  # fmt: skip
         return None
 
 
@@ -231,16 +239,23 @@ class ResultLog:
         self._seq = 0
 
     def load(self) -> pl.DataFrame:
-        """Every stored row of this partition: the last final shard plus all checkpoint parts."""
+        """Every stored row of this partition: the last final shard (or, when it is missing, torn or changed
+        since it was stored, its kept copy) plus all checkpoint parts."""
         keys = [k for k in self.store.list(self.prefix) if _kind(k) == "log_part"]
-        if self.store.shard_exists(self.dataset, self.dataset, self.partition):
-            keys.append(layout.shard(self.dataset, self.dataset, self.partition))
-        frames = [
-            f.select([c for c in GENERATION_SCHEMA if c in f.columns])
-            for k in keys
-            if (f := _read_part(self.store, k)) is not None
-        ]
+        found = [f for k in keys if (f := _read_part(self.store, k)) is not None]
+        if (shard := self.stored_shard()) is not None:
+            found.append(shard)
+        frames = [f.select([c for c in GENERATION_SCHEMA if c in f.columns]) for f in found]
         return pl.concat(frames, how="diagonal_relaxed") if frames else to_frame([])
+
+    def stored_shard(self) -> pl.DataFrame | None:
+        """The stored shard's rows, read only when they are the recorded bytes; else those of its kept copy."""
+        recorded = recorded_shard(self.store, self.dataset, self.dataset, self.partition)
+        shard = layout.shard(self.dataset, self.dataset, self.partition)
+        for key in (shard, layout.kept(self.dataset, self.partition)):
+            if self.store.exists(key) and (frame := _read_part(self.store, key, recorded)) is not None:
+                return frame
+        return None
 
     def load_turns(self) -> list[Turn]:
         """Every stored turn record of this partition (turn logs of every run, carried turns)."""
@@ -294,12 +309,13 @@ class ResultLog:
         return keys[-1] if keys else None
 
     def commit_handed(self, part: str) -> None:
-        """The shard file now holds the HANDED part's rows: write its usage sidecar, then drop the part (a kill
-        between the two counts its spend twice for the budget until the next run compacts: never less)."""
+        """The shard file now holds the HANDED part's rows: write its usage sidecar, then keep the part as the
+        shard's kept copy (a kill between the two counts its spend twice for the budget until the next run
+        compacts: never less). The copy is what a missing or changed shard is rebuilt from, unpaid."""
         frame = self.store.read_frame(part).select("prompt_tokens", "completion_tokens", "cost_usd")
         usage = {"tokens": _tokens(frame), "cost_usd": float(frame["cost_usd"].sum())}
         self.store.write_bytes(layout.usage(self.dataset, self.partition), json.dumps(usage).encode())
-        self.store.delete(part)
+        self.store.move(part, layout.kept(self.dataset, self.partition))
 
 
 def _tokens(frame: pl.DataFrame) -> int:

@@ -1,5 +1,6 @@
 """The benchmark-decontamination scan of validated shards: what the blocking `decontamination` check of every
-`{ds}_validated` judges, one shard at a time."""
+`{ds}_validated` judges, one shard at a time; each shard's outcome is stored in its quality record, with the
+digest of the bytes scanned (`record_outcome`), where the export's admission reads it."""
 
 from __future__ import annotations
 
@@ -9,10 +10,15 @@ from dataclasses import dataclass, field
 import polars as pl
 
 from eagle_data import layout
+from eagle_data.catalog import DatasetSpec
 from eagle_data.drafter import decontam
-from eagle_data.quality import KEPT
+from eagle_data.quality import KEPT, registry
+from eagle_data.quality.records import Judged
+from eagle_data.report import Log, record_judged, validated_bytes
 from eagle_data.storage import ShardStore, digest, read_columns
 
+# quality.registry's `decontamination`, judged by decontamination_report (the check in defs/drafter.py reports it)
+DECONTAMINATION = registry.implemented("decontamination", ("decontamination",))[0].name
 SHOWN_IDS = 50  # prompt ids quoted in metadata (the full list would grow with the range)
 
 
@@ -79,10 +85,18 @@ def decontamination_report(
     """Scan each validated shard of the range against the benchmark index, one shard in memory at a time;
     `unread` names the configured benchmarks the index lacks (evalsets.unread)."""
     report = DecontamReport(unread=list(unread))
-    asset = layout.validated_asset(dataset)
     for key in partitions:
-        data = store.shard_bytes(dataset, asset, key)
+        data = validated_bytes(store, dataset, key)  # the bytes validation stored, or a one-line refusal
         shard = read_columns(data, ["prompt_id", "messages", "verdict"])  # no token lists
         report.add(shard, decontam.scan(shard, index))
         report.digests[key] = digest(data)
     return report
+
+
+def record_outcome(
+    spec: DatasetSpec, store: ShardStore, partition: str, report: DecontamReport, run_id: str, log: Log = print
+) -> None:
+    """Store the decontamination outcome of one shard (`report` scanned it alone) in its quality record."""
+    message = report.message(layout.validated_asset(spec.name))
+    judged = Judged(DECONTAMINATION, report.passed, message, report.digests[partition], run_id)
+    record_judged(spec, store, partition, judged, log)

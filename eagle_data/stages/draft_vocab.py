@@ -8,9 +8,9 @@ from typing import Any
 from eagle_data import layout
 from eagle_data.catalog import DatasetSpec
 from eagle_data.drafter import trainers, vocab
-from eagle_data.drafter.mixfile import local_mix, mix_target
+from eagle_data.drafter.mixfile import exported_file, mix_target
 from eagle_data.report import Log
-from eagle_data.storage import ShardStore, file_digest
+from eagle_data.storage import ShardStore
 from eagle_data.targets import load_target
 
 
@@ -25,9 +25,9 @@ def write_draft_vocab(
     per draft vocabulary size, in the files the chosen trainers (`formats`) load, skipping those already
     written; returns the figures, per size the share of supervised tokens the draft vocabulary covers and
     the SpecForge file's URI (the others lie beside it)."""
-    with local_mix(store, layout.mix()) as path:
+    with exported_file(store, layout.mix()) as (path, found):
         target = load_target(mix_target(path, specs))
-        mix_hash = file_digest(path)
+        mix_hash = found.sha256
         freq_key = layout.draft_vocab_file(target.tokenizer_hash, mix_hash, layout.TOKEN_FREQ_FILE)
         counted = not store.exists(freq_key)
         if counted:

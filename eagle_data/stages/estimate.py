@@ -10,7 +10,7 @@ import polars as pl
 
 from eagle_data import sources
 from eagle_data.catalog import DatasetSpec
-from eagle_data.quality import canary
+from eagle_data.quality import canary, on_policy
 from eagle_data.quality.canary import Canary
 from eagle_data.quality.truncation import ReplyLengths, truncation_report
 from eagle_data.quality.verdicts import LOOP
@@ -69,13 +69,15 @@ def estimate(
         unlooped["completion_tokens"].to_list(), unlooped["finish_reason"].fill_null("").to_list()
     )
     cut = truncation_report(lengths, max_new_tokens=key.max_tokens, threshold=spec.checks.max_truncated_share)
+    target = target_name(spec, answered) if answered.height else spec.target
     judged = canary.judge(
         validated, spec.checks, spec.generation.thinking, dataset=spec.name, max_tokens=key.max_tokens,
-        suggested_max_tokens=cut.suggested_max_tokens, config_hash=key.config_hash,
+        suggested_max_tokens=cut.suggested_max_tokens, config_hash=key.config_hash, target=target,
+        on_policy_limits=on_policy.limits_of(spec.on_policy),
     )  # fmt: skip
     if not answered.height:
         return PreFlight(judged, None)
-    tokenizer = load_target(target_name(spec, answered)).text_encoder
+    tokenizer = load_target(target).text_encoder
     projected = estimate_generation(
         index.blocks(),
         spec,

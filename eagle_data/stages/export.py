@@ -4,7 +4,7 @@ then the weighted training mix across datasets, and its trainer files."""
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -15,7 +15,8 @@ from eagle_data import exports, layout
 from eagle_data.catalog import DatasetSpec
 from eagle_data.exports.formats import DEFAULT_FORMATS, chosen
 from eagle_data.report import Log
-from eagle_data.storage import CorruptFile, ShardStore, digest
+from eagle_data.storage import CorruptFile, ShardStore
+from eagle_data.storage.digests import ChangedFile, FileDigest, check, materialize_command, write_record
 
 LeftOut = tuple[str, str, str]  # (dataset, partition, reason) of a shard the export does not read
 EXCLUDED_SHOWN = 200  # excluded shards listed in the export's metadata table; the log lists every one
@@ -50,12 +51,19 @@ def export(
 
     A dataset with no admitted shard is left out and its old export files are removed (they may hold
     rows of shards that have since failed a check). Nothing to take at all is an ExportError, and then
-    the old mix is removed too. All files are replaced only once the whole export has succeeded."""
+    the old mix is removed too. All files are replaced only once the whole export has succeeded; then the
+    export record (`layout.export_record`) holds the sha256 and size of each, which every later reader checks."""
     figures: dict[str, Any] = {}
     excluded = [(spec.name, key, reason) for spec in specs
                 for key, reason in sorted(admissions.get(spec.name, exports.Admission()).excluded.items())]  # fmt: skip
     warn_left_out(excluded, log)
+    staged_files: dict[str, Path] = {}  # storage key -> the local file that replaces it on success
     with tempfile.TemporaryDirectory(prefix="eagle-export-") as spill, ExitStack() as staged:
+
+        def stage(key: str) -> Path:
+            staged_files[key] = staged.enter_context(store.staged(key))
+            return staged_files[key]
+
         trains: dict[str, Path] = {}
         written: dict[str, exports.Written] = {}
         for spec in specs:
@@ -65,7 +73,7 @@ def export(
                 for key in keys.values():
                     store.delete(key)
                 continue
-            files = {name: staged.enter_context(store.staged(key)) for name, key in keys.items()}
+            files = {name: stage(key) for name, key in keys.items()}
             trains[spec.name] = files.pop("train")
             written[spec.name], changed = dataset_files(spec, store, admission, files, trains[spec.name], figures, log)
             excluded += changed
@@ -73,13 +81,15 @@ def export(
         if excluded:
             figures["excluded"] = excluded_table(excluded)
         if not sum(done.rows for done in written.values()):
-            for key in (layout.mix(), *mix_keys(formats).values()):
+            for key in (layout.mix(), *mix_keys(formats).values(), layout.export_record()):
                 store.delete(key)
             read = {name: done for name, done in written.items() if figures[f"{name}_shards"]}
             raise exports.ExportError(nothing_to_take(read, excluded))
         weights = {spec.name: spec.mix_weight for spec in specs}
-        mixed = mix_files(store, written, trains, weights, staged, Path(spill), seed, bucket_rows, formats)
+        mixed = mix_files(written, trains, weights, stage, Path(spill), seed, bucket_rows, formats)
         figures["mix_rows"] = mixed
+        digests = {key: FileDigest.of_file(path) for key, path in staged_files.items()}  # local files, just written
+    write_record(store, layout.export_record(), digests)
     figures["mix_path"] = store.uri(layout.mix())
     figures.update({f"mix_{name}_path": store.uri(key) for name, key in mix_keys(formats).items()})
     return figures
@@ -108,24 +118,24 @@ def dataset_files(
 
 
 def mix_files(
-    store: ShardStore,
     written: Mapping[str, exports.Written],
     trains: Mapping[str, Path],
     weights: Mapping[str, float],
-    staged: ExitStack,
+    stage: Callable[[str], Path],
     spill: Path,
     seed: int,
     bucket_rows: int | None,
     formats: Sequence[str],
 ) -> int:
-    """Write the weighted mix of the datasets' training rows (`trains`) and its trainer files, staged in
-    `staged`, `bucket_rows` rows in memory at a time (default sized from the rows' tokens); returns its rows."""
+    """Write the weighted mix of the datasets' training rows (`trains`) and its trainer files, each to the local
+    file `stage(key)` gives, `bucket_rows` rows in memory at a time (default sized from the rows' tokens);
+    returns its rows."""
     plan = exports.plan_mix({name: done.rows for name, done in written.items()}, weights, seed)
     rows = sum(done.rows for done in written.values())
     size = bucket_rows or exports.bucket_rows(rows, sum(done.tokens for done in written.values()))
-    mix_file = staged.enter_context(store.staged(layout.mix()))
+    mix_file = stage(layout.mix())
     mixed_rows = exports.write_mix(trains, plan, mix_file, spill, size)
-    mixed = {name: staged.enter_context(store.staged(key)) for name, key in mix_keys(formats).items()}
+    mixed = {name: stage(key) for name, key in mix_keys(formats).items()}
     exports.write_mix_files(mix_file, mixed, size)
     return mixed_rows
 
@@ -139,21 +149,23 @@ def warn_left_out(left_out: list[LeftOut], log: Log) -> None:
 def admitted_shards(
     spec: DatasetSpec, store: ShardStore, admission: exports.Admission, changed: list[LeftOut]
 ) -> Iterator[pl.DataFrame]:
-    """The admitted validated shards of `spec`, in order, each read when reached; a shard whose bytes are not
-    the ones its checks judged is skipped and noted in `changed` as (dataset, partition, reason): a torn or
-    garbled one as unreadable, with the command that moves it aside."""
+    """The admitted validated shards of `spec`, in order, each read when reached and hashed as read; a shard
+    whose bytes are not the ones its checks judged is skipped and noted in `changed` as (dataset, partition,
+    reason): what changed and the command that makes it again (a torn or garbled one: the command that moves
+    it aside)."""
     asset = layout.validated_asset(spec.name)
     for key in admission.admitted:
         data = store.shard_bytes(spec.name, asset, key)
-        try:
+        uri = store.uri(store.shard_key(spec.name, asset, key))
+        try:  # a torn file first: its digest differs too, but "unreadable" (and its `mv`) is what helps
             frame = store.parse_shard(spec.name, asset, key, data)
+            check(uri, FileDigest.of(data), admission.digests.get(key), materialize_command(asset, key))
+        except ChangedFile as exc:
+            changed.append((spec.name, key, f"its bytes changed since its checks ran {exc.figures} (a validation "
+                            f"run that stopped part-way, or an edit); make it again with `{exc.repair}`"))  # fmt: skip
+            continue
         except CorruptFile as exc:
             changed.append((spec.name, key, str(exc)))
-            continue
-        expected = admission.digests.get(key)
-        if expected is not None and digest(data) != expected:
-            changed.append((spec.name, key, "its bytes changed since its checks ran (a validation run that "
-                            "stopped part-way rewrote it); re-materialize it"))  # fmt: skip
             continue
         yield frame
 

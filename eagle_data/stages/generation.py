@@ -18,6 +18,7 @@ from eagle_data import layout
 from eagle_data.catalog import DatasetSpec
 from eagle_data.quality.truncation import ReplyLengths, truncation_report
 from eagle_data.quality.verdicts import ENGINE_SIDE_REJECTIONS
+from eagle_data.report import validated_bytes
 from eagle_data.runner import RunnerSettings, ShardFigures, mixture, run_generation
 from eagle_data.runner.resultlog import ResultLog
 from eagle_data.stages.preflight import check_server_template, preflight
@@ -106,7 +107,7 @@ def engine_side_rejections(spec: DatasetSpec, store: ShardStore, partition: str)
     validated = layout.validated_asset(spec.name)
     if not store.shard_exists(spec.name, validated, partition):
         return set()
-    verdicts = store.read_shard(spec.name, validated, partition).select("prompt_id", "verdict")
+    verdicts = read_columns(validated_bytes(store, spec.name, partition), ["prompt_id", "verdict"])
     return set(verdicts.filter(pl.col("verdict").is_in(list(ENGINE_SIDE_REJECTIONS)))["prompt_id"])
 
 

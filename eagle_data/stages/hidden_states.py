@@ -1,6 +1,12 @@
 """The hidden states of the mix: the plan that sizes their capture (`hidden_state_plan`), and the capture
 itself, shard by shard, verified before its record stands (`hidden_states`); and the stored shards verified
-again without capturing (`verify_stored`, a checks-only run of `hidden_states`)."""
+again without capturing (`verify_stored`, a checks-only run of `hidden_states`).
+
+The mix is read only once its bytes are those the export recorded (`mixfile.exported_file`). A shard's first
+verification after its capture records the sha256 and size of every file it read
+(`_digests/{partition}.json` beside the shard's record); every later one (a checks-only run, a capture run that
+skips the unchanged shard) checks the files against them first: a changed file fails `ids_match_mix` with the
+line naming it, and the shard loses its record, so the next capture run captures it again."""
 
 from __future__ import annotations
 
@@ -17,11 +23,15 @@ from eagle_data.catalog import DatasetSpec
 from eagle_data.drafter import capture, hidden_states, layers, verify
 from eagle_data.drafter.mixfile import local_mix, mix_target
 from eagle_data.drafter.settings import CaptureSettings, HiddenStateRecipe
+from eagle_data.engines.scoring import TargetIds
+from eagle_data.quality import on_policy
 from eagle_data.report import Log
 from eagle_data.storage import ShardStore
+from eagle_data.storage.digests import materialize_command, read_record, write_record
 from eagle_data.targets import load_target
 
 PLAN_ASSET = "hidden_state_plan"
+DIGESTS = "digests"  # the capture record kind holding a verified shard's file digests
 T = TypeVar("T")  # what one shard's work gives: a CapturedShard, or verify.Findings
 
 
@@ -52,6 +62,7 @@ class Capture:
     plan: layers.LayerPlan
     base: dict[str, Any]  # the provenance every shard's record carries
     cid: str  # the capture id: the hash of `base`
+    scored_by: TargetIds | None = None  # the rows' target, against which the capture scores a sample of rows
 
 
 def write_hidden_states(
@@ -147,17 +158,17 @@ def load_capture(
         "tokenizer_hash": target.tokenizer_hash,
         "formats": list(settings.formats),
     }
-    return Capture(settings, backend, plan, base, capture.capture_id(base))
+    return Capture(settings, backend, plan, base, capture.capture_id(base), TargetIds.of(target))
 
 
 def capture_one(store: ShardStore, run: Capture, path: Path, partition: str, log: Log) -> CapturedShard:
     """Capture (or skip) and verify one shard; a shard that fails verification has its record withdrawn."""
     frame, provenance = _shard_input(run, path, partition)
     result = capture.capture_shard(
-        store, run.cid, partition, frame, provenance, run.backend, run.plan, run.settings, log
+        store, run.cid, partition, frame, provenance, run.backend, run.plan, run.settings, log, run.scored_by
     )
     record = result.record
-    found = _verified(store, run, partition, record, frame, log)
+    found = _verified(store, run, partition, record, frame, log, fresh=result.captured)
     rate = f", {result.tokens_run / result.seconds:,.0f} tokens/s" if result.seconds else ""
     log(f"hidden states {partition}: {'captured' if result.captured else 'unchanged, skipped'}, "
         f"{record['captured_rows']} rows, {record['tokens']:,} tokens{rate}")  # fmt: skip
@@ -174,7 +185,7 @@ def _verify_stored_one(store: ShardStore, run: Capture, path: Path, partition: s
         return verify.Findings(
             partition, absent=f"nothing captured of the current mix and settings (capture {run.cid})"
         )
-    found = _verified(store, run, partition, record, frame, log)
+    found = _verified(store, run, partition, record, frame, log, fresh=False)
     log(f"hidden states {partition}: stored shard re-verified, {found.samples} samples, {found.recaptured} re-captured")
     return found
 
@@ -195,17 +206,31 @@ def _shard_input(run: Capture, path: Path, partition: str) -> tuple[pl.DataFrame
 
 
 def _verified(
-    store: ShardStore, run: Capture, partition: str, record: dict[str, Any], frame: pl.DataFrame, log: Log
+    store: ShardStore,
+    run: Capture,
+    partition: str,
+    record: dict[str, Any],
+    frame: pl.DataFrame,
+    log: Log,
+    fresh: bool,
 ) -> verify.Findings:
-    """`verify.verify_shard` on a shard's stored files (its seeded rows re-captured); a shard whose samples fail
-    loses its record, so the next run captures it again."""
-    settings = run.settings
+    """`verify.verify_shard` on a shard's stored files (its seeded rows re-captured), against the digests its
+    first verification recorded (none when `fresh`: this run captured it, so this verification records them);
+    a shard whose samples fail, or whose files changed, loses its record, so the next run captures it again."""
+    settings, digests = run.settings, layout.capture_record(run.cid, DIGESTS, partition)
+    stored = None if fresh else read_record(store, digests)
+    repair = materialize_command(layout.HIDDEN_STATES_ASSET, partition)
+    recorded = verify.Recorded(stored.files if stored else None, repair)
     found = verify.verify_shard(
-        store, layout.capture_dir(run.cid), record, frame, run.plan, run.backend, settings.recapture_rows, settings.seed
-    )
+        store, layout.capture_dir(run.cid), record, frame, run.plan, run.backend, settings.recapture_rows,
+        settings.seed, recorded,
+    )  # fmt: skip
     if not found.data_ok():
         store.delete(layout.capture_record(run.cid, capture.SHARDS, partition))
+        store.delete(digests)
         log(f"hidden states {partition}: failed verification; it will be captured again on the next run")
+    elif stored is None:
+        write_record(store, digests, found.files)
     return found
 
 
@@ -220,4 +245,5 @@ def shard_figures(result: capture.ShardResult) -> dict[str, Any]:
         "tokens_per_s": round(result.tokens_run / result.seconds, 1) if result.seconds else 0.0,
         "batches_run": result.batches_run,
         "batches_resumed": result.batches_resumed,
+        **record.get(on_policy.COLUMN, {}).get("figures", {}),
     }

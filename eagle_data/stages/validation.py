@@ -1,8 +1,9 @@
 """Stage 4, validation: token ids, loss masks and per-row verdicts for each generation shard, with its
 quality record and HTML report.
 
-Each shard is serialized once here, so its sha256 (in its quality record, its materialization and its
-check evaluations) is the digest of exactly the bytes the IO manager then stores: the export's admission
+Each generation shard is read only once its bytes are those generation stored (`storage.digests`). Each
+validated shard is serialized once here, so its sha256 and size (in its quality record, its materialization
+and its check evaluations) are those of exactly the bytes the IO manager then stores: the export's admission
 reads only the bytes the checks judged."""
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from eagle_data.catalog import DatasetSpec, shard_index
 from eagle_data.drafter.decontam import contamination
 from eagle_data.drafter.evalsets import benchmark_index
 from eagle_data.drafter.settings import load_drafter_settings
+from eagle_data.engines.scoring import TargetIds, on_policy_column, resolve_scorer
+from eagle_data.quality.on_policy import SamplingPoint
 from eagle_data.storage import ShardStore, digest, parquet_bytes
 from eagle_data.storage.shards import SpilledShards
 from eagle_data.targets import build_training_rows, load_target, resolve_target
@@ -39,7 +42,8 @@ def target_name(spec: DatasetSpec, generations: pl.DataFrame) -> str:
 def validated_rows(spec: DatasetSpec, generations: pl.DataFrame, partition: str) -> pl.DataFrame:
     """Token ids, loss masks and per-row verdicts for one generation shard; rows overlapping a benchmark
     (`contamination`: its name) get the verdict `contaminated`; every row names the tokenizer and chat
-    template that made its ids (eagle_data.provenance)."""
+    template that made its ids (eagle_data.provenance); a sample of training rows carries the target's own
+    score of them (`on_policy`, eagle_data/quality/on_policy.py)."""
     target = load_target(target_name(spec, generations))
     rows = build_training_rows(
         target, generations, thinking=spec.generation.thinking, mask_empty_think=spec.mask_empty_think
@@ -48,10 +52,14 @@ def validated_rows(spec: DatasetSpec, generations: pl.DataFrame, partition: str)
     rows = rows.with_columns(
         pl.lit(shard_index(partition), pl.Int32).alias("shard"),
         contamination(rows, index),
+        target=pl.lit(target.name),
         tokenizer_hash=pl.lit(target.tokenizer_hash),
         chat_template_hash=pl.lit(target.chat_template_hash),
     )
-    return quality.row_verdicts(rows, spec.checks, thinking=spec.generation.thinking)
+    rows = quality.row_verdicts(rows, spec.checks, thinking=spec.generation.thinking)
+    g = spec.generation
+    default, scorer = SamplingPoint(g.temperature, g.top_p, g.min_tokens), resolve_scorer(spec.on_policy, generations)
+    return rows.with_columns(on_policy_column(rows, spec.on_policy, TargetIds.of(target), default, scorer))
 
 
 def check_shard(
@@ -101,6 +109,7 @@ def validate(
     *,
     workers: int | None = None,
     log: Log = print,
+    run_id: str = "",
 ) -> Validation:
     """Build the validated shards of `generations` (partition -> frame, read when looked up) and write their
     HTML quality reports; returns each partition's quality record (summary, figures, check results and shard
@@ -109,7 +118,9 @@ def validate(
     Shards are built in a pool of `workers` processes (default: every core, for runs of POOL_MIN_PROMPTS
     prompts or more) while this process reads them, at most two shards per worker in flight; a shard's
     result does not depend on where it was built, so any worker count makes the same bytes.
-    Each shard's length_shift compares with that shard's own figure from its last validation.
+    Each shard's length_shift compares with that shard's own figure from its last validation; `run_id` (the
+    Dagster run) is recorded in each quality record. A shard validated into the bytes it already had keeps the
+    outcomes of the checks judged after validation (decontamination) on them.
     """
     partitions = list(generations)
     inputs = {key: report.inputs_for(spec, earlier_avg_completion_tokens(spec, store, key)) for key in partitions}
@@ -119,7 +130,8 @@ def validate(
         done.rows[record.partition], done.columns = rows.height, dict(rows.schema)
         data = parquet_bytes(rows)
         done.shards.add(record.partition, data)
-        record = replace(record, shard_sha256=digest(data))
+        record = replace(record, shard_sha256=digest(data), shard_size=len(data), run_id=run_id)
+        record = record.carried_from(report.stored_record(spec, store, record.partition))
         report.write_shard_report(spec, store, record)
         done.records[record.partition] = record
 

@@ -1,6 +1,7 @@
 """A fault-injecting OpenAI-compatible server on 127.0.0.1 (aiohttp), in a thread or a subprocess.
 
-Serves `POST {/v1,/api/v1}/chat/completions`, `GET {/v1,/api/v1}/models`, `GET /api/v1/key`, and for
+Serves `POST {/v1,/api/v1}/chat/completions`, `POST /v1/completions` (vLLM's `prompt_logprobs`, computed with a real
+model: `Faults.score_model`; ignored without one), `GET {/v1,/api/v1}/models`, `GET /api/v1/key`, and for
 tests `GET /_stats`, `POST /_faults`. Replies are deterministic per prompt: the natural length of a prompt's reply is
 fixed by its id, so raising max_tokens un-truncates exactly the rows that hit the old cap. Requests
 are counted per prompt and turn (prompt id from the `X-Eagle-Prompt-Id` header, else `user`), and
@@ -28,7 +29,9 @@ import polars as pl
 from aiohttp import web
 
 from eagle_data.catalog import DatasetSpec, load_catalog
+from eagle_data.standins import model_logprobs
 from eagle_data.standins.drip import drip
+from eagle_data.targets import load_target
 from eagle_data.targets.vocab import qwen_tokenizer
 from eagle_data.types import PROMPT_ID_HEADER
 
@@ -90,6 +93,10 @@ class Faults:
     # writes this preamble at the head of the system turn, opening one where a conversation has none, as Llama
     # 3.1's template writes its knowledge dates.
     system_preamble: str = ""
+    # The target whose rendering counts a request's `prompt_tokens` (as a real server counts its own template's
+    # tokens); "checkpoint:<folder>" counts as that model's own template does (e.g. SmolLM2's default system turn).
+    prompt_target: str = "qwen3-test"
+    score_model: str = ""  # a transformers folder: /v1/completions answers prompt_logprobs with its real values
 
 
 class FakeOpenAI:
@@ -116,6 +123,7 @@ class FakeOpenAI:
         for prefix in ("/v1", "/api/v1"):
             app.router.add_post(f"{prefix}/chat/completions", self.chat)
             app.router.add_get(f"{prefix}/models", self.models)
+        app.router.add_post("/v1/completions", self.completions)
         app.router.add_get("/api/v1/key", self.key)
         app.router.add_get("/_stats", self.stats_view)
         app.router.add_post("/_faults", self.set_faults)
@@ -141,6 +149,17 @@ class FakeOpenAI:
     async def models(self, request: web.Request) -> web.Response:
         data = [{"id": name, "object": "model", "owned_by": "fake"} for name in self.faults.served_models]
         return web.json_response({"object": "list", "data": data})
+
+    async def completions(self, request: web.Request) -> web.Response:
+        """vLLM's `/v1/completions` with a prompt of token ids: one empty completion token, and with a scoring
+        model the prompt's log-probabilities (`CompletionResponseChoice.prompt_logprobs`, model_logprobs.py)."""
+        body, self.received = await request.json(), self.received + 1
+        ids, k, model = [int(t) for t in body["prompt"]], body.get("prompt_logprobs"), self.faults.score_model
+        listed = model_logprobs.vllm_prompt_logprobs(model, ids, int(k)) if k is not None and model else None
+        choice = {"index": 0, "text": "", "finish_reason": "length", "prompt_logprobs": listed}
+        usage = {"prompt_tokens": len(ids), "completion_tokens": 1, "total_tokens": len(ids) + 1}
+        return web.json_response({"id": "cmpl-fake", "object": "text_completion", "created": 0,
+                                  "model": body.get("model", ""), "choices": [choice], "usage": usage})  # fmt: skip
 
     async def key(self, request: web.Request) -> web.Response:
         self.auth_headers.add(request.headers.get("Authorization", ""))
@@ -226,7 +245,7 @@ class FakeOpenAI:
         finish = "length" if natural > cap else "stop"
         self.outcomes["truncated" if finish == "length" else "ok"] += 1
         self.answered[turn] += 1
-        prompt_tokens = sum(len(str(m["content"]).split()) for m in body["messages"])
+        prompt_tokens = self._prompt_tokens(body)
         poison = "\ud800" if prompt_id in self.faults.poison_prompts else ""
         message = shaped_message(self.faults.shape, fake_reply(turn, n) + poison, f"think {turn}")
         message = self._lose_text(message)
@@ -259,6 +278,17 @@ class FakeOpenAI:
                 prompt = [{"role": "system", "content": system}, *prompt[given:]]
             reply["prompt_token_ids"], reply["choices"][0]["token_ids"] = token_ids(prompt, message, finish, thinking)
         return web.json_response(reply)
+
+    def _prompt_tokens(self, body: dict[str, Any]) -> int:
+        """What the server counts: the request's messages as the prompt target renders them, with the thinking
+        switch the request carries (chat_template_kwargs, else OpenRouter's `reasoning.enabled`)."""
+        kwargs, reasoning = body.get("chat_template_kwargs") or {}, body.get("reasoning") or {}
+        thinking = bool(kwargs.get("enable_thinking", reasoning.get("enabled", True)))
+        target = load_target(self.faults.prompt_target)
+        if not target.think_ids:
+            thinking = False
+        messages = [{"role": m["role"], "content": m.get("content") or ""} for m in body["messages"]]
+        return len(target.prompt_ids(messages, thinking=thinking))
 
     def _lose_text(self, message: dict[str, Any]) -> dict[str, Any]:
         """The reply-text faults (see Faults.healthy_first), drawn after the first healthy answers."""

@@ -12,6 +12,13 @@ different seeds give different tokens, so a test can tell which server answered.
 (`<think>` 151667 … `</think>` 151668, Qwen's ids), all end with `<|im_end|>` 151645 unless cut at
 `max_new_tokens`. Like SGLang with `--skip-tokenizer-init`, `/generate` returns ids without `text`.
 
+With a scoring model (`score_model`, a transformers folder; `--score-model`), `/generate` answers
+`return_logprob` as SGLang does (`tokenizer_manager.add_logprob_to_meta_info` and the scheduler's
+`_process_input_token_logprobs`): `meta_info.input_token_logprobs` holds one `[logprob, id, null]` per input
+token from `logprob_start_len` on, the first with a null logprob; `input_top_logprobs` the `top_logprobs_num`
+most likely at each (the first null); `output_token_logprobs` / `output_top_logprobs` the same for the reply's
+ids; values from the real model. Without one it ignores those fields (a server that does not honour them).
+
 Every answered request is appended to `--log` (one JSON line, flushed before the reply is sent), so a
 test can count answers per prompt even for a server it SIGKILLed.
 
@@ -38,6 +45,7 @@ from typing import Any
 from aiohttp import web
 
 from eagle_data import settings
+from eagle_data.standins import model_logprobs
 from eagle_data.standins.drip import drip
 
 THINK_START, THINK_END, IM_END = 151667, 151668, 151645
@@ -88,12 +96,14 @@ class FakeSGLang:
         api: str = "0.5.23",
         served_model_name: str = "",
         max_running_requests: int = 8,
+        score_model: str = "",
     ) -> None:
         if api not in APIS:
             raise ValueError(f"api {api!r}: one of {sorted(APIS)}")
         self.model, self.seed, self.delay_s, self.unhealthy = model, seed, delay_s, unhealthy
         self.api, self.served_model_name = api, served_model_name or model
         self.max_running_requests = max_running_requests
+        self.score_model = score_model  # a checkpoint folder: return_logprob answered with its real values
         self.hits: Counter[str] = Counter()  # GET path -> times asked
         self.drip_s = drip_s  # nonzero: /generate sends its answer one byte at a time, this many seconds apart
         self.fail_status = fail_status  # nonzero: /generate answers this HTTP status, as SGLang's errors
@@ -163,6 +173,10 @@ class FakeSGLang:
         input_ids = body["input_ids"]
         params = body.get("sampling_params", {})
         output_ids, finish = reply_ids(self.seed, input_ids, int(params.get("max_new_tokens", 128)))
+        if self.score_model:  # a real model answers with its own greedy tokens
+            output_ids, finish = model_logprobs.greedy(
+                self.score_model, input_ids, int(params.get("max_new_tokens", 128))
+            )
         await self._work(input_ids)
         meta = {
             "id": body.get("rid", ""),
@@ -171,6 +185,9 @@ class FakeSGLang:
             "completion_tokens": len(output_ids),
             "cached_tokens": 0,
         }
+        if body.get("return_logprob") and self.score_model:
+            start, k = int(body.get("logprob_start_len", -1)), int(body.get("top_logprobs_num") or 0)
+            meta |= model_logprobs.sglang_logprobs(self.score_model, input_ids, output_ids, start, k)
         answer = {"output_ids": output_ids, "meta_info": meta}
         if self.drip_s:
             return await drip(request, json.dumps(answer).encode(), self.drip_s)
@@ -256,6 +273,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--served-model-name", default="")
     parser.add_argument("--max-running-requests", type=int, default=8)
     parser.add_argument("--api", choices=sorted(APIS), default="0.5.23", help="which introspection paths it serves")
+    parser.add_argument("--score-model", default="", help="a transformers folder: answer return_logprob with it")
     args, ignored = parser.parse_known_args(argv)
     server = FakeSGLang(
         model=args.model,
@@ -266,6 +284,7 @@ def main(argv: list[str] | None = None) -> None:
         api=args.api,
         served_model_name=args.served_model_name,
         max_running_requests=args.max_running_requests,
+        score_model=args.score_model,
     )
     print(f"fake sglang: model={args.model} port={args.port} ignored={ignored}", flush=True)
     if args.unhealthy:

@@ -107,7 +107,11 @@ class ShardStore:
         return self.write_bytes(key, parquet_bytes(frame))
 
     def read_frame(self, key: str) -> pl.DataFrame:
-        return self._parquet(key, self.read_bytes(key))
+        return self.frame_of(key, self.read_bytes(key))
+
+    def frame_of(self, key: str, data: bytes) -> pl.DataFrame:
+        """The parquet bytes already read from `key`; a CorruptFile (with its `mv` line) when torn or garbled."""
+        return self._parquet(key, data)
 
     def write_shard(self, dataset: str, asset: str, partition: str, frame: pl.DataFrame) -> str:
         return self.write_frame(self.shard_key(dataset, asset, partition), frame)
@@ -120,9 +124,11 @@ class ShardStore:
         data = self.shard_bytes(dataset, asset, partition)
         return self._parquet(key, data, columns)
 
-    def parse_shard(self, dataset: str, asset: str, partition: str, data: bytes) -> pl.DataFrame:
+    def parse_shard(
+        self, dataset: str, asset: str, partition: str, data: bytes, columns: Sequence[str] | None = None
+    ) -> pl.DataFrame:
         """A shard's bytes, already read, as a frame; a CorruptFile (with its `mv` line) when torn or garbled."""
-        return self._parquet(self.shard_key(dataset, asset, partition), data)
+        return self._parquet(self.shard_key(dataset, asset, partition), data, columns)
 
     def _parquet(self, key: str, data: bytes, columns: Sequence[str] | None = None) -> pl.DataFrame:
         """The parquet file `data` stored at `key`; a CorruptFile naming it when it cannot be read."""
@@ -141,11 +147,15 @@ class ShardStore:
             why,
         )
 
+    def move(self, key: str, new_key: str) -> None:
+        """Rename `key` (on S3 a copy, then a delete)."""
+        self.files.move(key, new_key)
+
     def move_aside(self, key: str) -> str:
         """Rename an unreadable `key` to `<key>.corrupt-<UTC time>` (never deleted: someone may want to look
         at it); readers then see it as a stray. Returns the new key."""
         aside = f"{key}.corrupt-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
-        self.files.move(key, aside)
+        self.move(key, aside)
         return aside
 
     def shard_bytes(self, dataset: str, asset: str, partition: str) -> bytes:

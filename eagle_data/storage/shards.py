@@ -3,7 +3,9 @@ of shard files (the Dagster IO manager calls it; so do scripts that run stages w
 
 A stage hands over its shards lazily, so a range over 1,800 partitions never holds more than one: a value
 is a frame (serialized here) or the bytes the stage already serialized (written as they are, so a digest
-the stage took is the digest of the stored file)."""
+the stage took is the digest of the stored file). Each stored shard's digest is recorded (`storage.digests`)
+unless its stage records it itself (validation, in the quality record), and a stored shard is read only once
+its bytes are the recorded ones."""
 
 from __future__ import annotations
 
@@ -16,23 +18,30 @@ from pathlib import Path
 import polars as pl
 
 from eagle_data import layout
-from eagle_data.storage import ShardStore, digest, parquet_bytes
+from eagle_data.storage import ShardStore, parquet_bytes
+from eagle_data.storage.digests import FileDigest, checked_shard, record_shard
 
 Shard = pl.DataFrame | bytes
 
 
 @dataclass(frozen=True)
 class Stored:
-    """One written shard: where, its bytes' sha256, and its row count."""
+    """One written shard: where, its bytes' sha256 and size, and its row count."""
 
     uri: str
-    sha256: str
+    digest: FileDigest
     rows: int
+
+    @property
+    def sha256(self) -> str:
+        return self.digest.sha256
 
 
 class LazyShards(Mapping[str, Shard]):
     """Partitions whose shard `make(partition)` builds when looked up; `written(partition, stored)` hears
     of each one once its file is stored (e.g. to drop what the file now holds)."""
+
+    records_digest = False  # True: the stage records each shard's digest itself (write_shards does not)
 
     def __init__(
         self,
@@ -55,7 +64,8 @@ class LazyShards(Mapping[str, Shard]):
 
 
 class StoredShards(LazyShards):
-    """An asset's stored shards, each read from the store when looked up (`columns`: only those)."""
+    """An asset's stored shards, each read from the store when looked up (`columns`: only those), and only once
+    its bytes are those its stage recorded (a `digests.ChangedFile` line otherwise)."""
 
     def __init__(
         self,
@@ -69,7 +79,9 @@ class StoredShards(LazyShards):
         super().__init__(partitions, self.read)
 
     def read(self, key: str) -> pl.DataFrame:
-        return self.store.read_shard(self.dataset, self.asset, key, self.columns)
+        data = self.store.shard_bytes(self.dataset, self.asset, key)
+        checked_shard(self.store, self.dataset, self.asset, key, data)
+        return self.store.parse_shard(self.dataset, self.asset, key, data, self.columns)
 
     def __getitem__(self, key: str) -> pl.DataFrame:
         if key not in self.partitions:
@@ -92,21 +104,28 @@ def write_shards(
     store: ShardStore, dataset: str, asset: str, shards: Mapping[str, Shard], partitions: Sequence[str] | None = None
 ) -> dict[str, Stored]:
     """Write each of `partitions` (default: every one `shards` holds) as `{ds}/{asset}/{partition}.parquet`,
-    one at a time; returns what was stored, by partition."""
+    one at a time, each followed by its digest record unless its stage records the digest itself; returns what
+    was stored, by partition."""
     stored: dict[str, Stored] = {}
+    recorded = isinstance(shards, LazyShards) and shards.records_digest
     for key in shards if partitions is None else partitions:
         shard = shards[key]
         data, rows = (shard, row_count(shard)) if isinstance(shard, bytes) else (parquet_bytes(shard), shard.height)
         uri = store.write_bytes(layout.shard(dataset, asset, key), data)
-        stored[key] = Stored(uri, digest(data), rows)
+        stored[key] = Stored(uri, FileDigest.of(data), rows)
+        if not recorded:
+            record_shard(store, dataset, asset, key, stored[key].digest)
         if isinstance(shards, LazyShards) and shards.written is not None:
             shards.written(key, stored[key])
     return stored
 
 
 class SpilledShards(LazyShards):
-    """Shards a stage already serialized (e.g. to take their digest), kept in a local temp folder until
-    written, so memory holds one shard whatever the range; each file goes once its shard is stored."""
+    """Shards a stage already serialized to take their digest (recorded by the stage, e.g. in validation's quality
+    records), kept in a local temp folder until written, so memory holds one shard whatever the range; each file
+    goes once its shard is stored."""
+
+    records_digest = True
 
     def __init__(self) -> None:
         self.folder = tempfile.TemporaryDirectory(prefix="eagle-shards-")

@@ -1,0 +1,48 @@
+"""The blocking `on_policy` check of every `{ds}_validated` (eagle_data/quality/on_policy.py): each shard's
+sampled rows, scored by the target at validation (their stored `on_policy` column), against what the
+target's own sampling distribution predicts. One evaluation per shard, naming the bytes it judged, so the
+export leaves out a shard it failed (`training_mix` gates on every blocking check)."""
+
+from typing import Any
+
+import dagster as dg
+
+from eagle_data import layout
+from eagle_data.catalog import DatasetSpec
+from eagle_data.defs.assets import partitions
+from eagle_data.defs.checks import judged_partitions, report_shards, validated_key
+from eagle_data.defs.messages import user_failure
+from eagle_data.defs.registry import check_outcome, check_specs
+from eagle_data.defs.resources import StorageResource
+from eagle_data.quality import on_policy, registry
+from eagle_data.storage import digest, read_columns
+
+ON_POLICY = registry.implemented("on_policy", ("on_policy",))[0].name  # judged by on_policy.shard_verdict
+
+
+def on_policy_check(spec: DatasetSpec) -> dg.AssetChecksDefinition:
+    key, shards = validated_key(spec), partitions(spec)
+    limits = on_policy.limits_of(spec.on_policy)
+
+    @dg.multi_asset_check(
+        name=f"{spec.name}_on_policy", specs=check_specs("on_policy", key, shards), can_subset=True,
+        description=f"{spec.title}: the target's own score of the rows.",
+    )  # fmt: skip
+    @user_failure
+    def check(context: dg.AssetCheckExecutionContext, storage: StorageResource):
+        store = storage.store()
+
+        def judge(partition: str) -> tuple[str, list[dict[str, Any]]]:
+            data = store.shard_bytes(spec.name, layout.validated_asset(spec.name), partition)
+            verdict = on_policy.shard_verdict(read_columns(data, [on_policy.COLUMN]), limits)
+            metadata = {**verdict.details, "figure": verdict.figure, "threshold": verdict.threshold}
+            metadata = {k: v for k, v in metadata.items() if v is not None}
+            return digest(data), [check_outcome(ON_POLICY, verdict.passed, verdict.line, metadata)]
+
+        yield from report_shards(context, key, judged_partitions(context, key, shards), judge)
+
+    return check
+
+
+def build_on_policy_checks(specs: list[DatasetSpec]) -> list[dg.AssetChecksDefinition]:
+    return [on_policy_check(spec) for spec in specs]

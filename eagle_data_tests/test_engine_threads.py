@@ -1,0 +1,49 @@
+"""The embedded engine's torch thread count: the CPUs this process may use, less what other processes keep
+busy on them (engines/cpus.py), measured on this machine's real /proc/stat against a real busy process."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from eagle_data.engines.cpus import WINDOW_S, ThreadMeter, busy_cpu_seconds, thread_count, usable_cpus
+
+
+@pytest.mark.parametrize(
+    ("cpus", "others_busy", "threads"),
+    [(2, 0.0, 2), (2, 0.2, 2), (2, 0.3, 1), (2, 1.0, 1), (2, 1.9, 1), (1, 0.0, 1), (8, 3.0, 5), (8, 2.6, 5)],
+)
+def test_the_rule_takes_a_thread_for_each_cpu_others_leave_free(cpus: int, others_busy: float, threads: int):
+    assert thread_count(cpus, others_busy) == threads
+
+
+def _cpu_seconds(pid: int) -> float:
+    """A process's user + system CPU time, from /proc/<pid>/stat."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@pytest.mark.skipif(not Path("/proc/stat").is_file(), reason="reads /proc")
+def test_a_busy_process_on_our_cpus_is_counted_and_takes_its_thread():
+    """The spinner runs on this process's CPUs (it inherits the affinity); whatever share of a CPU it gets on a
+    shared machine, the meter counts at least that, and leaves the engine no thread on the CPU it holds."""
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        meter = ThreadMeter()
+        before, started = _cpu_seconds(spinner.pid), time.monotonic()
+        threads = meter.count()  # the first count waits for a whole window
+        spun = (_cpu_seconds(spinner.pid) - before) / (time.monotonic() - started)
+    finally:
+        spinner.kill()
+        spinner.wait()
+    assert meter.others_busy is not None and meter.others_busy >= spun - 0.1
+    assert threads == meter.threads <= thread_count(len(usable_cpus()), spun - 0.1)
+    assert meter.count() == threads  # within a window: the last count, no new look
+    assert busy_cpu_seconds(frozenset({max(usable_cpus()) + 4096})) == 0.0
+    assert WINDOW_S <= 1.0  # the first count of a process costs at most this wait
