@@ -234,3 +234,20 @@ def test_a_shard_that_keeps_no_training_row_fails_a_blocking_check(clean: pl.Dat
     assert r.message.startswith(f"the shard keeps no training row (missing_reasoning {complete.height})")
     assert "\n" not in r.message
     assert check(clean, "empty_response").passed
+
+
+def test_rows_recorded_failed_after_billed_empty_or_lost_replies_fail_their_gate_as_well_as_failed_rate(
+    clean: pl.DataFrame,
+) -> None:
+    """The runner records a row `failed` after its billed replies came back empty (`empty_reply: ...`) or without
+    their text (`lost_text: ...`): failed_rate fails, and so does the gate of the cause."""
+    with_errors = clean.with_columns(error=pl.lit(""))
+    empty = set_rows(with_errors, list(range(20, 50)), status="failed", error="empty_reply: no content")
+    lost = set_rows(with_errors, list(range(20, 50)), status="failed", error="lost_text: 1 bytes of text")
+    assert not check(empty, "failed_rate").passed and not check(lost, "failed_rate").passed
+    r = check(empty, "empty_response")
+    assert not r.passed and r.message.startswith("15.1% of 199 replies were empty or had loss-mask sum <= 16, 30 of")
+    assert "after empty replies (see empty_response)" in check(empty, "failed_rate").message
+    r = check(lost, "lost_text")
+    assert not r.passed and r.message.startswith("15.1% of 199 replies lost text (30 failed after such replies)")
+    assert check(empty, "lost_text").passed and check(lost, "empty_response").passed

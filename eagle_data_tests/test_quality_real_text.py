@@ -9,10 +9,11 @@ failed (see docs/quality.md)."""
 from __future__ import annotations
 
 import codecs
+import contextlib
 import inspect
+import io
 import json
 import textwrap
-import this
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -125,7 +126,7 @@ def demo_shards(key: str) -> list[pl.DataFrame]:
 
 def test_smollm2_demo_replies_sampled_as_the_demo_does_pass_every_blocking_gate_at_the_defaults() -> None:
     """Sampled at the demo's temperature 0.8, max_tokens 256: every shard passes every blocking gate; greedy, shard
-    00001 fails `loops` (sg_0011, sg_0013 and sg_0017 loop: 3 of 10, surely over 5%)."""
+    00001 fails `loops` (sg_0011, sg_0013, sg_0015 and sg_0017 loop: 4 of 10, surely over 5%)."""
     for frame in demo_shards("demo_sampled"):
         assert [r.name for r in results(frame).values() if r.blocking and not r.passed] == []
     greedy = [[r.name for r in results(frame).values() if r.blocking and not r.passed]
@@ -235,6 +236,8 @@ NOT_LOOPS = (
 
 def human_texts() -> dict[str, str]:
     """Real human-written text: refrains, a list of aphorisms, code, a markdown table."""
+    with contextlib.redirect_stdout(io.StringIO()):  # `import this` prints the Zen
+        import this
     return {
         "The Star": TWINKLE,
         "Old MacDonald": MACDONALD,

@@ -15,7 +15,7 @@ from eagle_data.catalog import Checks
 from eagle_data.quality import registry
 from eagle_data.quality.registry import CheckDef, Severity
 from eagle_data.quality.summary import Summary, lower_bound, share, summarize
-from eagle_data.quality.verdicts import row_verdicts
+from eagle_data.quality.verdicts import LOOP_NGRAM, row_verdicts
 
 Figure = float | int | str
 FAILED_RATE = "failed_rate"  # the gate a re-run can fix: failed rows are requested again
@@ -60,7 +60,7 @@ class Inputs:
 
     checks: Checks
     thinking: bool
-    previous_avg_completion_tokens: float | None = None  # from the last materialization, if any
+    previous_avg_completion_tokens: float | None = None  # the shard's own, when it was last validated, if ever
 
 
 def pct(x: float) -> str:
@@ -179,7 +179,7 @@ def _lost_text(d: CheckDef, s: Summary, i: Inputs) -> CheckResult:
 def _loops(d: CheckDef, s: Summary, i: Inputs) -> CheckResult:
     return _share_gate(
         d, _share(i.checks, s.loops, s.answered, i.checks.max_loop_share),
-        "answered replies loop (words repeated back to back over much of the reply)",
+        f"answered replies loop (half or more of their {LOOP_NGRAM}-token phrases repeat earlier ones)",
         "; the model repeats itself: check its sampling settings (temperature, repetition penalty) or the model",
     )  # fmt: skip
 

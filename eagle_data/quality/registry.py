@@ -90,7 +90,7 @@ CHECKS: tuple[CheckDef, ...] = (
     _gate("length_shift", "WARN", False, "Average completion length against the shard's last materialization."),
     _gate(
         "loops", "ERROR", True,
-        "Replies that loop: the same words repeated back to back over much of the reply (a model's degenerate "
+        "Replies that loop: half or more of a reply's 8-token phrases repeat earlier ones (a model's degenerate "
         "repetition); looping rows are set aside with the verdict `loop`.",
     ),
     CheckDef(

@@ -13,8 +13,8 @@ Same names and thresholds as the row verdicts, tried in a fixed order:
   real server answered 1 character for 20 completion tokens). Any row this flags, the row verdict does
   too, since a rebuilt turn holds no more tokens than its text has bytes.
 - `short_loss`: reported completion tokens at or under `min_loss_tokens` (a reply of "OK.").
-- `loop`: the text repeats the same words back to back over a large share of it (`verdicts.is_loop`, the row
-  verdict's own test), cut at max_tokens or not.
+- `loop`: half or more of the text's phrases repeat earlier ones (`verdicts.is_loop`, the row verdict's own
+  test), cut at max_tokens or not.
 - `truncated`: cut at max_tokens (`finish_reason` "length"); no end of turn.
 Empty is tried before lost text (unlike the row verdicts) so a reply with no text at all is named for
 what it is; both are rejected either way.

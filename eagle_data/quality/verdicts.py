@@ -158,8 +158,8 @@ def loop_share(text: str) -> float:
     tokens = _TOKEN.findall(_COUNTER.sub(r"\g<1>0", text))
     if len(tokens) < LOOP_MIN_TOKENS:
         return 0.0
-    phrases = [tuple(tokens[i : i + LOOP_NGRAM]) for i in range(len(tokens) - LOOP_NGRAM + 1)]
-    return 1 - len(set(phrases)) / len(phrases)
+    phrases = zip(*(tokens[k:] for k in range(LOOP_NGRAM)), strict=False)  # the token lists shifted: each phrase once
+    return 1 - len(set(phrases)) / (len(tokens) - LOOP_NGRAM + 1)
 
 
 def is_loop(text: str | None) -> bool:
