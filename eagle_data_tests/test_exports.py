@@ -150,7 +150,8 @@ def admit_all(store: ShardStore, specs: list) -> dict[str, Admission]:
 def test_streaming_export_writes_what_the_in_memory_export_wrote(tmp_path: Path, seed: int, bucket_rows: int | None):
     """Frozen from the export that concatenated every shard and shuffled the mix in memory (main before the
     streaming export): 5,000 rows in 10 shards of three datasets, weights 0.5 / 2.5 / 1. Same rows, ids,
-    masks and JSONL bytes, and the mix in the same order, in one bucket or in six spilled buckets."""
+    masks and JSONL bytes, and the mix in the same order, in one bucket or in six spilled buckets. (The JSONL
+    digests were frozen again when rows gained their `target` provenance field; ids, masks and mix unchanged.)"""
     golden = json.loads(GOLDEN.read_text())[f"seed{seed}"]
     store = ShardStore(str(tmp_path))
     specs = write_fixture(store)

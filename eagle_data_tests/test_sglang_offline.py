@@ -82,7 +82,9 @@ def test_the_local_kind_runs_sglangs_offline_engine_on_a_gpu_box(gpu_box: type[F
     tokenizer = _tokenizer(demo_model.resolve())
     prompt = tokenizer.apply_chat_template(CHAT, add_generation_prompt=True, enable_thinking=False, return_dict=True)
     assert request["input_ids"] == prompt["input_ids"]  # the checkpoint's own template
-    assert request["sampling_params"] == {"max_new_tokens": 40, "min_new_tokens": 8, "temperature": 0.8, "top_p": 0.95}
+    assert request["sampling_params"] == {  # the transformers path's top-k (the checkpoint sets none: 50)
+        "max_new_tokens": 40, "min_new_tokens": 8, "temperature": 0.8, "top_p": 0.95, "top_k": 50
+    }
     ids, _ = reply_ids(7, request["input_ids"], 40)
     assert done.output_ids == ids and done.provider == PROVIDER  # SGLang's own tokens, kept as they came
     stopped = ids[-1] == tokenizer.eos_token_id

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle_data.catalog import Generation
+from eagle_data.engines.batched import checkpoint_top_k
 from eagle_data.engines.replies import completion_from_ids
 from eagle_data.targets.reasoning import THINK_TAGS, ReasoningMarkers
 from eagle_data.types import Completion, Engine, Message, Sampling, SamplingRefused
@@ -112,8 +113,9 @@ class SGLangLocalEngine(Engine):
         self.model = str(model_path)
 
     def config(self) -> dict[str, Any]:
-        """The transformers path's: the same checkpoint and sampling ask for the same replies."""
-        return {"engine": self.name, "model": str(self.model_path), **self.generation.model_dump()}
+        """The transformers path's: the same checkpoint and sampling (its top-k too) ask for the same replies."""
+        return {"engine": self.name, "model": str(self.model_path), "top_k": checkpoint_top_k(self.model_path),
+                **self.generation.model_dump()}  # fmt: skip
 
     def describe(self) -> str:
         return f"{self.name} ({self.note}, {PROVIDER})" if self.note else f"{self.name} {self.model_path} ({PROVIDER})"
@@ -137,8 +139,9 @@ class SGLangLocalEngine(Engine):
             tokenize=True,
             return_dict=True,
         )["input_ids"]
+        top_k = checkpoint_top_k(self.model_path) or -1  # the transformers path's cut (SGLang's "none" is -1)
         params = {"max_new_tokens": g.max_tokens, "min_new_tokens": min(g.min_tokens, g.max_tokens),
-                  "temperature": g.temperature, "top_p": g.top_p}  # fmt: skip
+                  "temperature": g.temperature, "top_p": g.top_p, "top_k": top_k}  # fmt: skip
         request = runtime.engine.async_generate(
             input_ids=list(prompt), sampling_params=params, rid=f"{prompt_id}-{uuid.uuid4().hex[:8]}"
         )

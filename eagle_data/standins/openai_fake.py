@@ -298,7 +298,9 @@ class FakeOpenAI:
         return self.port
 
     def start(self) -> str:
-        """Serve on a background thread; returns the OpenAI base URL (`http://127.0.0.1:PORT/v1`)."""
+        """Serve on a background thread; returns the OpenAI base URL (`http://127.0.0.1:PORT/v1`). The prompt
+        target's tokenizer is loaded first, so no answer waits for it (a test's timeout may be a fraction of that)."""
+        load_target(self.faults.prompt_target)
         ready = threading.Event()
 
         def run() -> None:
