@@ -197,6 +197,31 @@ def partition_range(dataset: str) -> str:
     return f"--partition-range {keys[0]}...{keys[-1]}"
 
 
+# What `dagster asset materialize` raises for a partitioned selection without a shard: a `check.failed` in
+# dagster/_cli/asset.py (execute_materialize_command), which reaches the terminal as a 40-line CheckError traceback.
+NO_PARTITION = "Asset has partitions, but no '--partition' option was provided"
+
+
+def _selected(argv: list[str]) -> str | None:
+    """The first asset of `--select X` / `--select=X` in a `dagster asset materialize` command line."""
+    for i, arg in enumerate(argv):
+        if arg == "--select" and i + 1 < len(argv):
+            return argv[i + 1].split(",")[0].strip("*+ ")
+        if arg.startswith("--select="):
+            return arg.split("=", 1)[1].split(",")[0].strip("*+ ")
+    return None
+
+
+def no_partition_line(argv: list[str], datasets: list[str]) -> str:
+    """Dagster's own message for a partitioned selection without a shard, and what to add: the one line the
+    `dagster` CLI prints in place of its traceback (eagle_data.definitions installs it)."""
+    asset = _selected(argv) or ""
+    dataset = next((d for d in sorted(datasets, key=len, reverse=True) if asset == d or asset.startswith(f"{d}_")),
+                   "DATASET")  # fmt: skip
+    return (f"eagle-data: {NO_PARTITION}: every dataset asset is partitioned by shard; add `--partition 00000` "
+            f"for one shard, or `$(eagle-data range {dataset})` for every shard in one run")  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="eagle-data", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
