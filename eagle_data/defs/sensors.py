@@ -4,10 +4,11 @@
 check registry (`quality.registry`) marks alerted (the ERROR quality gates, the estimate's, `decontamination`, the
 exports' `trainer_parity`, the capture's), listing every shard it failed on, once the check's step has ended
 (cursor: the last check execution it handled, and the recent (run, check) pairs already announced). The grouping
-is `alerts.group_failures`, over plain records. `run_failure_alerts` posts once per failed run (Dagster keeps its
-cursor) that has a failed step no failed blocking check of its own explains: the registry makes every blocking
-check an alerted ERROR one, so a regression gives exactly one message, and a run where a blocking check failed
-beside another step's error (an engine's, say, in a range run over several datasets) still announces that error.
+is `alerts.group_failures`, over plain records. `run_failure_alerts` posts once per failed run of the instance,
+launched from the UI, a sensor or the CLI (Dagster keeps its cursor), that has a failed step no failed blocking
+check of its own explains: the registry makes every blocking check an alerted ERROR one, so a regression gives
+exactly one message, and a run where a blocking check failed beside another step's error (an engine's, say, in a
+range run over several datasets) still announces that error.
 The webhook URL comes only from $EAGLE_DATA_ALERT_WEBHOOK; with it unset when the code location loads, both
 sensors are stopped by default (an idle `dagster dev` stays quiet); unset later, they skip (and still move their
 cursors, so setting it again does not replay history).
@@ -278,6 +279,11 @@ def run_failure_sensor(datasets: set[str], status: dg.DefaultSensorStatus) -> dg
         name="run_failure_alerts",
         minimum_interval_seconds=ALERT_INTERVAL_S,
         default_status=status,
+        # Every run of the instance: a run started by `dagster asset materialize` or `dg launch` carries no
+        # code-location origin (`remote_job_origin` is None), and without this Dagster matches only runs whose
+        # origin is this sensor's location (dagster/_core/definitions/run_status_sensor_definition.py, the
+        # `monitor_all_code_locations` branch), so a failed CLI run was never announced.
+        monitor_all_code_locations=True,
         description=f"Posts each failed run to ${alerts.WEBHOOK_ENV}, unless failed blocking checks (already "
         "announced) stopped every step that failed.",
     )
