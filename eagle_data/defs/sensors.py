@@ -36,9 +36,11 @@ if TYPE_CHECKING:
 UI_URL_ENV = "EAGLE_DATA_UI_URL"
 DEFAULT_UI_URL = "http://localhost:3000"
 _HISTORY = 1000  # failed executions read per check and tick (one per shard); more than a tick can produce
-# A failed check is announced once its step has ended (so one message lists every failing shard): at most
-# this long after, plus the tick's own time (the daemon's loop runs due sensors every 5 s at most).
-ALERT_INTERVAL_S = 5
+# A failed check or run is announced at most this long after its step or run ended (so one message lists every
+# failing shard), plus the tick's own time. Each tick is two INFO lines in the `dagster dev` terminal
+# (dagster/_daemon/sensor.py): at 5 s the two alert sensors wrote most of an idle terminal's 160 lines in
+# 5 minutes; a run takes hours, and half a minute to hear of its failure is soon enough.
+ALERT_INTERVAL_S = 30
 STEP_SUCCESS, STEP_FAILURE = dg.DagsterEventType.STEP_SUCCESS, dg.DagsterEventType.STEP_FAILURE
 _HANDLED = 200  # (run, asset, check) keys the cursor remembers, for shards evaluated after an alert went out
 
@@ -97,7 +99,7 @@ def ui_url() -> str:
 
 def alert_status() -> dg.DefaultSensorStatus:
     """The alert sensors run by default only where $EAGLE_DATA_ALERT_WEBHOOK is set when the code location
-    loads: with nowhere to post, a tick every 5 s would fill the `dagster dev` terminal with two lines each."""
+    loads: with nowhere to post, each tick would only add two lines to the `dagster dev` terminal."""
     return dg.DefaultSensorStatus.RUNNING if alerts.webhook_url() else dg.DefaultSensorStatus.STOPPED
 
 
