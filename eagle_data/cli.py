@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import re
 import shutil
@@ -12,11 +13,21 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+from urllib.parse import quote
 
 from eagle_data import settings
 from eagle_data.alerts import readable
 
+if TYPE_CHECKING:
+    from eagle_data.catalog import DatasetSpec
+    from eagle_data.storage import ShardStore
+
 DEMO_DATASET = "b7_sharegpt"
+# The demo's run prints every event (Dagster's default; dagster.yaml's python_log_level keeps other runs at INFO):
+# RunView reads its progress from the step and check events.
+DEBUG_CONSOLE = json.dumps({"loggers": {"console": {"config": {"log_level": "DEBUG"}}}})
+UI_GROUP_URL = "http://127.0.0.1:3000/locations/eagle_data.definitions/asset-groups/"  # `dagster dev` at the root
 
 
 REPO_INSTANCE_YAML = Path(__file__).resolve().parent.parent / "dagster.yaml"  # in a source checkout
@@ -150,8 +161,34 @@ def summary(view: RunView, code: int, seconds: float, log_path: Path, outputs: l
     return lines
 
 
+def report_lines(store: ShardStore, key: str) -> list[str]:
+    """Where the quality report opens: on S3 its presigned link; under a folder its path, and the files server's
+    one command with the address it then has (a browser opens `file://` from a terminal, not from the UI)."""
+    from eagle_data.files_server import DEFAULT_FILES_URL, browser_link
+
+    if store.is_s3:
+        return [f"quality report: {store.link(key)}"]
+    served = browser_link(store, key) or f"{DEFAULT_FILES_URL}/{quote(key)}"
+    return [f"quality report: {store.link(key)}",
+            f"  or in a browser: `python -m eagle_data.files_server` serves it at {served}"]  # fmt: skip
+
+
+def demo_command(spec: DatasetSpec) -> list[str]:
+    """The demo's Dagster run: every partition of the dataset's whole group, so its UI page opens with every
+    asset materialized (the estimate too, not a grey "0% filled")."""
+    from eagle_data import layout
+    from eagle_data.defs.estimate import estimate_asset
+
+    ds, keys = spec.name, spec.partition_keys
+    selection = ",".join((layout.prompts_asset(ds), estimate_asset(spec), ds, layout.validated_asset(ds)))
+    return [
+        sys.executable, "-m", "dagster", "asset", "materialize", "-m", "eagle_data.definitions",
+        "--select", selection, "--partition-range", f"{keys[0]}...{keys[-1]}", "--config-json", DEBUG_CONSOLE,
+    ]  # fmt: skip
+
+
 def demo(dataset: str = DEMO_DATASET) -> int:
-    """Materialize every partition of one dataset's three assets on the embedded demo model; print a short
+    """Materialize every partition of one dataset's four assets on the embedded demo model; print a short
     progress and summary (under 40 lines), Dagster's full log going to a file under $DAGSTER_HOME/logs."""
     from eagle_data.catalog import PROFILE_ENV, get_dataset
 
@@ -164,11 +201,7 @@ def demo(dataset: str = DEMO_DATASET) -> int:
     spec = get_dataset(dataset)
     model = ensure_demo_model()
     keys = spec.partition_keys
-    selection = ",".join((layout.prompts_asset(dataset), dataset, layout.validated_asset(dataset)))
-    cmd = [
-        sys.executable, "-m", "dagster", "asset", "materialize", "-m", "eagle_data.definitions",
-        "--select", selection, "--partition-range", f"{keys[0]}...{keys[-1]}",
-    ]
+    cmd = demo_command(spec)
     env = _dagster_env()
     log_path = Path(env["DAGSTER_HOME"]) / "logs" / f"demo-{dataset}-{time.strftime('%Y%m%d-%H%M%S')}.log"
     print(f"[eagle-data] demo: {len(keys)} shards of {dataset} on {model}\n"
@@ -181,8 +214,8 @@ def demo(dataset: str = DEMO_DATASET) -> int:
         store = ShardStore()
         validated = shards_written(store, dataset, layout.validated_asset(dataset))
         outputs = [f"output: {store.uri(dataset)}/ ({len(validated)} validated shards)",
-                   f"quality report: {store.link(layout.quality_index(dataset))}",
-                   "browse it all: dagster dev (README, Running real jobs)"]  # fmt: skip
+                   *report_lines(store, layout.quality_index(dataset)),
+                   f"in the UI: README.md, \"A real run\" (`dagster dev`, then {UI_GROUP_URL}{dataset})"]  # fmt: skip
     print("\n".join(summary(view, code, time.perf_counter() - started, log_path, outputs)), flush=True)
     return code
 

@@ -9,8 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from eagle_data.cli import MAX_NOTES, RunView, run_quietly, summary
+from eagle_data.catalog import load_catalog
+from eagle_data.cli import DEMO_DATASET, MAX_NOTES, RunView, demo_command, report_lines, run_quietly, summary
+from eagle_data.storage import ShardStore
 
+README = Path(__file__).resolve().parents[1] / "README.md"
 RUN = "df816632-a426-4a7e-ad44-35d5ebff0108"
 HEADER_LINES = 4  # what `demo` prints before the run starts
 BUDGET = 40
@@ -152,3 +155,37 @@ def test_a_user_error_in_a_step_is_printed_as_its_one_line(demo_env: dict[str, s
     assert code != 0 and view.failed_steps == ["b7_sharegpt_prompts"]
     assert failed.startswith("  b7_sharegpt_prompts: FAILED: ") and "nowhere.jsonl" in failed, printed
     assert "dagster._core" not in failed and "Error:" not in failed and "Execution of step" not in failed
+
+
+def test_the_demo_materializes_its_datasets_whole_group():
+    """Regression: the demo left `{ds}_estimate` unmaterialized, grey and "0% filled" on the group's page."""
+    import dagster as dg
+
+    from eagle_data.definitions import build_definitions
+
+    spec = load_catalog(profile="demo")[DEMO_DATASET]
+    cmd = demo_command(spec)
+    selected = cmd[cmd.index("--select") + 1].split(",")
+    graph = build_definitions([spec]).resolve_asset_graph()
+    group = {key.to_user_string() for key in dg.AssetSelection.groups(DEMO_DATASET).resolve(graph)}
+    assert sorted(selected) == sorted(group) and len(group) == 4
+    assert cmd[cmd.index("--partition-range") + 1] == f"{spec.partition_keys[0]}...{spec.partition_keys[-1]}"
+
+
+def test_the_summary_opens_the_report_and_names_readme_sections_that_exist(tmp_path: Path, monkeypatch):
+    """Regression: the summary sent readers to README's "Running real jobs", a section that does not exist, and
+    its report link was a file:// path that the UI's page cannot open."""
+    import re
+
+    monkeypatch.delenv("EAGLE_DATA_FILES_URL", raising=False)
+    lines = report_lines(ShardStore(str(tmp_path)), "b7_sharegpt/b7_sharegpt_quality/index.html")
+    assert lines[0] == f"quality report: file://{tmp_path}/b7_sharegpt/b7_sharegpt_quality/index.html"
+    assert lines[1] == ("  or in a browser: `python -m eagle_data.files_server` serves it at "
+                        "http://127.0.0.1:3001/b7_sharegpt/b7_sharegpt_quality/index.html")  # fmt: skip
+    import inspect
+
+    import eagle_data.cli as cli
+
+    named = re.findall(r'README\.md, \\?"([^"\\]+)\\?"', inspect.getsource(cli))
+    headings = re.findall(r"^## (.+)$", README.read_text(), flags=re.MULTILINE)
+    assert named and all(section in headings for section in named), (named, headings)
