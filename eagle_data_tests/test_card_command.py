@@ -148,7 +148,11 @@ def test_the_card_command_takes_every_shard_from_the_root_without_a_module_flag(
                               cwd=checkout, env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
     assert upstream.returncode == 0, (upstream.stdout + upstream.stderr)[-3000:]
     card = materialize_cli(env, "--select", DS, *flag, cwd=checkout, timeout_s=300)
-    assert card.returncode == 0, (card.stdout + card.stderr)[-3000:]
+    printed = card.stdout + card.stderr
+    assert card.returncode == 0, printed[-3000:]
+    # The root dagster.yaml's python_log_level: a run prints INFO and up (a run the UI starts prints into the
+    # `dagster dev` terminal the same way), its DEBUG events only in the event log (checked below).
+    assert " - DEBUG - " not in printed and f"{DS} 00003:" in printed, printed[-3000:]
 
     shards = sorted(p.name for p in (out / DS / DS).glob("*.parquet"))
     assert shards == [f"0000{i}.parquet" for i in range(4)]
@@ -160,6 +164,7 @@ def test_the_card_command_takes_every_shard_from_the_root_without_a_module_flag(
     with dg.DagsterInstance.from_config(str(checkout)) as instance:  # the root's dagster.yaml, its SQLite
         assert instance.get_concurrency_config().pool_config.default_pool_limit == 1
         runs = instance.get_runs()
+        assert instance.all_logs(runs[0].run_id, of_type=dg.DagsterEventType.STEP_START)
         records = instance.fetch_materializations(dg.AssetKey(DS), limit=10).records
         shard_uris = {r.partition_key: r.asset_materialization.metadata["dagster/uri"].value for r in records}
     assert len(runs) == 2 and (checkout / "history" / "runs.db").is_file()
