@@ -99,7 +99,8 @@ CHECKS: tuple[CheckDef, ...] = (
     CheckDef(
         "trainer_parity", "training_mix", "parity", "ERROR", True,
         "The trainer files load as our ids and masks in the trainer's own code (SpecForge 0.2.0); text "
-        "exports' differences named by cause.", alert=True,
+        "exports' differences named by cause. Without SpecForge installed: a WARN \"not verified\", not blocking.",
+        alert=True,
     ),
     _capture(
         "ids_match_mix",
