@@ -236,12 +236,13 @@ NO_PARTITION = "Asset has partitions, but no '--partition' option was provided"
 
 
 def _selected(argv: list[str]) -> str | None:
-    """The first asset of `--select X` / `--select=X` in a `dagster asset materialize` command line."""
+    """The first asset of `--select X` (`dagster asset materialize`) or `--assets X` (`dg launch`, which runs
+    the same code in its process), or of their `=X` forms."""
     for i, arg in enumerate(argv):
-        if arg == "--select" and i + 1 < len(argv):
-            return argv[i + 1].split(",")[0].strip("*+ ")
-        if arg.startswith("--select="):
-            return arg.split("=", 1)[1].split(",")[0].strip("*+ ")
+        name, _, value = arg.partition("=")
+        if name in ("--select", "--assets"):
+            value = value or (argv[i + 1] if i + 1 < len(argv) else "")
+            return value.split(",")[0].strip("*+ ")
     return None
 
 

@@ -22,7 +22,7 @@ import dagster._cli.workspace.cli_target as cli_target
 import polars as pl
 import pytest
 
-from eagle_data.cli import NO_PARTITION
+from eagle_data.cli import NO_PARTITION, no_partition_line
 from eagle_data.standins.local import free_port, stop_process_group
 from eagle_data.standins.openai_fake import FakeOpenAI
 from eagle_data_tests.conftest import materialize_cli
@@ -115,6 +115,14 @@ def test_the_card_command_as_written_says_in_one_line_which_shards_to_add(checko
     assert said == [f"eagle-data: {NO_PARTITION}: every dataset asset is partitioned by shard; add `--partition "
                     f"00000` for one shard, or `$(eagle-data range {DS})` for every shard in one run"], out.stderr
     assert NO_PARTITION in Path(asset_cli.__file__).read_text()  # Dagster's own words, quoted
+
+
+@pytest.mark.parametrize("argv", [["dagster", "asset", "materialize", "--select", "b7_sharegpt_validated"],
+                                  ["dg", "launch", "--assets=*b7_sharegpt"], ["dagster", "asset", "materialize"]])
+def test_the_one_line_names_the_range_of_the_selected_dataset(argv: list[str]):
+    line = no_partition_line(argv, ["b7_sharegpt", "b3_magicoder"])
+    dataset = "DATASET" if argv[-1] == "materialize" else DS
+    assert line.endswith(f"or `$(eagle-data range {dataset})` for every shard in one run")
 
 
 def test_the_card_command_in_a_fresh_shell_gets_dagsters_line_and_readme_says_what_to_add(checkout: Path):
