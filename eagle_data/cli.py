@@ -177,10 +177,9 @@ def demo_command(spec: DatasetSpec) -> list[str]:
     """The demo's Dagster run: every partition of the dataset's whole group, so its UI page opens with every
     asset materialized (the estimate too, not a grey "0% filled")."""
     from eagle_data import layout
-    from eagle_data.defs.estimate import estimate_asset
 
     ds, keys = spec.name, spec.partition_keys
-    selection = ",".join((layout.prompts_asset(ds), estimate_asset(spec), ds, layout.validated_asset(ds)))
+    selection = ",".join((layout.prompts_asset(ds), layout.estimate_asset(ds), ds, layout.validated_asset(ds)))
     return [
         sys.executable, "-m", "dagster", "asset", "materialize", "-m", "eagle_data.definitions",
         "--select", selection, "--partition-range", f"{keys[0]}...{keys[-1]}", "--config-json", DEBUG_CONSOLE,
