@@ -110,7 +110,6 @@ class Session:
     clone: Path
     logs: Path
     commands: list[str]
-    started: float
 
 
 @pytest.fixture(scope="module")
@@ -133,7 +132,7 @@ def session(tmp_path_factory: pytest.TempPathFactory, demo_model: Path) -> Itera
         deadline = started + 1700
         while not (logs / "done").exists() and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(2)
-        yield Session(clone, logs, commands, started)
+        yield Session(clone, logs, commands)
     finally:
         stop_process_group(proc)
 
