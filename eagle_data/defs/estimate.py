@@ -119,9 +119,10 @@ def estimate_gates(
 
 
 def refusal(context: dg.AssetExecutionContext, check: str, line: str) -> dg.Failure:
-    """A step that will not pay because `check` failed: one line, never retried, naming the check (the
-    run-failure alert leaves it to that check's own alert). Each of its partitions also gets an observation
-    with that line: Dagster shows no failed materialization on an asset's Events tab, an observation it does."""
+    """A step that will not pay because `check` failed in an earlier run: one line, never retried, naming the
+    check (the run-failure alert posts it: nothing else announces this run). Each of its partitions also gets
+    an observation with that line: Dagster shows no failed materialization on an asset's Events tab, an
+    observation it does."""
     metadata = {REFUSED_FOR: check, "refused": dg.MetadataValue.text(line)}
     for partition in context.partition_keys:  # generation is partitioned by shard
         observed = dg.AssetObservation(context.asset_key, partition=partition, description=line, metadata=metadata)

@@ -27,7 +27,6 @@ from eagle_data import alerts, settings
 from eagle_data.catalog import DatasetSpec
 from eagle_data.defs.checks import blocked_steps
 from eagle_data.defs.instance import failed_executions
-from eagle_data.defs.metadata import REFUSED_FOR
 from eagle_data.quality import registry
 
 if TYPE_CHECKING:
@@ -235,18 +234,11 @@ def quality_alerts_sensor(datasets: set[str], status: dg.DefaultSensorStatus) ->
 def unannounced_failures(
     steps: Sequence[dg.DagsterEvent], blocked: Mapping[str, Sequence[str]]
 ) -> list[dg.DagsterEvent]:
-    """The failed steps no check alert speaks for: a step that failed on its own failed blocking check, or
-    refused to start for one that failed in the run (generation after the estimate's), is announced by
-    `quality_alerts` (every blocking check alerts: quality.registry); any other is not."""
-    failed = {name for names in blocked.values() for name in names}
-    return [step for step in steps if (step.step_key or "") not in blocked and refused_for(step) not in failed]
-
-
-def refused_for(step: dg.DagsterEvent) -> str | None:
-    """The check a failed step refused to start for (its `dg.Failure` metadata), or None."""
-    user = getattr(step.event_specific_data, "user_failure_data", None)
-    value = user.metadata.get(REFUSED_FOR) if user is not None else None
-    return str(value.value) if value is not None else None
+    """The failed steps no check alert speaks for: a step that failed on its own failed blocking check (the
+    gates' step, the estimate's on `canary` or `within_budget`) is announced by `quality_alerts` (every
+    blocking check alerts: quality.registry); any other is not, a later generation run refusing after an
+    earlier run's failed canary among them."""
+    return [step for step in steps if (step.step_key or "") not in blocked]
 
 
 def _post_run_alert(context: dg.RunFailureSensorContext, datasets: set[str]) -> dg.SkipReason:
