@@ -114,6 +114,7 @@ class Checks(_Frozen):
     max_missing_reasoning_share: float = Field(0.01, ge=0, le=1)
     lost_text_tolerance: float = Field(0.10, ge=0, le=1)  # a row whose text holds less of the reported tokens
     max_lost_text_share: float = Field(0.01, ge=0, le=1)
+    prompt_tokens_tolerance: float = Field(0.02, ge=0, le=1)  # the server's prompt count vs our rendering's
 
 
 class Breaker(_Frozen):
@@ -156,7 +157,7 @@ class DatasetSpec(_Frozen):
     max_turns: int = Field(8, gt=0, le=MAX_TURNS)
     token_budget: int = Field(0, ge=0)
     cost_budget_usd: float = Field(0.0, ge=0)
-    target: str = "qwen3"
+    target: str = "auto"
     mix_weight: float = Field(1.0, ge=0, le=MAX_WEIGHT)  # share of this dataset in the training mix (exports)
     mask_empty_think: bool = False  # loss mask 0 on an empty think block the model wrote (nothing to learn)
     # Before generation, an engine that reports the prompt ids its server rendered sends one prompt, and a server

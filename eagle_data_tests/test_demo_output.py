@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from eagle_data.catalog import load_catalog
-from eagle_data.cli import DEMO_DATASET, MAX_NOTES, RunView, demo_command, report_lines, run_quietly, summary
+from eagle_data.cli import DEMO_DATASET, MAX_NOTES, RunView, demo_command, report_line, run_quietly, summary
 from eagle_data.storage import ShardStore
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -178,10 +178,10 @@ def test_the_summary_opens_the_report_and_names_readme_sections_that_exist(tmp_p
     import re
 
     monkeypatch.delenv("EAGLE_DATA_FILES_URL", raising=False)
-    lines = report_lines(ShardStore(str(tmp_path)), "b7_sharegpt/b7_sharegpt_quality/index.html")
-    assert lines[0] == f"quality report: file://{tmp_path}/b7_sharegpt/b7_sharegpt_quality/index.html"
-    assert lines[1] == ("  or in a browser: `python -m eagle_data.files_server` serves it at "
-                        "http://127.0.0.1:3001/b7_sharegpt/b7_sharegpt_quality/index.html")  # fmt: skip
+    line = report_line(ShardStore(str(tmp_path)), "b7_sharegpt/b7_sharegpt_quality/index.html")
+    assert line == (f"quality report: file://{tmp_path}/b7_sharegpt/b7_sharegpt_quality/index.html (from the UI: "
+                    "`python -m eagle_data.files_server`, then "
+                    "http://127.0.0.1:3001/b7_sharegpt/b7_sharegpt_quality/index.html)")  # fmt: skip
     import inspect
 
     import eagle_data.cli as cli
