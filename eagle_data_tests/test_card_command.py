@@ -22,6 +22,7 @@ import dagster._cli.workspace.cli_target as cli_target
 import polars as pl
 import pytest
 
+from eagle_data.catalog import load_catalog
 from eagle_data.cli import NO_PARTITION, no_partition_line
 from eagle_data.standins.local import free_port, stop_process_group
 from eagle_data.standins.openai_fake import FakeOpenAI
@@ -143,10 +144,12 @@ def test_the_card_command_takes_every_shard_from_the_root_without_a_module_flag(
     out = tmp_path / "out"
     env = readme_env(checkout, EAGLE_DATA_ROOT=str(out), EAGLE_DATA_DEMO_MODEL=str(demo_model),
                      EAGLE_DATA_ENGINE="openai", EAGLE_DATA_MODEL="m", OPENAI_API_KEY="sk-test",
-                     EAGLE_DATA_BASE_URL=f"http://127.0.0.1:{server.port}/v1")  # fmt: skip
+                     EAGLE_DATA_BASE_URL=f"http://127.0.0.1:{server.port}/v1",
+                     EAGLE_DATA_TARGET_TOKENIZER=str(demo_model))  # fmt: skip  (target "auto": model m's tokenizer)
     printed = subprocess.run([sys.executable, "-m", "eagle_data.cli", "range", DS], cwd=checkout, env=env,
                              capture_output=True, text=True, timeout=60)  # fmt: skip
-    assert printed.stdout.strip() == "--partition-range 00000...00003", printed.stderr
+    keys = load_catalog(profile="demo")[DS].partition_keys  # the demo profile's shards
+    assert printed.stdout.strip() == f"--partition-range {keys[0]}...{keys[-1]}", printed.stderr
     flag = printed.stdout.split()
 
     dg_cli = shutil.which("dg", path=str(Path(sys.executable).parent))
@@ -160,10 +163,10 @@ def test_the_card_command_takes_every_shard_from_the_root_without_a_module_flag(
     assert card.returncode == 0, printed[-3000:]
     # The root dagster.yaml's python_log_level: a run prints INFO and up (a run the UI starts prints into the
     # `dagster dev` terminal the same way), its DEBUG events only in the event log (checked below).
-    assert " - DEBUG - " not in printed and f"{DS} 00003:" in printed, printed[-3000:]
+    assert " - DEBUG - " not in printed and f"{DS} {keys[-1]}:" in printed, printed[-3000:]
 
     shards = sorted(p.name for p in (out / DS / DS).glob("*.parquet"))
-    assert shards == [f"0000{i}.parquet" for i in range(4)]
+    assert shards == [f"{key}.parquet" for key in keys]
     for name in shards:  # every prompt of every shard answered
         prompts = pl.read_parquet(out / DS / f"{DS}_prompts" / name)["prompt_id"]
         replies = pl.read_parquet(out / DS / DS / name)
@@ -176,5 +179,5 @@ def test_the_card_command_takes_every_shard_from_the_root_without_a_module_flag(
         records = instance.fetch_materializations(dg.AssetKey(DS), limit=10).records
         shard_uris = {r.partition_key: r.asset_materialization.metadata["dagster/uri"].value for r in records}
     assert len(runs) == 2 and (checkout / "history" / "runs.db").is_file()
-    assert {r.tags.get("dagster/asset_partition_range_end") for r in runs} >= {"00003"}
-    assert shard_uris == {f"0000{i}": str(out / DS / DS / f"0000{i}.parquet") for i in range(4)}  # each shard's URI
+    assert {r.tags.get("dagster/asset_partition_range_end") for r in runs} >= {keys[-1]}
+    assert shard_uris == {key: str(out / DS / DS / f"{key}.parquet") for key in keys}  # each shard's URI

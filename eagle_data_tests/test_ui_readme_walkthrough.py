@@ -26,6 +26,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support import expected_conditions as ec
 
+from eagle_data.catalog import load_catalog
 from eagle_data.standins.local import stop_process_group
 from eagle_data_tests.test_ui_browser import browser, waiting  # noqa: F401 (a fixture)
 
@@ -35,6 +36,7 @@ UI_PORT, FILES_PORT = 3000, 3001  # `dagster dev`'s default and the files server
 UI = f"http://127.0.0.1:{UI_PORT}"
 LOCATION = "eagle_data.definitions"  # pyproject.toml's [tool.dg] root_module + ".definitions"
 GROUP = "b7_sharegpt"
+KEYS = load_catalog(profile="demo")[GROUP].partition_keys  # the demo profile's shards of it
 # What each README command must print (as well as exit 0); a command not listed fails the test, so a new
 # walk-through line comes with its check.
 EXPECTED = {
@@ -45,9 +47,9 @@ EXPECTED = {
     "dagster asset list -m eagle_data.definitions": "b7_sharegpt_validated",
     "dagster asset materialize --select b7_sharegpt_prompts,b7_sharegpt,b7_sharegpt_validated --partition 00000":
         "b7_sharegpt 00000",
-    "eagle-data range b7_sharegpt": "--partition-range 00000...00003",
+    "eagle-data range b7_sharegpt": f"--partition-range {KEYS[0]}...{KEYS[-1]}",
     "dagster asset materialize --select '*b7_sharegpt_validated' $(eagle-data range b7_sharegpt)":
-        "b7_sharegpt 00003",
+        f"b7_sharegpt {KEYS[-1]}",
     "dagster sensor start catalog_order": "catalog_order",
 }  # fmt: skip
 
@@ -146,7 +148,7 @@ def test_the_readme_walkthrough_runs_as_written_on_a_fresh_clone(session: Sessio
         assert rc.exists(), f"README command {i + 1} never ran: {command}"
         assert rc.read_text().strip() == "0", f"README command {command!r} failed:\n{output[-3000:]}"
         assert expectation(command) in output, f"README command {command!r} did not print it:\n{output[-3000:]}"
-    assert (session.clone / "eagle-output" / GROUP / "b7_sharegpt_validated" / "00003.parquet").is_file()
+    assert (session.clone / "eagle-output" / GROUP / "b7_sharegpt_validated" / f"{KEYS[-1]}.parquet").is_file()
 
 
 def dev_log(session: Session) -> str:
