@@ -1,7 +1,8 @@
 """A fresh venv from pyproject.toml alone, as `pip` reads it (no Makefile, so none of its `--no-deps` trainer
 packages), on a fresh clone of this commit: `eagle-data demo` and then the export, `training_mix`, are green.
 `trainer_parity` then says it was not verified (SpecForge is not installed), as a WARN that does not block.
-Minutes of installing: skipped by default, `pytest -m install`."""
+The demo runs on the tests' random stand-in model (EAGLE_DATA_DEMO_MODEL), for time. Minutes of installing:
+skipped by default, `pytest -m install`."""
 
 from __future__ import annotations
 
