@@ -1,8 +1,8 @@
 """A fresh venv from pyproject.toml alone, as `pip` reads it (no Makefile, so none of its `--no-deps` trainer
 packages), on a fresh clone of this commit: `eagle-data demo` and then the export, `training_mix`, are green.
 `trainer_parity` then says it was not verified (SpecForge is not installed), as a WARN that does not block.
-The demo runs on the tests' random stand-in model (EAGLE_DATA_DEMO_MODEL), for time. Minutes of installing:
-skipped by default, `pytest -m install`."""
+The demo runs on its own model, SmolLM2, converted once per machine (the `smollm2` fixture). Minutes of
+installing: skipped by default, `pytest -m install`."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def sh(command: list[str], env: dict[str, str], cwd: Path, timeout_s: float) -> 
 
 @pytest.mark.install
 @pytest.mark.timeout(3600)
-def test_a_venv_from_pyproject_alone_gets_a_green_demo_export(tmp_path: Path, demo_model: Path):
+def test_a_venv_from_pyproject_alone_gets_a_green_demo_export(tmp_path: Path, smollm2: Path):
     clone, venv = tmp_path / "clone", tmp_path / "venv"
     head = sh(["git", "rev-parse", "HEAD"], dict(os.environ), REPO, 60).stdout.strip()
     sh(["git", "clone", "-q", str(REPO), str(clone)], dict(os.environ), tmp_path, 300)
@@ -46,7 +46,7 @@ def test_a_venv_from_pyproject_alone_gets_a_green_demo_export(tmp_path: Path, de
     assert "specforge" not in listed.lower()  # only what pyproject.toml declares
 
     home = tmp_path / "home"
-    env.update(DAGSTER_HOME=str(home), EAGLE_DATA_ROOT=str(tmp_path / "out"), EAGLE_DATA_DEMO_MODEL=str(demo_model),
+    env.update(DAGSTER_HOME=str(home), EAGLE_DATA_ROOT=str(tmp_path / "out"), EAGLE_DATA_DEMO_MODEL=str(smollm2),
                PATH=f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}")  # fmt: skip
     demo = sh([str(venv / "bin" / "eagle-data"), "demo"], env, clone, 1800)
     assert "[eagle-data] done in" in demo.stdout, demo.stdout[-3000:]
