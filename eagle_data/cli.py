@@ -51,7 +51,8 @@ def _dagster_env() -> dict[str, str]:
 LOG_LINE = re.compile(r"^\S+ \S+ \S+ - dagster - (?P<level>[A-Z]+) - \S+ - (?P<run>[0-9a-f-]{36}) - (?P<rest>.*)$")
 EVENT = re.compile(r"^\d+ - (?:(?P<step>\S+) - )?(?P<event>[A-Z][A-Z_]+) - (?P<message>.*)$")
 USER_LOG = re.compile(r"^(?P<step>\S+) - (?P<message>.*)$")
-CHECK = re.compile(r"^Asset check '(?P<name>[^']+)' on '[^']+' (?P<outcome>passed|failed)")
+# Dagster 1.13 writes "passed." or "did not pass." (dagster/_core/events/__init__.py, asset_check_evaluation)
+CHECK = re.compile(r"^Asset check '(?P<name>[^']+)' on '[^']+' (?P<outcome>passed|did not pass)")
 STEPS_FAILED = re.compile(r"Steps failed: \[(?P<steps>[^\]]*)\]")
 MAX_NOTES = 24  # progress lines shown; the rest of the run is in the log file
 HEARTBEAT_EVERY_S = 60.0  # the runner's sign of life comes every 30 s; the terminal needs less
