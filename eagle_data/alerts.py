@@ -148,17 +148,18 @@ def check_alert(alert: CheckAlert, base_url: str) -> Payload:
     body = readable(first.message)
     if len(alert.failures) > 1:
         body += f" (and {len(alert.failures) - 1} more shard(s); each shard's figures are on the check page)"
+    fields = {
+        "Dataset": alert.dataset,
+        "Asset": alert.asset,
+        "Check": f"{alert.check} ({alert.severity})",
+        "Failing shards": _shard_list(shards) if shards else "(all)",
+    }
+    if first.figure is not None or first.threshold is not None:  # a check judging no one figure says so in words
+        fields["Figure vs threshold"] = f"{_figure(first.figure)} vs {_figure(first.threshold)}"
     return _payload(
         f"{alert.severity} check {alert.check} failed on {_where(alert.dataset, alert.asset)}{on}",
         body,
-        {
-            "Dataset": alert.dataset,
-            "Asset": alert.asset,
-            "Check": f"{alert.check} ({alert.severity})",
-            "Failing shards": _shard_list(shards) if shards else "(all)",
-            "Figure vs threshold": f"{_figure(first.figure)} vs {_figure(first.threshold)}",
-            "Run": alert.run_id,
-        },
+        {**fields, "Run": alert.run_id},
         {
             "Open the check": asset_link(base_url, alert.asset, alert.check),
             "Open the run": run_link(base_url, alert.run_id),

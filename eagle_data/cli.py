@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import re
 import shutil
@@ -13,14 +14,20 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import quote
 
 from eagle_data import settings
 from eagle_data.alerts import readable
 
 if TYPE_CHECKING:
+    from eagle_data.catalog import DatasetSpec
     from eagle_data.storage import ShardStore
 
 DEMO_DATASET = "b7_sharegpt"
+# The demo's run prints every event (Dagster's default; dagster.yaml's python_log_level keeps other runs at INFO):
+# RunView reads its progress from the step and check events.
+DEBUG_CONSOLE = json.dumps({"loggers": {"console": {"config": {"log_level": "DEBUG"}}}})
+UI_GROUP_URL = "http://127.0.0.1:3000/locations/eagle_data.definitions/asset-groups/"  # `dagster dev` at the root
 
 
 REPO_INSTANCE_YAML = Path(__file__).resolve().parent.parent / "dagster.yaml"  # in a source checkout
@@ -44,7 +51,8 @@ def _dagster_env() -> dict[str, str]:
 LOG_LINE = re.compile(r"^\S+ \S+ \S+ - dagster - (?P<level>[A-Z]+) - \S+ - (?P<run>[0-9a-f-]{36}) - (?P<rest>.*)$")
 EVENT = re.compile(r"^\d+ - (?:(?P<step>\S+) - )?(?P<event>[A-Z][A-Z_]+) - (?P<message>.*)$")
 USER_LOG = re.compile(r"^(?P<step>\S+) - (?P<message>.*)$")
-CHECK = re.compile(r"^Asset check '(?P<name>[^']+)' on '[^']+' (?P<outcome>passed|failed)")
+# Dagster 1.13 writes "passed." or "did not pass." (dagster/_core/events/__init__.py, asset_check_evaluation)
+CHECK = re.compile(r"^Asset check '(?P<name>[^']+)' on '[^']+' (?P<outcome>passed|did not pass)")
 STEPS_FAILED = re.compile(r"Steps failed: \[(?P<steps>[^\]]*)\]")
 MAX_NOTES = 24  # progress lines shown; the rest of the run is in the log file
 HEARTBEAT_EVERY_S = 60.0  # the runner's sign of life comes every 30 s; the terminal needs less
@@ -154,8 +162,32 @@ def summary(view: RunView, code: int, seconds: float, log_path: Path, outputs: l
     return lines
 
 
+def report_line(store: ShardStore, key: str) -> str:
+    """Where the quality report opens: on S3 its presigned link; under a folder its path, and the files server's
+    one command with the address it then has (a browser opens `file://` from a terminal, not from the UI)."""
+    from eagle_data.files_server import DEFAULT_FILES_URL, browser_link
+
+    if store.is_s3:
+        return f"quality report: {store.link(key)}"
+    served = browser_link(store, key) or f"{DEFAULT_FILES_URL}/{quote(key)}"
+    return f"quality report: {store.link(key)} (from the UI: `python -m eagle_data.files_server`, then {served})"
+
+
+def demo_command(spec: DatasetSpec) -> list[str]:
+    """The demo's Dagster run: every partition of the dataset's whole group, so its UI page opens with every
+    asset materialized (the estimate too, not a grey "0% filled")."""
+    from eagle_data import layout
+
+    ds, keys = spec.name, spec.partition_keys
+    selection = ",".join((layout.prompts_asset(ds), layout.estimate_asset(ds), ds, layout.validated_asset(ds)))
+    return [
+        sys.executable, "-m", "dagster", "asset", "materialize", "-m", "eagle_data.definitions",
+        "--select", selection, "--partition-range", f"{keys[0]}...{keys[-1]}", "--config-json", DEBUG_CONSOLE,
+    ]  # fmt: skip
+
+
 def demo(dataset: str = DEMO_DATASET) -> int:
-    """Materialize every partition of one dataset's three assets on the embedded demo model; print a short
+    """Materialize every partition of one dataset's four assets on the embedded demo model; print a short
     progress and summary (under 40 lines), Dagster's full log going to a file under $DAGSTER_HOME/logs."""
     from eagle_data.catalog import PROFILE_ENV, get_dataset
 
@@ -168,11 +200,7 @@ def demo(dataset: str = DEMO_DATASET) -> int:
     spec = get_dataset(dataset)
     model = ensure_demo_model()
     keys = spec.partition_keys
-    selection = ",".join((layout.prompts_asset(dataset), dataset, layout.validated_asset(dataset)))
-    cmd = [
-        sys.executable, "-m", "dagster", "asset", "materialize", "-m", "eagle_data.definitions",
-        "--select", selection, "--partition-range", f"{keys[0]}...{keys[-1]}",
-    ]
+    cmd = demo_command(spec)
     env = _dagster_env()
     log_path = Path(env["DAGSTER_HOME"]) / "logs" / f"demo-{dataset}-{time.strftime('%Y%m%d-%H%M%S')}.log"
     print(f"[eagle-data] demo: {len(keys)} shards of {dataset} on {model} (in this process, on the CPU)\n"
@@ -186,8 +214,8 @@ def demo(dataset: str = DEMO_DATASET) -> int:
         validated = shards_written(store, dataset, layout.validated_asset(dataset))
         outputs = [*sample_replies(store, dataset, validated),
                    f"output: {store.uri(dataset)}/ ({len(validated)} validated shards)",
-                   f"quality report: {store.link(layout.quality_index(dataset))}",
-                   "browse it all: dagster dev (README, Running real jobs)"]  # fmt: skip
+                   report_line(store, layout.quality_index(dataset)),
+                   f"in the UI: README.md, \"A real run\" (`dagster dev`, then {UI_GROUP_URL}{dataset})"]  # fmt: skip
     print("\n".join(summary(view, code, time.perf_counter() - started, log_path, outputs)), flush=True)
     return code
 
@@ -225,6 +253,32 @@ def partition_range(dataset: str) -> str:
 
     keys = get_dataset(dataset).partition_keys
     return f"--partition-range {keys[0]}...{keys[-1]}"
+
+
+# What `dagster asset materialize` raises for a partitioned selection without a shard: a `check.failed` in
+# dagster/_cli/asset.py (execute_materialize_command), which reaches the terminal as a 40-line CheckError traceback.
+NO_PARTITION = "Asset has partitions, but no '--partition' option was provided"
+
+
+def _selected(argv: list[str]) -> str | None:
+    """The first asset of `--select X` (`dagster asset materialize`) or `--assets X` (`dg launch`, which runs
+    the same code in its process), or of their `=X` forms."""
+    for i, arg in enumerate(argv):
+        name, _, value = arg.partition("=")
+        if name in ("--select", "--assets"):
+            value = value or (argv[i + 1] if i + 1 < len(argv) else "")
+            return value.split(",")[0].strip("*+ ")
+    return None
+
+
+def no_partition_line(argv: list[str], datasets: list[str]) -> str:
+    """Dagster's own message for a partitioned selection without a shard, and what to add: the one line the
+    `dagster` CLI prints in place of its traceback (eagle_data.definitions installs it)."""
+    asset = _selected(argv) or ""
+    dataset = next((d for d in sorted(datasets, key=len, reverse=True) if asset == d or asset.startswith(f"{d}_")),
+                   "DATASET")  # fmt: skip
+    return (f"eagle-data: {NO_PARTITION}: every dataset asset is partitioned by shard; add `--partition 00000` "
+            f"for one shard, or `$(eagle-data range {dataset})` for every shard in one run")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,4 +1,4 @@
-"""The code location: `dagster dev -m eagle_data.definitions` or `dagster asset materialize -m ...`."""
+"""The code location: `dagster dev` (pyproject.toml's [tool.dg]) or `dagster asset materialize -m ...`."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from types import TracebackType
 import dagster as dg
 
 from eagle_data.catalog import CatalogError, DatasetSpec, current
+from eagle_data.cli import NO_PARTITION, no_partition_line
 from eagle_data.defs.assets import build_dataset_assets
 from eagle_data.defs.automation import AutomationSettings, load_automation_settings, with_automation
 from eagle_data.defs.backfills import backfill_status_sensor
@@ -52,27 +53,38 @@ def build_definitions(specs: Sequence[DatasetSpec]) -> dg.Definitions:
     )
 
 
+def one_line_errors(datasets: Sequence[str]) -> None:
+    """Two errors that end the `dagster` CLI's process (which loads this module) reach the terminal as one line
+    instead of a traceback: a catalog error, and Dagster's own "Asset has partitions, but no '--partition'
+    option was provided" (a `check.failed` in dagster/_cli/asset.py) with the flag to add. Python's own hook for
+    uncaught exceptions; any other exception goes to the hook that was there before."""
+    previous = sys.excepthook
+
+    def one_line(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
+        if isinstance(exc, CatalogError):
+            print(f"eagle-data: {exc}", file=sys.stderr)
+        elif NO_PARTITION in str(exc):  # a CheckError, known by Dagster's own words (its class is private)
+            print(no_partition_line(sys.argv, list(datasets)), file=sys.stderr)
+        else:
+            previous(kind, exc, tb)
+
+    sys.excepthook = one_line
+
+
 def _catalog() -> list[DatasetSpec]:
     """The catalog's entries, after every table of it was validated (`SECTIONS`): a bad value anywhere stops the
-    load, not the step that would read it hours later. A catalog error leaves the process as its one line, not
-    under the import traceback of whatever loaded this module (the `dagster` CLI); a code server still reports
-    it as an error."""
+    load, not the step that would read it hours later. A catalog error leaves the `dagster` CLI as its one line, not
+    under the import traceback of whatever loaded this module; a code server still reports it as an error."""
     try:
         loaded = current()
         for section in SECTIONS:
             loaded.section(section)
-        return list(loaded.datasets.values())
+        specs = list(loaded.datasets.values())
     except CatalogError:
-        previous = sys.excepthook
-
-        def one_line(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
-            if isinstance(exc, CatalogError):
-                print(f"eagle-data: {exc}", file=sys.stderr)
-            else:
-                previous(kind, exc, tb)
-
-        sys.excepthook = one_line
+        one_line_errors([])
         raise
+    one_line_errors([s.name for s in specs])
+    return specs
 
 
 defs = build_definitions(_catalog())

@@ -31,9 +31,11 @@ def materialize_cli(
     (Dagster's `in_process` executor, merged into `run_config`). The tests calling this check what a run writes
     and refuses, which does not depend on how steps are started, and a process per step costs seconds of CPU
     each. The default, a process per step, runs in test_postgres_instance, test_pools, test_demo_output and the
-    browser test. With DAGSTER_MODULE_NAME in `env` it passes no `-m` (the README's form)."""
+    browser test. With README's DAGSTER_CLI_ASSET_MATERIALIZE_MODULE_NAME (or DAGSTER_MODULE_NAME) in `env` it
+    passes no `-m` (the README's form)."""
     config = {**(run_config or {}), "execution": {"config": {"in_process": {}}}}
-    module = [] if env.get("DAGSTER_MODULE_NAME") else ["-m", "eagle_data.definitions"]
+    named = env.get("DAGSTER_CLI_ASSET_MATERIALIZE_MODULE_NAME") or env.get("DAGSTER_MODULE_NAME")
+    module = [] if named else ["-m", "eagle_data.definitions"]
     command = ["asset", "materialize", *module, *args, "--config-json", json.dumps(config)]
     return subprocess.run([sys.executable, "-m", "dagster", *command], env=env, capture_output=True, text=True,
                           timeout=timeout_s, cwd=cwd)  # fmt: skip

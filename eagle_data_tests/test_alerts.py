@@ -59,6 +59,18 @@ def test_check_alert_names_dataset_asset_shard_check_figures_and_links() -> None
     )
 
 
+def test_a_check_judging_no_single_figure_shows_none_in_its_alert() -> None:
+    """Regression: a failed canary (its verdict is over several gates) posted "Figure vs threshold: n/a vs n/a"."""
+    canary = CheckFailure(
+        run_id="abc-123", dataset="b7_sharegpt", asset="b7_sharegpt_estimate", check="canary", severity="ERROR",
+        shards=(), message="b7_sharegpt: canary failed on empty_response (16 prompts drawn across the dataset)",
+    )  # fmt: skip
+    [alert] = group_failures([canary])
+    text = json.dumps(check_alert(alert, BASE))
+    assert "n/a" not in text and "Figure vs threshold" not in text and "canary failed on empty_response" in text
+    assert "0.87 vs 0.2" in json.dumps(failed_check())  # a gate's figure still shows
+
+
 @pytest.mark.parametrize(
     "evaluations",
     [
@@ -98,7 +110,7 @@ def test_slack_control_characters_in_data_are_escaped() -> None:
     payload = check_alert(alert, BASE)
     body = payload["blocks"][1]["text"]["text"]
     assert body == "completion '&lt;!channel&gt; &amp; &lt;b&gt;'"
-    assert "n/a vs n/a" in json.dumps(payload)
+    assert "Figure vs threshold" not in json.dumps(payload)  # no figure: no "n/a vs n/a"
 
 
 def test_run_alert_names_dataset_and_asset_and_keeps_the_first_error_line() -> None:

@@ -20,7 +20,6 @@ from eagle_data.defs.assets import build_dataset_assets
 from eagle_data.defs.checks import build_checks
 from eagle_data.defs.drafter import follow_the_mix
 from eagle_data.defs.io_managers import shard_resources
-from eagle_data.defs.metadata import REFUSED_FOR
 from eagle_data.defs.resources import ENGINE_ENV, POOL_ENV, EngineResource, StorageResource
 from eagle_data.defs.schedules import repaired_checks
 from eagle_data.defs.sensors import build_sensors
@@ -50,7 +49,7 @@ def test_every_check_of_the_definitions_is_declared_in_the_registry_as_the_ui_sh
     for key in graph.asset_check_keys:
         spec = graph.get_check_spec(key)
         held[(key.name, _asset_pattern(key.asset_key.to_user_string(), datasets))] = (spec.blocking, spec.description)
-    declared = {(d.name, d.asset): (d.skips_downstream, d.description) for d in registry.CHECKS}
+    declared = {(d.name, d.asset): (d.blocking, d.description) for d in registry.CHECKS}
     assert held == declared
 
 
@@ -169,11 +168,11 @@ def test_a_failed_warn_check_posts_no_alert(monkeypatch: pytest.MonkeyPatch) -> 
         assert receiver.bodies == []
 
 
-def test_a_failed_canary_is_announced_once_though_generation_refused_after_it(
+def test_a_failed_canary_is_announced_once_though_the_estimate_step_failed_on_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The estimate's checks do not make Dagster skip generation: generation refuses in one line naming the
-    check (so the UI shows why it did not run). That refusal is the canary's to announce: one alert, not two."""
+    """The canary is a blocking check: the estimate's step fails on it and Dagster skips generation. That
+    step's failure is the canary's to announce: one alert, not two."""
     monkeypatch.setenv(ENGINE_ENV, "openai")
     monkeypatch.delenv(POOL_ENV, raising=False)
     spec = load_catalog(profile="demo")["b7_sharegpt"]
@@ -193,8 +192,8 @@ def test_a_failed_canary_is_announced_once_though_generation_refused_after_it(
     finally:
         server.stop()
     [failure] = [e for e in result.all_events if e.is_step_failure]
-    assert failure.step_key == spec.name  # generation ran and refused
-    assert failure.step_failure_data.user_failure_data.metadata[REFUSED_FOR].value == "canary"
+    assert failure.step_key == f"{spec.name}_estimate"  # failed on its blocking canary; generation skipped
+    assert spec.name not in {e.step_key for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_START}
     headlines = [body["blocks"][0]["text"]["text"] for body in receiver.bodies]
     assert headlines == [f"ERROR check canary failed on {spec.name} ({spec.name}_estimate)"], headlines
     assert any("already announced" in (skip or "") for skip in skips)

@@ -20,7 +20,6 @@ from eagle_data.catalog import Checks, DatasetSpec, load_catalog
 from eagle_data.defs.assets import build_dataset_assets
 from eagle_data.defs.estimate import CANARY
 from eagle_data.defs.io_managers import shard_resources
-from eagle_data.defs.metadata import REFUSED_FOR
 from eagle_data.defs.resources import ENGINE_ENV, POOL_ENV, EngineResource, StorageResource
 from eagle_data.quality.canary import draw, judge, rank
 from eagle_data.runner.resultlog import ResultLog
@@ -175,10 +174,14 @@ def test_a_broken_server_is_stopped_by_the_canary_after_the_sample(
     assert canary.metadata["canary_sample"].value == SAMPLE
     assert len({turn.split("#")[0] for turn in server.requests}) == SAMPLE  # only the sample was asked ...
     assert server.received <= SAMPLE * (1 + EMPTY_RETRIES)  # ... and paid for at most once more when empty
-    [failure] = [e for e in result.all_events if e.is_step_failure]  # generation refused, in one line: the UI
-    refused = failure.step_failure_data.user_failure_data  # shows it failed and why, not a skip painted red
-    assert failure.step_key == spec.name and refused.metadata[REFUSED_FOR].value == CANARY
-    assert "\n" not in refused.description and "refused before any request" in refused.description
+    # A blocking check, as the UI labels it: the estimate's step fails on it and Dagster skips generation.
+    [failure] = [e for e in result.all_events if e.is_step_failure]
+    error = failure.step_failure_data.error.message
+    assert failure.step_key == f"{spec.name}_estimate" and "blocking asset check" in error, error
+    assert spec.name not in {e.step_key for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_START}
+    summary = result.asset_materializations_for_node(f"{spec.name}_estimate")[0].metadata["summary"].value
+    assert "**Canary: FAILED.**" in summary and "may start" not in summary  # never both
+    assert "**Generation will not start:** the blocking check" in summary and "canary" in summary.split("start:")[1]
     assert not any(ShardStore(setup["root"]).shard_exists(spec.name, spec.name, k) for k in spec.partition_keys)
 
 

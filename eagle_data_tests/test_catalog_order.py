@@ -19,7 +19,6 @@ from eagle_data.defs.catalog_order import ORDER_TAG, catalog_order_sensor, waits
 from eagle_data.defs.checks import build_checks
 from eagle_data.defs.estimate import CANARY, WITHIN_BUDGET
 from eagle_data.defs.io_managers import shard_resources
-from eagle_data.defs.metadata import REFUSED_FOR
 from eagle_data.defs.resources import EngineResource, StorageResource
 from eagle_data.standins.openai_fake import FakeOpenAI, Faults
 from eagle_data.storage import ShardStore
@@ -124,10 +123,10 @@ def _walk(defs: dg.Definitions, instance: dg.DagsterInstance, server: FakeOpenAI
     assert not blocked.success  # the projection exceeds the budget: the blocking check stops generation
     [budget] = [e for e in blocked.get_asset_check_evaluations() if e.check_name == WITHIN_BUDGET]
     assert not budget.passed and "exceed token_budget 1,000" in (budget.description or "")
-    [refused] = [e for e in blocked.all_events if e.is_step_failure]  # generation refused, naming the budget
-    said = refused.step_failure_data.user_failure_data
-    assert refused.step_key == second.name and said.metadata[REFUSED_FOR].value == WITHIN_BUDGET
-    assert said.description.startswith(f"{second.name}: refused before any request: projected")
+    [stopped] = [e for e in blocked.all_events if e.is_step_failure]  # the estimate, on its blocking check
+    assert stopped.step_key == f"{second.name}_estimate" and WITHIN_BUDGET in stopped.step_failure_data.error.message
+    started = {e.step_key for e in blocked.all_events if e.event_type == dg.DagsterEventType.STEP_START}
+    assert second.name not in started  # Dagster skipped generation: not one request
     assert not any(store.shard_exists(second.name, second.name, key) for key in second.partition_keys)
 
     last = _tick(defs, instance, tick.cursor)  # a run stopped at its budget has ended: the walk is over

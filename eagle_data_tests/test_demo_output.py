@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
 import pytest
 
-from eagle_data.cli import MAX_NOTES, RunView, run_quietly, summary
+from eagle_data.catalog import load_catalog
+from eagle_data.cli import DEMO_DATASET, MAX_NOTES, RunView, demo_command, report_line, run_quietly, summary
+from eagle_data.storage import ShardStore
 
+README = Path(__file__).resolve().parents[1] / "README.md"
 RUN = "df816632-a426-4a7e-ad44-35d5ebff0108"
 HEADER_LINES = 4  # what `demo` prints before the run starts
 BUDGET = 40
@@ -43,13 +47,16 @@ def busy_run() -> list[str]:
         line(
             "DEBUG",
             "32391 - b7_sharegpt_quality_checks - ASSET_CHECK_EVALUATION - Asset check "
-            "'length_shift' on 'b7_sharegpt_validated' failed. Description: 'shard 00001: +80%'",
+            "'length_shift' on 'b7_sharegpt_validated' did not pass. Description: 'shard 00001: +80%'",
         )
     )
     return [*lines, line("DEBUG", '25370 - RUN_SUCCESS - Finished execution of run for "__ASSET_JOB".')]
 
 
 def test_a_long_run_stays_within_the_line_budget(tmp_path: Path):
+    import dagster._core.events as events  # the failed check's words in busy_run are Dagster's own:
+
+    assert '"did not pass."' in Path(events.__file__).read_text()  # the summary once missed every failed check
     view = RunView()
     notes = [n for i, raw in enumerate(busy_run()) if (n := view.note(raw, now=i * 0.01))]
     assert len(notes) == MAX_NOTES + 1 and notes[-1] == "  ... (the rest is in the log)"
@@ -113,15 +120,16 @@ def demo_env(tmp_path: Path) -> dict[str, str]:
 
 def test_a_real_run_goes_whole_to_the_log_and_prints_a_few_notes(demo_env: dict[str, str], tmp_path: Path):
     """The same Dagster CLI path as `eagle-data demo`, on the prompts stage only (generation takes minutes)."""
+    keys = load_catalog(profile="demo")[DEMO_DATASET].partition_keys
     cmd = [sys.executable, "-m", "dagster", "asset", "materialize", "-m", "eagle_data.definitions",
-           "--select", "b7_sharegpt_prompts", "--partition-range", "00000...00003"]  # fmt: skip
+           "--select", "b7_sharegpt_prompts", "--partition-range", f"{keys[0]}...{keys[-1]}"]  # fmt: skip
     printed: list[str] = []
     code, view = run_quietly(cmd, demo_env, tmp_path / "logs" / "demo.log", printed.append)
     log = (tmp_path / "logs" / "demo.log").read_text()
     assert code == 0, log[-3000:]
     assert "STEP_START" in log and "RUN_SUCCESS" in log and log.count("\n") > 3 * len(printed)
     assert printed[0] == "  b7_sharegpt_prompts: started"
-    assert any("wrote 36 prompts" in p for p in printed)
+    assert any(re.search(r"b7_sharegpt: wrote \d+ prompts", p) for p in printed), printed
     # Every line went to the log, and what was printed is exactly the notes of the log's lines (the step's
     # end note among them whenever Dagster's step process got to print it; the note itself:
     # test_a_finished_step_is_shown_with_its_time). Heartbeats are left out: they are thinned by the clock.
@@ -152,3 +160,36 @@ def test_a_user_error_in_a_step_is_printed_as_its_one_line(demo_env: dict[str, s
     assert code != 0 and view.failed_steps == ["b7_sharegpt_prompts"]
     assert failed.startswith("  b7_sharegpt_prompts: FAILED: ") and "nowhere.jsonl" in failed, printed
     assert "dagster._core" not in failed and "Error:" not in failed and "Execution of step" not in failed
+
+
+def test_the_demo_materializes_its_datasets_whole_group():
+    """Regression: the demo left `{ds}_estimate` unmaterialized, grey and "0% filled" on the group's page."""
+    import dagster as dg
+
+    from eagle_data.definitions import build_definitions
+
+    spec = load_catalog(profile="demo")[DEMO_DATASET]
+    cmd = demo_command(spec)
+    selected = cmd[cmd.index("--select") + 1].split(",")
+    graph = build_definitions([spec]).resolve_asset_graph()
+    group = {key.to_user_string() for key in dg.AssetSelection.groups(DEMO_DATASET).resolve(graph)}
+    assert sorted(selected) == sorted(group) and len(group) == 4
+    assert cmd[cmd.index("--partition-range") + 1] == f"{spec.partition_keys[0]}...{spec.partition_keys[-1]}"
+
+
+def test_the_summary_opens_the_report_and_names_readme_sections_that_exist(tmp_path: Path, monkeypatch):
+    """Regression: the summary sent readers to README's "Running real jobs", a section that does not exist, and
+    its report link was a file:// path that the UI's page cannot open."""
+
+    monkeypatch.delenv("EAGLE_DATA_FILES_URL", raising=False)
+    line = report_line(ShardStore(str(tmp_path)), "b7_sharegpt/b7_sharegpt_quality/index.html")
+    assert line == (f"quality report: file://{tmp_path}/b7_sharegpt/b7_sharegpt_quality/index.html (from the UI: "
+                    "`python -m eagle_data.files_server`, then "
+                    "http://127.0.0.1:3001/b7_sharegpt/b7_sharegpt_quality/index.html)")  # fmt: skip
+    import inspect
+
+    import eagle_data.cli as cli
+
+    named = re.findall(r'README\.md, \\?"([^"\\]+)\\?"', inspect.getsource(cli))
+    headings = re.findall(r"^## (.+)$", README.read_text(), flags=re.MULTILINE)
+    assert named and all(section in headings for section in named), (named, headings)

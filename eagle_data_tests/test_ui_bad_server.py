@@ -3,8 +3,9 @@ catalog with the openai engine pointed at a stand-in that answers every request 
 no price configured, and headless Chromium reading the pages.
 
 Two backfills run at once through the daemon. `b7_sharegpt`'s group (estimate included): the canary fails,
-so generation must show a failed step that says why (it refused before any request), not a skip painted red,
-and the estimate's page must say the dollars are unknown (no price), never "$0.00". `b3_magicoder` without its
+so the estimate's step fails on it and generation never starts, the canary's page calls it a blocking check
+(it once said "non-blocking" of a check that stops generation), and the estimate's page must say the dollars
+are unknown (no price), never "$0.00", and never that generation may start. `b3_magicoder` without its
 estimate (no canary was ever judged for it, so generation pays): every shard materializes and then fails its
 blocking quality gates, so the one run fails; the backfill must end "Failed", not "Succeeded" (Dagster counts
 only missing materializations; the `backfill_status` sensor corrects it, docs/running.md).
@@ -125,24 +126,23 @@ def page_text(browser: WebDriver, url: str, expect: str, timeout_s: float = 60) 
 
 
 @pytest.mark.timeout(1500)
-def test_a_failed_canary_shows_generation_refused_and_the_estimate_says_dollars_are_unknown(
+def test_a_failed_canary_is_a_blocking_check_and_the_estimate_says_dollars_are_unknown(
     bad_ui: str, backfills: dict[str, dict[str, Any]], browser: WebDriver, ui_dir: Path  # noqa: F811
 ):
     [run] = backfills[CANARIED]["runs"]
     assert run["status"] == "FAILURE"
-    # The run's step that failed is generation's own, with one line naming the canary (not a skipped step).
-    body = page_text(browser, f"{bad_ui}/runs/{run['id']}", "refused before any request")
+    # The run's failed step is the estimate's, on its blocking check; Dagster skipped generation.
+    page_text(browser, f"{bad_ui}/runs/{run['id']}", "blocking asset check")
     browser.save_screenshot(str(ui_dir / "1-canary-run.png"))
-    assert f"{CANARIED}: refused before any request: its latest canary" in body
-    # The generation asset's page says it failed, and its Events tab why (Dagster lists no failed
-    # materialization there; the refusal's observation it does).
-    page_text(browser, f"{bad_ui}/assets/{CANARIED}", "Failed in")
-    body = page_text(browser, f"{bad_ui}/assets/{CANARIED}?view=events", "refused before any request")
-    browser.save_screenshot(str(ui_dir / "2-generation-events.png"))
+    # The canary's own page says what it does: it blocks.
+    check = f"{bad_ui}/assets/{CANARIED}_estimate?view=checks&checkDetail=canary"
+    body = page_text(browser, check, "This is a blocking asset check.")
+    browser.save_screenshot(str(ui_dir / "2-canary-check.png"))
+    assert "non-blocking" not in body
     # The estimate's page: its summary says the dollars are unknown, and nothing shows a made-up $0.00.
     body = page_text(browser, f"{bad_ui}/assets/{CANARIED}_estimate?view=events", "Dollars: unknown")
     browser.save_screenshot(str(ui_dir / "3-estimate.png"))
-    assert "$0.00" not in body and "Canary: FAILED" in body
+    assert "$0.00" not in body and "Canary: FAILED" in body and "may start" not in body
 
 
 @pytest.mark.timeout(1500)

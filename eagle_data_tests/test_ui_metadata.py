@@ -9,7 +9,7 @@ import dagster as dg
 import pytest
 
 from eagle_data.catalog import Adapter, DatasetSpec
-from eagle_data.defs.assets import COLUMN_SCHEMA, add_row_counts, build_dataset_assets, code_version
+from eagle_data.defs.assets import COLUMN_SCHEMA, VALIDATED_COLUMNS, add_row_counts, build_dataset_assets, code_version
 from eagle_data.defs.checks import build_checks
 from eagle_data.defs.io_managers import shard_resources
 from eagle_data.defs.messages import file_locations, leveled, uri_locations
@@ -60,7 +60,10 @@ def test_row_count_and_column_schema_are_read_back_from_the_instance(tmp_path: P
     assert [validated[k]["rows"].value for k in ("00000", "00001")] == [200, 150]
     prompt_columns = {c.name: c.type for c in prompts["00001"][COLUMN_SCHEMA].value.columns}
     assert list(prompt_columns)[:3] == ["prompt_id", "dataset", "shard"] and "messages" in prompt_columns
-    validated_columns = {c.name: c.type for c in validated["00001"][COLUMN_SCHEMA].value.columns}
+    # The validated page opens on its summary and the report, not on a Columns section of one row per column.
+    assert list(validated["00001"])[:2] == ["summary", "quality_report"] and COLUMN_SCHEMA not in validated["00001"]
+    assert "rows kept for training" in validated["00001"]["summary"].value
+    validated_columns = {c.name: c.type for c in validated["00001"][VALIDATED_COLUMNS].value.columns}
     assert validated_columns["input_ids"] == "List(Int32)" and validated_columns["loss_mask"] == "List(UInt8)"
     assert {"prompt_id", "num_tokens", "loss_tokens", "verdict"} <= set(validated_columns)
     report = validated["00001"]["quality_report"]  # a path to copy: a browser refuses file:// from a web page

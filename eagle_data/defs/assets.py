@@ -20,6 +20,7 @@ from eagle_data.defs.io_managers import DATASET_TAG, SHARD_IO
 from eagle_data.defs.messages import file_locations, leveled, user_failure
 from eagle_data.defs.metadata import (
     dataset_report_metadata,
+    dataset_summary,
     rounded_figures,
     row_count_metadata,
     settings_version,
@@ -99,6 +100,7 @@ def shard_metadata(record: quality.ShardRecord) -> dict[str, Any]:
 
 
 COLUMN_SCHEMA = "dagster/column_schema"  # Dagster's own: shown in the catalog
+VALIDATED_COLUMNS = "columns"  # the validated asset's: one row under Metadata, below its summary (build_validated)
 
 
 def column_schema(columns: Mapping[str, Any]) -> dg.TableSchema:
@@ -290,10 +292,15 @@ def build_validated(spec: DatasetSpec) -> dg.AssetsDefinition:
             verdicts.update(record.summary.verdicts)
         assert done.report is not None
         context.log.info(f"{ds}: verdicts {dict(sorted(verdicts.items()))}; quality report {done.report.uri}")
-        metadata = {
-            **file_locations(store, {"quality_report": layout.quality_index(ds)}),
+        report = file_locations(store, {"quality_report": layout.quality_index(ds)})
+        link = report.get("quality_report_link")
+        metadata = {  # in the order the asset's page lists them: the summary and the report's link first
+            "summary": dataset_summary(done.report, str(link.value) if link else None),
+            **report,
             **dataset_report_metadata(done.report),  # the report's headline, readable without opening a file
-            COLUMN_SCHEMA: column_schema(done.columns),
+            # Under Metadata, one row that opens the table: as `dagster/column_schema` the page would show it
+            # as a Columns section of one row per column above all of these (AssetNodeOverview.tsx).
+            VALIDATED_COLUMNS: column_schema(done.columns),
         }
         return dg.Output(done.shards, metadata=metadata)
 

@@ -1,9 +1,10 @@
 """The estimate's two checks as the UI and generation see them: the materialization and check results of
-`{ds}_estimate`, its summary in a person's words, and generation's refusal when either check failed.
+`{ds}_estimate`, its summary in a person's words, and generation's refusal after a failed canary.
 
-`within_budget` and `canary` block generation by its own refusal (quality.registry `refused_downstream`):
-generation's step starts, refuses before any request with the failed check's line and fails, so the UI
-shows generation failed and why instead of a skipped step painted red (docs/running.md).
+`within_budget` and `canary` are Dagster `blocking` checks, as the UI labels them: a failure fails the
+estimate's step once its results are recorded, and Dagster skips generation in that run. A later run of
+generation without the estimate (CLI, schedule, UI) under the same generation config refuses before any
+request with the canary's line, until a canary passes (docs/quality.md).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import logging
 
 import dagster as dg
 
-from eagle_data import quality
+from eagle_data import layout, quality
 from eagle_data.catalog import DatasetSpec
 from eagle_data.defs import instance as records
 from eagle_data.defs.messages import leveled
@@ -29,7 +30,7 @@ CANARY = "canary"
 
 
 def estimate_asset(spec: DatasetSpec) -> str:
-    return f"{spec.name}_estimate"
+    return layout.estimate_asset(spec.name)
 
 
 def canary_key(spec: DatasetSpec) -> dg.AssetCheckKey:
@@ -67,7 +68,8 @@ def estimate_result(
 
 def estimate_summary(found: estimate_stage.PreFlight, over: str) -> dg.MetadataValue:
     """The estimate at the top of its page, in words: the canary's verdict, the projection, whether it fits
-    the budgets, and, where no price is known, that the dollars are unknown (never a made-up $0.00)."""
+    the budgets, where no price is known that the dollars are unknown (never a made-up $0.00), and whether
+    generation may start: only when both checks passed."""
     sample, result = found.canary, found.estimate
     lines = [f"**Canary: {'passed' if sample.passed else 'FAILED'}.** {sample.line}"]
     if result is not None:
@@ -78,7 +80,16 @@ def estimate_summary(found: estimate_stage.PreFlight, over: str) -> dg.MetadataV
                 f"`{prices.PRICE_ENV}=PROMPT,COMPLETION` (USD per million tokens) or the estimate's "
                 "`usd_per_million_*` run config to project them."
             )
-    lines.append(f"**Budgets: {'OVER' if over else 'within'}.** {over or 'generation may start.'}")
+    if result is None:  # nothing answered: no projection to hold against the budgets
+        lines.append(f"**Budgets: unknown.** {over}")
+    else:
+        lines.append(f"**Budgets: OVER.** {over}" if over else "**Budgets: within.**")
+    if sample.passed and not over:
+        lines.append("Generation may start.")
+    else:  # both checks block: Dagster skips generation in this run, and a failed canary refuses later ones
+        failed = [n for n, bad in ((CANARY, not sample.passed), (WITHIN_BUDGET, bool(over))) if bad]
+        checks = f"check {failed[0]}" if len(failed) == 1 else f"checks {' and '.join(failed)}"
+        lines.append(f"**Generation will not start:** the blocking {checks} failed.")
     return dg.MetadataValue.md("\n\n".join(lines))
 
 
@@ -90,16 +101,13 @@ def estimate_gates(
     backend: Engine,
     engine: EngineResource,
 ) -> None:
-    """Refuse a run the latest canary failed under this config, or whose estimate in this run found it over
-    budget; judge the canary again when it judged another config."""
+    """Refuse a run the latest canary failed under this config (in the estimate's own run Dagster skips
+    generation: the check is blocking); judge the canary again when it judged another config."""
     ds = spec.name
     latest = records.latest_canary(context.instance, canary_key(spec))  # any state: a verdict or None
     current = config_hash(spec, backend)
     if refused := quality.canary_blocks(latest, current, ignore=ignore_canary, dataset=ds):
         raise refusal(context, CANARY, refused)
-    budget = dg.AssetCheckKey(dg.AssetKey(estimate_asset(spec)), WITHIN_BUDGET)
-    if over := records.failed_in_run(context.instance, budget, context.run.run_id):
-        raise refusal(context, WITHIN_BUDGET, f"{ds}: refused before any request: {over.removeprefix(f'{ds}: ')}")
     if quality.canary_stale(latest, current, ignore=ignore_canary):  # judged under another config
         context.log.info(f"{ds}: the latest canary judged config {latest.config_hash}, not {current}: again")
         sample = estimate_stage.estimate(
@@ -111,9 +119,10 @@ def estimate_gates(
 
 
 def refusal(context: dg.AssetExecutionContext, check: str, line: str) -> dg.Failure:
-    """A step that will not pay because `check` failed: one line, never retried, naming the check (the
-    run-failure alert leaves it to that check's own alert). Each of its partitions also gets an observation
-    with that line: Dagster shows no failed materialization on an asset's Events tab, an observation it does."""
+    """A step that will not pay because `check` failed in an earlier run: one line, never retried, naming the
+    check (the run-failure alert posts it: nothing else announces this run). Each of its partitions also gets
+    an observation with that line: Dagster shows no failed materialization on an asset's Events tab, an
+    observation it does."""
     metadata = {REFUSED_FOR: check, "refused": dg.MetadataValue.text(line)}
     for partition in context.partition_keys:  # generation is partitioned by shard
         observed = dg.AssetObservation(context.asset_key, partition=partition, description=line, metadata=metadata)

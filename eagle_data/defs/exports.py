@@ -25,7 +25,7 @@ from eagle_data.defs.metadata import settings_version
 from eagle_data.defs.registry import check_specs
 from eagle_data.defs.resources import StorageResource
 from eagle_data.exports.check import PARITY_CHECK, check_exports
-from eagle_data.exports.parity import ParityError
+from eagle_data.exports.parity import ParityError, TrainerMissing
 from eagle_data.exports.settings import ExportSettings, export_settings
 from eagle_data.stages.export import export, export_keys
 from eagle_data.storage import ShardStore
@@ -41,10 +41,16 @@ def admission(store: ShardStore, spec: DatasetSpec, blocking: Sequence[dg.AssetC
 
 
 def parity_result(store: ShardStore, specs: Sequence[DatasetSpec], config: ExportSettings) -> dg.AssetCheckResult:
-    """The `trainer_parity` verdict: failed when a trainer would train on data other than ours, or when the
-    trainer's code is not there to ask."""
+    """The `trainer_parity` verdict: failed when a trainer would train on data other than ours or the parity
+    run cannot start (no tokenizer, no template). Where the trainer's code is not installed (a plain `pip
+    install` of this project: SpecForge cannot be one of its extras, docs/facts.md) it says "not verified" as a
+    WARN failure: shown and announced, and not blocking, since nothing was found wrong."""
     try:
         report = check_exports(store, specs, config)
+    except TrainerMissing as exc:
+        return dg.AssetCheckResult(
+            check_name=PARITY_CHECK, passed=False, severity=dg.AssetCheckSeverity.WARN, description=str(exc)
+        )
     except ParityError as exc:
         return dg.AssetCheckResult(check_name=PARITY_CHECK, passed=False, description=str(exc))
     figures = {f"{where}/{p.file}": dg.MetadataValue.json(p.figures()) for where, _, p in report.files}

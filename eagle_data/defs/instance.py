@@ -98,13 +98,6 @@ def latest_canary(instance: dg.DagsterInstance, key: dg.AssetCheckKey) -> qualit
     return None
 
 
-def failed_in_run(instance: dg.DagsterInstance, key: dg.AssetCheckKey, run_id: str) -> str | None:
-    """The description of `key`'s latest evaluation when it was made in `run_id` and failed, else None."""
-    for record in instance.event_log_storage.get_asset_check_execution_history(key, limit=1):
-        evaluation = judged(record)
-        if record.run_id == run_id and evaluation is not None and not evaluation.passed:
-            return evaluation.description or key.name
-    return None
 
 
 def failed_executions(

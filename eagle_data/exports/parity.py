@@ -31,6 +31,7 @@ from eagle_data.exports.formats import ExportFormat
 from eagle_data.types import UserError
 
 SPECFORGE = "specforge==0.2.0"
+# Not an extra of ours: SpecForge pins torch, transformers and sglang, which would replace ours (docs/facts.md).
 INSTALL = f"pip install --no-deps {SPECFORGE} (make setup does)"
 # our target chat format (targets.toml) and thinking setting -> the SpecForge template a user would pick
 SPECFORGE_TEMPLATES = {
@@ -53,6 +54,10 @@ UNEXPLAINED = ("not_loaded", "other")  # block a text export: the trainer's data
 
 class ParityError(UserError, RuntimeError):
     """The parity run cannot start (trainer package or tokenizer missing); one line saying what to do."""
+
+
+class TrainerMissing(ParityError):
+    """The trainer's own code is not installed, so parity was not verified (not that it failed)."""
 
 
 @dataclass(frozen=True)
@@ -130,7 +135,8 @@ def _import_specforge(module: str) -> Any:
     try:
         return importlib.import_module(f"specforge.data.{module}")
     except ImportError as exc:
-        raise ParityError(f"trainer_parity needs SpecForge's data modules ({exc}); {INSTALL}") from None
+        raise TrainerMissing(f"trainer_parity not verified: SpecForge's data modules are not installed ({exc}); "
+                             f"to verify, {INSTALL}") from None
 
 
 def prompts_parity(fmt: ExportFormat, jsonl: Path, parquet: Path, picks: Sequence[int], rows: int) -> Parity:

@@ -41,14 +41,6 @@ class CheckDef:
     description: str
     alert: bool  # a failure posts a message (the alert sensor); otherwise it shows in the UI and the report
     repair: Repair = "none"
-    # A blocking check whose downstream step refuses itself (a failed step with the check's line) instead of
-    # Dagster skipping it: the estimate's, so the UI shows generation failed and why, not a skip painted red.
-    refused_downstream: bool = False
-
-    @property
-    def skips_downstream(self) -> bool:
-        """Whether Dagster itself stops the steps downstream on a failure (the spec's `blocking`)."""
-        return self.blocking and not self.refused_downstream
 
     @property
     def asset(self) -> str:
@@ -108,19 +100,20 @@ CHECKS: tuple[CheckDef, ...] = (
     ),
     CheckDef(
         "within_budget", "estimate", "estimate", "ERROR", True,
-        "The projected tokens and dollars fit the catalog's budgets; otherwise generation refuses to start.",
-        alert=True, refused_downstream=True,
+        "The projected tokens and dollars fit the catalog's budgets; otherwise generation does not start.",
+        alert=True,
     ),
     CheckDef(
         "canary", "estimate", "estimate", "ERROR", True,
         "A sample drawn across the dataset passes the quality gates and the truncation limit; otherwise "
-        "generation refuses to start, in this run and later ones under the same generation config.", alert=True,
-        refused_downstream=True,
+        "generation does not start, in this run (skipped) and later ones under the same generation config "
+        "(refused).", alert=True,
     ),
     CheckDef(
         "trainer_parity", "training_mix", "parity", "ERROR", True,
         "The trainer files load as our ids and masks in the trainer's own code (SpecForge 0.2.0); text "
-        "exports' differences named by cause.", alert=True,
+        "exports' differences named by cause. Without SpecForge installed: a WARN \"not verified\", not blocking.",
+        alert=True,
     ),
     _capture(
         "ids_match_mix",
