@@ -146,11 +146,16 @@ def run_quietly(
 
 def summary(view: RunView, code: int, seconds: float, log_path: Path, outputs: list[str]) -> list[str]:
     """The closing lines: outcome, checks, where the data and the report are, where the full log is."""
+    from eagle_data.quality.registry import CHECKS
+
+    blocking = {c.name for c in CHECKS if c.blocking}
     passed = sorted(name for name, outcomes in view.checks.items() if all(outcomes))
-    failed = sorted(name for name, outcomes in view.checks.items() if not all(outcomes))
+    failed = sorted(name for name, outcomes in view.checks.items() if not all(outcomes) and name in blocking)
+    warned = sorted(name for name, outcomes in view.checks.items() if not all(outcomes) and name not in blocking)
     lines = [f"[eagle-data] {'done' if code == 0 else f'FAILED (exit {code})'} in {seconds:.0f} s"]
     if view.checks:
-        lines.append(f"[eagle-data] checks: {len(passed)} passed" + (f"; FAILED: {', '.join(failed)}" * bool(failed)))
+        lines.append(f"[eagle-data] checks: {len(passed)} passed" + (f"; FAILED: {', '.join(failed)}" * bool(failed))
+                     + (f"; warned (not blocking): {', '.join(warned)}" * bool(warned)))  # fmt: skip
     if view.failed_steps:
         lines.append(f"[eagle-data] failed steps: {', '.join(view.failed_steps)}")
     if code == 0:
