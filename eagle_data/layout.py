@@ -73,6 +73,10 @@ def prompts_asset(dataset: str) -> str:
     return f"{dataset}_prompts"
 
 
+def estimate_asset(dataset: str) -> str:
+    return f"{dataset}_estimate"
+
+
 def generation_asset(dataset: str) -> str:
     return dataset
 

@@ -16,7 +16,7 @@ FLOORS = (
     {"stages"},  # stages: pure functions in, plain records out (never Dagster, never defs)
     {"runner", "drafter", "exports", "report", "alerts", "files_server"},
     {"engines", "quality"},
-    {"targets", "sources", "storage", "catalog", "demo"},
+    {"targets", "sources", "storage", "catalog", "stage_table", "demo"},
     {"types", "settings", "layout", "secrets", "provenance", "retry_after", "procs"},
 )
 FLOOR = {room: level for level, rooms in enumerate(FLOORS) for room in rooms}

@@ -9,12 +9,13 @@ import dagster as dg
 import pytest
 
 from eagle_data.catalog import Adapter, DatasetSpec
-from eagle_data.defs.assets import COLUMN_SCHEMA, add_row_counts, build_dataset_assets, code_version
+from eagle_data.defs.assets import COLUMN_SCHEMA, add_row_counts, build_dataset_assets
 from eagle_data.defs.checks import build_checks
 from eagle_data.defs.io_managers import shard_resources
 from eagle_data.defs.messages import file_locations, leveled, uri_locations
 from eagle_data.defs.metadata import ROW_COUNT
 from eagle_data.defs.resources import EngineResource, StorageResource
+from eagle_data.stage_table import stage
 from eagle_data.storage import ShardStore
 from eagle_data_tests.fixtures_quality import generation_frame
 
@@ -80,19 +81,19 @@ def test_row_count_and_column_schema_are_read_back_from_the_instance(tmp_path: P
 
 def test_code_versions_follow_the_settings_each_stage_reads() -> None:
     stricter = SPEC.model_copy(update={"checks": SPEC.checks.model_copy(update={"max_short_share": 0.0})})
-    assert code_version("validated", stricter) != code_version("validated", SPEC)
-    assert code_version("prompts", stricter) == code_version("prompts", SPEC)
-    assert code_version("generation", stricter) == code_version("generation", SPEC)
+    assert stage("validated").version(stricter) != stage("validated").version(SPEC)
+    assert stage("prompts").version(stricter) == stage("prompts").version(SPEC)
+    assert stage("generation").version(stricter) == stage("generation").version(SPEC)
     versions = {
         key.path[-1]: version
         for asset in build_dataset_assets(SPEC)
         for key, version in asset.code_versions_by_key.items()
     }
-    assert versions["b9_meta_validated"] == code_version("validated", SPEC)
-    assert versions["b9_meta"] == code_version("generation", SPEC)
-    assert versions["b9_meta_estimate"] == code_version("estimate", SPEC)
+    assert versions["b9_meta_validated"] == stage("validated").version(SPEC)
+    assert versions["b9_meta"] == stage("generation").version(SPEC)
+    assert versions["b9_meta_estimate"] == stage("estimate").version(SPEC)
     budget = SPEC.model_copy(update={"token_budget": 1_000})
-    assert code_version("estimate", budget) != code_version("estimate", SPEC)
+    assert stage("estimate").version(budget) != stage("estimate").version(SPEC)
 
 
 def test_the_mix_and_the_drafter_inputs_carry_code_versions_that_follow_their_settings() -> None:

@@ -10,7 +10,8 @@ import dagster as dg
 import pytest
 
 from eagle_data.catalog import Adapter, CatalogError, DatasetSpec, catalog
-from eagle_data.defs.assets import STAGES, engine_kind
+from eagle_data.defs.assets import engine_kind
+from eagle_data.stage_table import DATASET_STAGES, DRAFTER, EXPORT, asset_of
 
 
 def python(code: str) -> subprocess.CompletedProcess:
@@ -39,18 +40,17 @@ def test_every_asset_has_catalog_owners_and_a_stage_tag_in_flow_order():
     from eagle_data.definitions import defs
 
     graph, specs = defs.resolve_asset_graph(), catalog()
-    order = list(STAGES.values())
     for name, spec in specs.items():
-        nodes = [graph.get(dg.AssetKey(k)) for k in (f"{name}_prompts", f"{name}_estimate", name, f"{name}_validated")]
-        assert [n.tags["stage"] for n in nodes] == order[:4]
+        nodes = [graph.get(dg.AssetKey(asset_of(stage.name, name))) for stage in DATASET_STAGES]
+        assert [n.tags["stage"] for n in nodes] == sorted(stage.tag for stage in DATASET_STAGES)
         assert all(n.tags["dataset"] == name and n.owners == list(spec.owners) and n.description.startswith("Stage ")
                    for n in nodes)  # fmt: skip
         assert nodes[2].tags["engine"] == engine_kind()
     mix = graph.get(dg.AssetKey("training_mix"))
-    assert mix.tags["stage"] == STAGES["export"] and mix.owners == ["team:eagle-data"]
+    assert mix.tags["stage"] == EXPORT.tag and mix.owners == ["team:eagle-data"]
     for name in ("draft_vocab", "hidden_state_plan"):
         node = graph.get(dg.AssetKey(name))
-        assert node.tags["stage"] == STAGES["drafter"] and node.owners == ["team:eagle-data"]
+        assert node.tags["stage"] == DRAFTER.tag and node.owners == ["team:eagle-data"]
 
 
 def test_an_owner_that_dagster_would_refuse_is_a_catalog_error():

@@ -16,7 +16,7 @@ from eagle_data.catalog import PROFILE_ENV, DatasetSpec, shard_key
 from eagle_data.defs.assets import catalog_labels, partitions
 from eagle_data.defs.checks import judged_partitions, report_shards
 from eagle_data.defs.messages import file_locations, uri_locations, user_failure
-from eagle_data.defs.metadata import SHARD_DIGEST, settings_version
+from eagle_data.defs.metadata import SHARD_DIGEST
 from eagle_data.defs.pools import tie_to_run_worker
 from eagle_data.defs.registry import check_outcome, check_specs
 from eagle_data.defs.resources import StorageResource
@@ -26,6 +26,7 @@ from eagle_data.drafter.decontam import BenchmarkIndex
 from eagle_data.drafter.evalsets import benchmark_index, unread
 from eagle_data.drafter.settings import load_drafter_settings
 from eagle_data.quality import registry
+from eagle_data.stage_table import settings_version
 from eagle_data.stages.decontamination import DecontamReport, decontamination_report
 from eagle_data.stages.draft_vocab import write_draft_vocab
 from eagle_data.stages.hidden_states import PLAN_ASSET, verify_stored, write_hidden_state_plan, write_hidden_states

@@ -12,7 +12,7 @@ import logging
 
 import dagster as dg
 
-from eagle_data import quality
+from eagle_data import layout, quality
 from eagle_data.catalog import DatasetSpec
 from eagle_data.defs import instance as records
 from eagle_data.defs.messages import leveled
@@ -29,7 +29,7 @@ CANARY = "canary"
 
 
 def estimate_asset(spec: DatasetSpec) -> str:
-    return f"{spec.name}_estimate"
+    return layout.estimate_asset(spec.name)
 
 
 def canary_key(spec: DatasetSpec) -> dg.AssetCheckKey:
