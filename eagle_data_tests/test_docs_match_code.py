@@ -23,7 +23,7 @@ from pydantic import BaseModel
 from eagle_data import catalog, engines
 from eagle_data.defs.automation import AutomationSettings
 from eagle_data.drafter import settings as drafter
-from eagle_data.quality import registry
+from eagle_data.quality import evalsets, registry
 from eagle_data.runner.rows import GENERATION_SCHEMA
 from eagle_data.sources import PROMPTS_SCHEMA
 from eagle_data.stages.validation import validated_rows
@@ -270,7 +270,7 @@ def default(value: str) -> Any:
         (DESIGN, "[defaults.checks]", catalog.Checks, ()),
         (ROOT / "docs" / "breaker.md", "[defaults.breaker]", catalog.Breaker, ()),
         (DESIGN, "[drafter]", drafter.DrafterSettings, ("decontamination", "hidden_states", "capture")),
-        (DESIGN, "[drafter.decontamination]", drafter.Decontamination, ()),
+        (DESIGN, "[drafter.decontamination]", evalsets.Decontamination, ()),
         (DESIGN, "[drafter.hidden_states]", drafter.HiddenStateRecipe, ()),
         (DESIGN, "[drafter.capture]", drafter.CaptureSettings, ()),
         (DESIGN, "[automation]", AutomationSettings, ()),

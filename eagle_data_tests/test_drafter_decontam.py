@@ -19,8 +19,9 @@ from eagle_data.defs.assets import partitions
 from eagle_data.defs.drafter import DECONTAMINATION, decontamination_check
 from eagle_data.defs.io_managers import shard_resources
 from eagle_data.defs.resources import StorageResource
-from eagle_data.drafter import decontam, evalsets
-from eagle_data.drafter.settings import BenchmarkSource, Decontamination, load_drafter_settings
+from eagle_data.drafter.settings import load_drafter_settings
+from eagle_data.quality import decontam, evalsets
+from eagle_data.quality.evalsets import BenchmarkSource, Decontamination
 from eagle_data.stages.decontamination import decontamination_report
 from eagle_data.stages.validation import validated_rows
 from eagle_data.storage import ShardStore
@@ -52,7 +53,7 @@ def bench_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def index(bench_folder: Path) -> decontam.BenchmarkIndex:
     settings = Decontamination(folder=str(bench_folder), benchmarks={"humaneval": HUMANEVAL})
-    return evalsets.benchmark_index(settings)[0]
+    return decontam.benchmark_index(settings)[0]
 
 
 def conversations(pairs: list[tuple[str, str]]) -> pl.DataFrame:
@@ -167,7 +168,7 @@ def test_a_configured_benchmark_not_read_fails_the_check_in_one_line(
     spec = load_catalog(profile="demo")["b7_sharegpt"]
     shard = conversations([("Hello there, how are you?", "Fine.")]).with_columns(verdict=pl.lit("pass"))
     settings = load_drafter_settings().decontamination
-    index, sources = evalsets.benchmark_index(settings)
+    index, sources = decontam.benchmark_index(settings)
     assert evalsets.unread(sources) == ["gsm8k"] and set(index.items) == {"humaneval"}
 
     result = check_in_dagster(spec, shard, tmp_path / "out")
@@ -211,7 +212,7 @@ def test_blocking_check_fails_only_when_an_overlapping_row_is_kept(
     pairs = [("Hello there, how are you?", "Fine."), (f"Quiz: {SPAN} then?", "54"), (humaneval_item(3, "prompt"), "ok")]
     shard = conversations(pairs).with_columns(verdict=pl.Series(["pass", planted_verdict, planted_verdict]))
     store.write_frame(layout.shard(spec.name, layout.validated_asset(spec.name), "00000"), shard)
-    index = evalsets.benchmark_index(Decontamination(folder=str(bench_folder), benchmarks={"humaneval": HUMANEVAL}))
+    index = decontam.benchmark_index(Decontamination(folder=str(bench_folder), benchmarks={"humaneval": HUMANEVAL}))
     report = decontamination_report(spec.name, store, ["00000"], index[0])
     assert (report.matched, report.per_benchmark, report.matched_ids) == (
         2,

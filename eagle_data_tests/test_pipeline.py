@@ -1,5 +1,7 @@
 """The generation stage as the assets call it: figures merged across shards, the truncation warning."""
 
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -153,3 +155,19 @@ def test_an_unreadable_benchmark_file_stops_generation_before_any_request(
     monkeypatch.setenv("EAGLE_DATA_CATALOG", str(user))
     _refused_before_any_request(ShardStore(str(tmp_path / "out")), spec_for_tests(),
                                 r"before any request: benchmark mt_bench: .*mt_bench.jsonl is empty")  # fmt: skip
+
+
+def test_generation_preflight_reads_the_benchmarks_but_loads_no_decontamination_index(tmp_path: Path):
+    """The benchmark files are read before any request (an unreadable one stops the run, above), but the n-gram
+    index is validation's: generation's pre-flight neither builds it nor imports the module that does."""
+    code = (
+        "import sys\n"
+        "from eagle_data.standins.openai_fake import spec_for_tests\n"
+        "from eagle_data.stages.preflight import preflight\n"
+        "from eagle_data.storage import ShardStore\n"
+        f"preflight(spec_for_tests(), ShardStore({str(tmp_path)!r}), 'm', 'openai')\n"
+        "print(sorted(m for m in sys.modules if m.rsplit('.', 1)[-1] == 'decontam'))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"

@@ -22,10 +22,10 @@ from eagle_data.defs.registry import check_outcome, check_specs
 from eagle_data.defs.resources import StorageResource
 from eagle_data.drafter import verify
 from eagle_data.drafter.capture import resolve_target
-from eagle_data.drafter.decontam import BenchmarkIndex
-from eagle_data.drafter.evalsets import benchmark_index, unread
 from eagle_data.drafter.settings import load_drafter_settings
 from eagle_data.quality import registry
+from eagle_data.quality.decontam import BenchmarkIndex, benchmark_index
+from eagle_data.quality.evalsets import unread
 from eagle_data.stage_table import settings_version
 from eagle_data.stages.decontamination import DecontamReport, decontamination_report
 from eagle_data.stages.draft_vocab import write_draft_vocab

@@ -16,7 +16,7 @@ another chat template, or control-token text in the user's message parsed as con
 `prompt_mismatch`, a structure failure: the reply was generated from a prompt our ids do not describe.
 
 A row whose prompt or reply overlaps a benchmark item (`contamination`, set by the validation stage,
-see eagle_data/drafter/decontam.py) is `contaminated`: set aside, so no benchmark reaches a drafter.
+see eagle_data/quality/decontam.py) is `contaminated`: set aside, so no benchmark reaches a drafter.
 
 Truncated rows are kept for training but flagged with the verdict "truncated": their tokens are still
 the target model's own output, which is what a draft model learns from, and dropping them would bias
@@ -43,7 +43,7 @@ PASS = "pass"
 TRUNCATED = "truncated"
 LOST_TEXT = "lost_text"
 CONTAMINATED = "contaminated"
-CONTAMINATION = "contamination"  # the benchmark a row overlaps (eagle_data.drafter.decontam), else null
+CONTAMINATION = "contamination"  # the benchmark a row overlaps (eagle_data.quality.decontam), else null
 # Tokens per regenerated turn an engine may count that the rebuilt text need not hold: the stop token,
 # and the think tags and blank lines a template leaves out of an earlier turn it re-renders.
 TURN_SLACK_TOKENS = 4

@@ -9,8 +9,7 @@ from dataclasses import dataclass, field
 import polars as pl
 
 from eagle_data import layout
-from eagle_data.drafter import decontam
-from eagle_data.quality import KEPT
+from eagle_data.quality import KEPT, decontam
 from eagle_data.storage import ShardStore, digest, read_columns
 
 SHOWN_IDS = 50  # prompt ids quoted in metadata (the full list would grow with the range)

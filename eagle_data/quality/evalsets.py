@@ -12,19 +12,61 @@ from __future__ import annotations
 import gzip
 import importlib.util
 import io
-from functools import cache
 from importlib import resources
 from pathlib import Path
 
 import polars as pl
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from eagle_data.drafter.decontam import BenchmarkIndex
-from eagle_data.drafter.settings import BenchmarkSource, Decontamination
 from eagle_data.types import UserError
 
 SUFFIXES = (".jsonl.gz", ".jsonl", ".parquet")
 SCHEMA = {"benchmark": pl.String, "text": pl.String}
 NOT_READ = "not read: "  # how a source line starts for a configured benchmark that was not read
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class BenchmarkSource(_Frozen):
+    """One benchmark's items. Attributes:
+    fields: the item fields holding text (a list-of-strings field counts each string as an item text).
+    package, resource: an installed package that ships the items, and the JSONL (.gz) file inside it;
+        read offline.
+    hub_id, config, split: the dataset on the hub (its parquet branch); read only with `use_hub`.
+    """
+
+    fields: tuple[str, ...] = Field(min_length=1)
+    package: str | None = None
+    resource: str | None = None
+    hub_id: str | None = None
+    config: str = "default"
+    split: str = "test"
+
+    @model_validator(mode="after")
+    def _somewhere(self) -> BenchmarkSource:
+        if (self.package is None) != (self.resource is None):
+            raise ValueError("set package and resource together")
+        if self.package is None and self.hub_id is None:
+            raise ValueError("set package/resource or hub_id")
+        return self
+
+
+class Decontamination(_Frozen):
+    """Attributes:
+    ngram: the word window of the overlap test (13: the usual decontamination window).
+    folder: a folder of the user's benchmark files, one benchmark per file named after it
+        (`{name}.jsonl`, `.jsonl.gz` or `.parquet`), the text in `text_field`; "" for none.
+    use_hub: also read the benchmarks that name a `hub_id` from the hub (needs the network).
+    benchmarks: the named benchmarks (packaged and hub).
+    """
+
+    ngram: int = Field(13, ge=2)
+    folder: str = ""
+    text_field: str = "text"
+    use_hub: bool = False
+    benchmarks: dict[str, BenchmarkSource] = {}
 
 
 class BenchmarkError(UserError, ValueError):
@@ -128,15 +170,3 @@ def load_items(settings: Decontamination) -> tuple[pl.DataFrame, dict[str, str]]
 def unread(sources: dict[str, str]) -> list[str]:
     """The configured benchmarks that were not read, by name."""
     return sorted(name for name, where in sources.items() if where.startswith(NOT_READ))
-
-
-@cache
-def _index(settings_json: str) -> tuple[BenchmarkIndex, dict[str, str]]:
-    settings = Decontamination.model_validate_json(settings_json)
-    items, sources = load_items(settings)
-    return BenchmarkIndex.build(items, settings.ngram), sources
-
-
-def benchmark_index(settings: Decontamination) -> tuple[BenchmarkIndex, dict[str, str]]:
-    """The index of every configured benchmark and where each came from; built once per process."""
-    return _index(settings.model_dump_json())

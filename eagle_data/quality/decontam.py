@@ -15,9 +15,12 @@ runs per word. Hashes are 64-bit and built in one process for both sides.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 
 import numpy as np
 import polars as pl
+
+from eagle_data.quality.evalsets import Decontamination, load_items
 
 SEED = 0x5EED
 PRIME = np.uint64(1_099_511_628_211)  # FNV's 64-bit prime: the rolling combine of word hashes
@@ -166,3 +169,15 @@ def contamination(frame: pl.DataFrame, index: BenchmarkIndex) -> pl.Series:
     first = scan(frame, index).group_by("row").agg(pl.col("benchmark").min())
     out = pl.DataFrame({"row": pl.int_range(frame.height, dtype=pl.Int64, eager=True)}).join(first, "row", "left")
     return out["benchmark"].alias("contamination")
+
+
+@cache
+def _index(settings_json: str) -> tuple[BenchmarkIndex, dict[str, str]]:
+    settings = Decontamination.model_validate_json(settings_json)
+    items, sources = load_items(settings)
+    return BenchmarkIndex.build(items, settings.ngram), sources
+
+
+def benchmark_index(settings: Decontamination) -> tuple[BenchmarkIndex, dict[str, str]]:
+    """The index of every configured benchmark and where each came from; built once per process."""
+    return _index(settings.model_dump_json())
