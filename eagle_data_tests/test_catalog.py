@@ -2,12 +2,13 @@ from pathlib import Path
 
 import pytest
 
-from eagle_data.catalog import CATALOG_PATH, CatalogError, get_dataset, load_catalog, shard_key
+from eagle_data.catalog import CATALOG_PATH, USER_CATALOG_ENV, CatalogError, get_dataset, load_catalog, shard_key
 
 EXPECTED = ["b3_magicoder", "b4_mixturethoughts", "b5_openthoughts", "b6_ultrachat", "b7_sharegpt", "b8_perfectblend"]
 
 
-def test_catalog_lists_the_six_datasets_in_order():
+def test_the_packaged_catalog_lists_its_six_datasets_in_order(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.delenv(USER_CATALOG_ENV, raising=False)  # the package's file, whatever a user adds to it
     assert list(load_catalog(profile="")) == EXPECTED
 
 
@@ -19,7 +20,8 @@ def test_defaults_apply_and_entries_override_them():
     assert specs["b6_ultrachat"].adapter.id_field == "prompt_id"
 
 
-def test_demo_profile_overlays_every_entry():
+def test_demo_profile_overlays_every_entry(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.delenv(USER_CATALOG_ENV, raising=False)
     specs = load_catalog(profile="demo")
     assert {s.source for s in specs.values()} == {"sample"}
     assert all(s.num_shards == 4 and s.partition_keys[-1] == shard_key(3) for s in specs.values())
@@ -80,7 +82,9 @@ def test_a_user_catalog_file_adds_datasets_and_overrides_packaged_settings(tmp_p
     assert specs["b7_sharegpt"].adapter.id_field == "id"  # the rest of the packaged entry stays
     assert specs["b9_team"].num_shards == 2
     assert {s.checks.min_loss_tokens for s in specs.values()} == {4}
-    assert load_catalog(profile="demo")["b9_team"].source == "sample"  # profiles still overlay user entries
+    demo = load_catalog(profile="demo")
+    assert demo["b7_sharegpt"].source == "sample" and demo["b7_sharegpt"].shard_size == 250  # the user's key wins
+    assert "b9_team" not in demo  # no bundled sample: the demo profile leaves it out
 
 
 def test_a_missing_or_broken_user_catalog_is_one_line(tmp_path: Path, monkeypatch):
@@ -176,3 +180,27 @@ def test_a_profile_never_overrides_a_key_the_users_catalog_sets(tmp_path: Path, 
     assert specs["b7_sharegpt"].target == "auto" and specs["b3_magicoder"].target == "demo"
     assert {s.shard_size for s in specs.values()} == {20}  # the user's defaults win over the profile too
     assert specs["b7_sharegpt"].source == "sample"  # what the user does not set, the profile still sets
+
+
+def test_a_dataset_without_a_bundled_sample_loads_and_the_demo_profile_leaves_it_out_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    from eagle_data import catalog
+
+    user = tmp_path / "catalog.toml"
+    user.write_text('[datasets.b9_extra]\nhub_id = "org/extra"\nadapter = { messages_field = "messages" }\n'
+                    f'[datasets.b9_own]\nhub_id = "org/own"\nsource = "{tmp_path / "own.jsonl"}"\n'
+                    'adapter = { messages_field = "messages" }\n')  # fmt: skip
+    monkeypatch.setenv(USER_CATALOG_ENV, str(user))
+    assert {"b9_extra", "b9_own"} <= set(load_catalog(profile=""))
+    demo = load_catalog(profile="demo")
+    assert "b9_extra" not in demo and demo["b9_own"].source == str(tmp_path / "own.jsonl")  # its own source: kept
+    monkeypatch.setenv("EAGLE_DATA_PROFILE", "demo")
+    catalog.catalog.cache_clear()
+    try:
+        with pytest.raises(CatalogError, match=r"^dataset 'b9_extra' has no bundled sample .*b9_extra\.jsonl\), so the "
+                           r"demo profile leaves it out: set `source` in its catalog entry") as caught:  # fmt: skip
+            get_dataset("b9_extra")
+        assert "\n" not in str(caught.value)
+    finally:
+        catalog.catalog.cache_clear()

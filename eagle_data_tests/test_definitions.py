@@ -13,16 +13,16 @@ import polars as pl
 import pytest
 from dagster_aws.s3 import S3Resource
 
-from eagle_data.catalog import load_catalog
+from eagle_data.catalog import catalog, load_catalog
 from eagle_data.defs.assets import build_dataset_assets
 from eagle_data.defs.io_managers import shard_resources
 from eagle_data.defs.resources import EngineResource, S3ClientResource, StorageResource
 from eagle_data.quality import KEPT
+from eagle_data.stage_table import DATASET_STAGES, asset_of
 from eagle_data.standins.openai_fake import FakeOpenAI, Faults
 from eagle_data.storage import ShardStore
 from eagle_data_tests.conftest import materialize_cli
 
-DATASETS = ["b3_magicoder", "b4_mixturethoughts", "b5_openthoughts", "b6_ultrachat", "b7_sharegpt", "b8_perfectblend"]
 GENERATION_COLUMNS = {
     "prompt_id", "dataset", "config_hash", "engine", "model", "provider", "status", "finish_reason", "reasoning",
     "content", "output_ids", "prompt_tokens", "completion_tokens", "reasoning_tokens", "cost_usd", "latency_s",
@@ -42,7 +42,7 @@ def demo_env(tmp_path: Path, demo_model: Path) -> dict[str, str]:
     return env
 
 
-def test_definitions_hold_four_assets_per_dataset_in_six_groups_plus_the_exports_and_drafter_inputs():
+def test_definitions_hold_each_stage_tables_assets_per_dataset_in_its_group_plus_the_exports_and_drafter_inputs():
     from eagle_data.definitions import defs
 
     graph = defs.resolve_asset_graph()
@@ -51,17 +51,19 @@ def test_definitions_hold_four_assets_per_dataset_in_six_groups_plus_the_exports
         groups.setdefault(graph.get(key).group_name, set()).add(key.to_user_string())
     assert groups.pop("exports") == {"training_mix"}
     assert groups.pop("drafter") == {"draft_vocab", "hidden_state_plan", "hidden_states"}
-    assert groups == {d: {f"{d}_prompts", f"{d}_estimate", d, f"{d}_validated"} for d in DATASETS}
+    assert groups == {d: {asset_of(stage.name, d) for stage in DATASET_STAGES} for d in catalog()}
     assert defs.get_sensor_def("catalog_order").default_status == dg.DefaultSensorStatus.STOPPED
 
 
-def test_cli_lists_24_dataset_assets_the_mix_and_the_drafter_inputs(demo_env: dict[str, str]):
+def test_cli_lists_the_dataset_assets_the_mix_and_the_drafter_inputs(demo_env: dict[str, str]):
     out = subprocess.run([sys.executable, "-m", "dagster", "asset", "list", "-m", "eagle_data.definitions"],
                          env=demo_env, capture_output=True, text=True, timeout=600)  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
     listed = [line.strip() for line in out.stdout.splitlines() if line.strip()]
     drafter = {"draft_vocab", "hidden_state_plan", "hidden_states"}
-    assert len([a for a in listed if a not in {"training_mix", *drafter}]) == 24
+    datasets = [a for a in listed if f"{a}_prompts" in listed]
+    dataset_assets = [a for a in listed if a not in {"training_mix", *drafter}]
+    assert datasets and len(dataset_assets) == len(DATASET_STAGES) * len(datasets)
     assert {"training_mix", *drafter} <= set(listed)
 
 

@@ -24,7 +24,7 @@ def check(frame: pl.DataFrame, name: str, thinking: bool = True, previous: float
 
 def test_specs_declare_what_the_issue_asks() -> None:
     spec = {d.name: (d.severity, d.blocking) for d in CHECKS}
-    assert spec == {
+    asked = {
         "empty_response": ("ERROR", True),
         "token_structure": ("ERROR", True),
         "lost_text": ("ERROR", True),
@@ -33,6 +33,7 @@ def test_specs_declare_what_the_issue_asks() -> None:
         "reasoning_present": ("ERROR", False),
         "length_shift": ("WARN", False),
     }
+    assert {name: spec[name] for name in asked} == asked  # a gate added later declares its own
 
 
 def test_clean_fixture_passes_every_check(clean: pl.DataFrame) -> None:

@@ -50,7 +50,6 @@ CHROMIUM_FLAGS = [
     "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
     "--disable-component-update", "--disable-sync", "--disable-quic", "--no-first-run", "--window-size=1600,1000",
 ]
-DATASETS = ["b3_magicoder", "b4_mixturethoughts", "b5_openthoughts", "b6_ultrachat", "b7_sharegpt", "b8_perfectblend"]
 LOCATION = "eagle_data.definitions"  # `dagster dev -m eagle_data.definitions` names the location after the module
 LAUNCH_ALL_QUERY = "default_range=*"  # the dataset launch link's query (docs/running.md): every partition key
 
@@ -218,7 +217,7 @@ def test_ui_materializes_a_b7_partition_reruns_its_checks_and_opens_the_report(
     store = ShardStore(ui_env["EAGLE_DATA_ROOT"])
     dataset_rows = sum(store.read_shard("b7_sharegpt", "b7_sharegpt_prompts", key).height for key in keys)
     browser.get(f"{dagster_dev}/asset-groups")
-    for group in DATASETS:  # each group shows twice: in the sidebar tree and as a node of the graph
+    for group in load_catalog(profile="demo"):  # each group shows twice: in the sidebar tree and as a node of the graph
         wait.until(lambda d, g=group: len(d.find_elements(By.XPATH, f"//*[normalize-space(text())='{g}']")) >= 2)
     wait.until(lambda d: "fetching statuses" not in d.find_element(By.TAG_NAME, "body").text)
     browser.save_screenshot(str(ui_dir / "1-asset-graph.png"))
