@@ -18,6 +18,7 @@ from eagle_data.standins.cut_proxy import CutProxy
 from eagle_data.standins.local import free_port
 from eagle_data.standins.openai_fake import FakeOpenAI
 from eagle_data.storage import ShardStore
+from eagle_data_tests.fixtures_demo import demo_run, demo_run_model  # noqa: F401 (fixtures of every test module)
 from eagle_data_tests.fixtures_postgres import pg_database  # noqa: F401 (a fixture of every test module)
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -130,6 +130,7 @@ def add_export_format(copy: Path) -> None:
 
 CHANGES: dict[str, tuple[Callable[[Path], None], tuple[str, ...]]] = {
     "check": (add_check, ("eagle_data_tests/test_check_registry.py", "eagle_data_tests/test_docs_match_code.py",
+                          "eagle_data_tests/test_report.py",
                           "eagle_data_tests/test_quality_checks.py", "eagle_data_tests/test_alerts_every_check.py")),
     "engine kind": (add_engine_kind, ("eagle_data_tests/test_engine_registry.py",
                                       "eagle_data_tests/test_engine_settings.py",

@@ -22,6 +22,7 @@ from eagle_data.stage_table import DATASET_STAGES, asset_of
 from eagle_data.standins.openai_fake import FakeOpenAI, Faults
 from eagle_data.storage import ShardStore
 from eagle_data_tests.conftest import materialize_cli
+from eagle_data_tests.fixtures_demo import DemoRun
 
 GENERATION_COLUMNS = {
     "prompt_id", "dataset", "config_hash", "engine", "model", "provider", "status", "finish_reason", "reasoning",
@@ -30,7 +31,6 @@ GENERATION_COLUMNS = {
 }
 VALIDATED_COLUMNS = {"prompt_id", "input_ids", "loss_mask", "num_tokens", "loss_tokens", "verdict"}
 PROMPTS_COLUMNS = {"prompt_id", "dataset", "shard", "messages", "source_id", "source_row"}
-B7 = "b7_sharegpt_prompts,b7_sharegpt,b7_sharegpt_validated"
 
 
 @pytest.fixture
@@ -67,28 +67,31 @@ def test_cli_lists_the_dataset_assets_the_mix_and_the_drafter_inputs(demo_env: d
     assert {"training_mix", *drafter} <= set(listed)
 
 
-def test_cli_materializes_one_shard_with_the_design_columns(demo_env: dict[str, str], tmp_path: Path):
-    out = materialize_cli(demo_env, "--select", B7, "--partition", "00002")
-    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
-    root = tmp_path / "out" / "b7_sharegpt"
-    prompts = pl.read_parquet(root / "b7_sharegpt_prompts" / "00002.parquet")
-    generations = pl.read_parquet(root / "b7_sharegpt" / "00002.parquet")
-    validated = pl.read_parquet(root / "b7_sharegpt_validated" / "00002.parquet")
-    assert set(prompts.columns) >= PROMPTS_COLUMNS and prompts.height == 10
-    assert set(generations.columns) >= GENERATION_COLUMNS
-    assert set(validated.columns) >= VALIDATED_COLUMNS
-    assert set(generations["prompt_id"]) == set(prompts["prompt_id"]) == set(validated["prompt_id"])
-    assert set(generations["status"]) <= {"ok", "truncated"}
-    assert validated.schema["input_ids"] == pl.List(pl.Int32) and validated.schema["loss_mask"] == pl.List(pl.UInt8)
-
-    out = materialize_cli(demo_env, "--select", "training_mix")
-    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
-    passing = validated.filter(pl.col("verdict").is_in(list(KEPT)))
+def test_the_demo_run_writes_the_design_columns_and_exports_every_passing_row(demo_run: DemoRun):
+    assert demo_run.code == 0, demo_run.printed[-3000:]
+    root = demo_run.root / "b7_sharegpt"
+    keys = load_catalog(profile="demo")["b7_sharegpt"].partition_keys
+    passing, heights = [], []
+    for key in keys:
+        prompts = pl.read_parquet(root / "b7_sharegpt_prompts" / f"{key}.parquet")
+        generations = pl.read_parquet(root / "b7_sharegpt" / f"{key}.parquet")
+        validated = pl.read_parquet(root / "b7_sharegpt_validated" / f"{key}.parquet")
+        assert set(prompts.columns) >= PROMPTS_COLUMNS
+        heights.append(prompts.height)
+        assert set(generations.columns) >= GENERATION_COLUMNS
+        assert set(validated.columns) >= VALIDATED_COLUMNS
+        assert set(generations["prompt_id"]) == set(prompts["prompt_id"]) == set(validated["prompt_id"])
+        assert set(generations["status"]) <= {"ok", "truncated"}
+        assert validated.schema["input_ids"] == pl.List(pl.Int32)
+        assert validated.schema["loss_mask"] == pl.List(pl.UInt8)
+        passing.append(validated.filter(pl.col("verdict").is_in(list(KEPT))))
+    assert heights == [10, 10, 10, 6]  # the sample's 36 prompts in shards of 10
     train = pl.read_parquet(root / "export" / "train.parquet")
     lines = (root / "export" / "prompts.jsonl").read_text().splitlines()  # the default trainer file
-    assert train.height == len(lines) == passing.height > 0
-    assert [json.loads(line)["id"] for line in lines] == passing["prompt_id"].to_list()
-    assert pl.read_parquet(tmp_path / "out" / "training_mix" / "training_mix" / "mix.parquet").height == train.height
+    ids = pl.concat(passing)["prompt_id"]
+    assert train.height == len(lines) == ids.len() > 0
+    assert sorted(json.loads(line)["id"] for line in lines) == sorted(ids.to_list())
+    assert pl.read_parquet(demo_run.root / "training_mix" / "training_mix" / "mix.parquet").height == train.height
 
 
 def test_cli_materializes_a_partition_range_in_one_run(demo_env: dict[str, str], tmp_path: Path):

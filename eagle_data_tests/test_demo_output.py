@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from eagle_data.cli import MAX_NOTES, RunView, run_quietly, summary
+from eagle_data_tests.fixtures_demo import DemoRun
 
 RUN = "df816632-a426-4a7e-ad44-35d5ebff0108"
 HEADER_LINES = 4  # what `demo` prints before the run starts
@@ -111,24 +112,22 @@ def demo_env(tmp_path: Path) -> dict[str, str]:
     return env
 
 
-def test_a_real_run_goes_whole_to_the_log_and_prints_a_few_notes(demo_env: dict[str, str], tmp_path: Path):
-    """The same Dagster CLI path as `eagle-data demo`, on the prompts stage only (generation takes minutes)."""
-    cmd = [sys.executable, "-m", "dagster", "asset", "materialize", "-m", "eagle_data.definitions",
-           "--select", "b7_sharegpt_prompts", "--partition-range", "00000...00003"]  # fmt: skip
-    printed: list[str] = []
-    code, view = run_quietly(cmd, demo_env, tmp_path / "logs" / "demo.log", printed.append)
-    log = (tmp_path / "logs" / "demo.log").read_text()
-    assert code == 0, log[-3000:]
+def test_the_demo_goes_whole_to_the_log_and_prints_a_few_notes_and_a_summary(demo_run: DemoRun):
+    """The session's shared `eagle-data demo` run: every shard of the demo dataset's three assets."""
+    assert demo_run.code == 0, demo_run.printed[-3000:]
+    printed = demo_run.printed.rstrip("\n").split("\n")
+    logs = sorted((demo_run.home / "logs").glob("demo-b7_sharegpt-*.log"))
+    assert len(logs) == 1 and printed[-1] == f"[eagle-data] full Dagster log: {logs[0]}"
+    log = logs[0].read_text()
     assert "STEP_START" in log and "RUN_SUCCESS" in log and log.count("\n") > 3 * len(printed)
-    assert printed[0] == "  b7_sharegpt_prompts: started"
-    assert any("wrote 36 prompts" in p for p in printed)
-    # Every line went to the log, and what was printed is exactly the notes of the log's lines (the step's
-    # end note among them whenever Dagster's step process got to print it; the note itself:
-    # test_a_finished_step_is_shown_with_its_time). Heartbeats are left out: they are thinned by the clock.
+    notes = [p for p in printed if p.startswith("  ")]
+    assert notes[0] == "  b7_sharegpt_prompts: started" and any("wrote 36 prompts" in n for n in notes)
+    # What was printed is exactly the notes of the log's lines (heartbeats are thinned by the clock).
     replay = RunView()
     from_log = [n for raw in log.split("\n") if (n := replay.note(raw, now=0.0)) and "heartbeat" not in n]
-    assert [p for p in printed if "heartbeat" not in p] == from_log
-    assert not view.failed_steps and len(printed) <= MAX_NOTES
+    assert [n for n in notes if "heartbeat" not in n] == from_log
+    assert len(printed) < 40 and len(notes) <= MAX_NOTES
+    assert any(p.startswith("[eagle-data] output: ") and "(4 validated shards)" in p for p in printed)
 
 
 def test_a_run_that_fails_before_any_step_shows_its_cause(demo_env: dict[str, str], tmp_path: Path):
