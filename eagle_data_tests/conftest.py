@@ -141,6 +141,15 @@ LONG_FILES = (
 )
 
 
+# The layers, one folder each (`make test` runs them all; `-m unit` etc. selects one): unit tests call pure rooms
+# without Dagster; integration tests run Dagster in process; end-to-end tests run the CLIs, a UI, a browser or the
+# session's shared demo run (fixtures_demo.py).
+LAYERS = ("unit", "integration", "e2e")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rank = {name: i for i, name in enumerate(LONG_FILES)}
     items.sort(key=lambda item: rank.get(item.path.name, len(LONG_FILES)))
+    for item in items:
+        if item.path.parent.name in LAYERS:
+            item.add_marker(item.path.parent.name)

@@ -170,3 +170,28 @@ def test_the_benchmarks_need_nothing_of_the_test_package() -> None:
         or (isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith(TESTS))
     )
     assert not uses
+
+
+def test_unit_tests_import_neither_dagster_nor_the_layers_above() -> None:
+    """The unit layer (eagle_data_tests/unit/) calls pure rooms only: no Dagster, no defs, no integration or
+    end-to-end test module."""
+    unit = next(p for p in Path(__file__).resolve().parents if p.name == TESTS) / "unit"
+    above = ("eagle_data.defs", "eagle_data.definitions", "eagle_data_tests.integration", "eagle_data_tests.e2e")
+    found = sorted(
+        f"{path.name} imports {name}"
+        for path in unit.glob("*.py")
+        for name in imported_any(path)
+        if name == DAGSTER or name.startswith(above)
+    )
+    assert not found
+
+
+def imported_any(path: Path) -> set[str]:
+    """Every module a file imports (dagster as DAGSTER), at any depth."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            out.add(node.module)
+    return {DAGSTER if name.split(".")[0] in (DAGSTER, "dagster_aws") else name for name in out}
