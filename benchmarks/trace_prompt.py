@@ -77,6 +77,7 @@ class Tracer:
                 f"{a}->{b}": n for (a, b), n in sorted(self.hops.items()) if a in ADMISSION and b in ADMISSION
             },
             "module_list": sorted(self.modules),
+            "hop_table": {f"{a}->{b}": n for (a, b), n in sorted(self.hops.items())},
         }
 
 
