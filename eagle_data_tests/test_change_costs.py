@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 TREE = Path(os.environ.get("EAGLE_TEST_CHANGE_TREE") or Path(__file__).resolve().parents[1])
-SKIP = shutil.ignore_patterns(".git", ".venv", "__pycache__", "*.egg-info", "eagle-output", ".pytest_cache", "tmp*")
+SKIP = shutil.ignore_patterns(".git", ".venv", "__pycache__", "*.egg-info", "eagle-output", ".pytest_cache")
 DATASET = """
 [datasets.b9_extra]
 title = "B9 a dataset added in one catalog table"
@@ -43,7 +43,10 @@ def edit(path: Path, after: str, insert: str) -> None:
 
 
 def lane(tree: Path, *tests: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """The given test files of `tree`, run with `tree`'s package first on the path."""
+    """The given test files of `tree` (by file name, in whichever layer folder they are), run with `tree`'s
+    package first on the path; an argument that is no test file (`-k ...`) is passed as it is."""
+    found = {path.name: str(path.relative_to(tree)) for path in (tree / "eagle_data_tests").rglob("test_*.py")}
+    tests = tuple(found.get(name, name) for name in tests)
     run_env = {k: v for k, v in os.environ.items() if not k.startswith("EAGLE_DATA_")}
     run_env.update(PYTHONPATH=str(tree), **(env or {}))
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfE", *tests]
@@ -129,23 +132,18 @@ def add_export_format(copy: Path) -> None:
 
 
 CHANGES: dict[str, tuple[Callable[[Path], None], tuple[str, ...]]] = {
-    "check": (add_check, ("eagle_data_tests/test_check_registry.py", "eagle_data_tests/test_docs_match_code.py",
-                          "eagle_data_tests/test_report.py",
-                          "eagle_data_tests/test_quality_checks.py", "eagle_data_tests/test_alerts_every_check.py")),
-    "engine kind": (add_engine_kind, ("eagle_data_tests/test_engine_registry.py",
-                                      "eagle_data_tests/test_engine_settings.py",
-                                      "eagle_data_tests/test_docs_match_code.py")),
-    "export format": (add_export_format, ("eagle_data_tests/test_exports_parity.py",
-                                          "eagle_data_tests/test_docs_match_code.py")),
+    "check": (add_check, ("test_check_registry.py", "test_docs_match_code.py", "test_report.py",
+                          "test_quality_checks.py", "test_alerts_every_check.py")),
+    "engine kind": (add_engine_kind, ("test_engine_registry.py", "test_engine_settings.py", "test_docs_match_code.py")),
+    "export format": (add_export_format, ("test_exports_parity.py", "test_docs_match_code.py")),
 }  # fmt: skip
 
 
 def test_a_dataset_is_one_table_in_a_user_catalog_and_needs_no_sample_outside_the_demo(tmp_path: Path) -> None:
     user = tmp_path / "catalog.toml"
     user.write_text(DATASET)
-    done = lane(TREE, "eagle_data_tests/test_catalog.py", "eagle_data_tests/test_definitions.py",
-                "eagle_data_tests/test_docs_match_code.py", "eagle_data_tests/test_sources.py",
-                "eagle_data_tests/test_ui_quiet_and_linkable.py", "-k", "not cli and not s3",
+    done = lane(TREE, "test_catalog.py", "test_definitions.py", "test_docs_match_code.py", "test_sources.py",
+                "test_ui_quiet_and_linkable.py", "-k", "not cli and not s3 and not demo_run",
                 env={"EAGLE_DATA_CATALOG": str(user)})  # fmt: skip
     green(done)
 

@@ -140,7 +140,7 @@ def test_the_dataset_page_links_each_shard_page_and_names_every_check_of_the_ass
     assert links == ["00000.html", "00001.html"]
     assert all((Path(uri).parent / link).is_file() for link in links)  # relative: opens from a folder or a download
     named = set(re.findall(r"<tr><td>([a-z_]+)</td>", page))
-    assert named == {d.name for d in registry.CHECKS if d.stage == "validated"}  # the gates and decontamination
+    assert {d.name for d in registry.CHECKS if d.stage == "validated"} <= named  # the gates and decontamination
     assert "b9_fixture_decontamination" in page and "b9_fixture_validated's Checks tab" in page
 
 
