@@ -21,7 +21,6 @@ from eagle_data.quality import KEPT
 from eagle_data.stage_table import DATASET_STAGES, asset_of
 from eagle_data.standins.openai_fake import FakeOpenAI, Faults
 from eagle_data.storage import ShardStore
-from eagle_data_tests.conftest import materialize_cli
 from eagle_data_tests.fixtures_demo import DemoRun
 
 GENERATION_COLUMNS = {
@@ -94,11 +93,16 @@ def test_the_demo_run_writes_the_design_columns_and_exports_every_passing_row(de
     assert pl.read_parquet(demo_run.root / "training_mix" / "training_mix" / "mix.parquet").height == train.height
 
 
-def test_cli_materializes_a_partition_range_in_one_run(demo_env: dict[str, str], tmp_path: Path):
-    out = materialize_cli(demo_env, "--select", "b7_sharegpt_prompts", "--partition-range", "00001...00003")
-    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
-    written = sorted(p.name for p in (tmp_path / "out" / "b7_sharegpt" / "b7_sharegpt_prompts").glob("*.parquet"))
-    assert written == ["00001.parquet", "00002.parquet", "00003.parquet"]
+def test_the_demo_materializes_its_partition_range_in_one_run(demo_run: DemoRun, monkeypatch: pytest.MonkeyPatch):
+    assert demo_run.code == 0, demo_run.printed[-3000:]
+    keys = load_catalog(profile="demo")["b7_sharegpt"].partition_keys
+    monkeypatch.setenv("DAGSTER_HOME", str(demo_run.home))
+    with dg.DagsterInstance.get() as instance:
+        (run,) = [r for r in instance.get_runs() if dg.AssetKey("training_mix") not in (r.asset_selection or ())]
+        assert run.status == dg.DagsterRunStatus.SUCCESS
+        for asset in ("b7_sharegpt_prompts", "b7_sharegpt", "b7_sharegpt_validated"):
+            records = instance.fetch_materializations(dg.AssetKey(asset), limit=100).records
+            assert sorted((r.run_id, r.partition_key) for r in records) == [(run.run_id, key) for key in keys]
 
 
 def _materialize_b3(storage: StorageResource) -> pl.DataFrame:
