@@ -229,7 +229,8 @@ def main() -> None:
     parser.add_argument("--alert-dataset", default="b3_magicoder")
     args = parser.parse_args()
     from eagle_data.alerts import WEBHOOK_ENV
-    from eagle_data.demo import DEMO_MODEL_ENV, ensure_demo_model
+    from eagle_data.demo import DEMO_MODEL_ENV
+    from eagle_data.standins.random_model import ensure_random_model
     from eagle_data.standins.webhook import Receiver
 
     work = Path(tempfile.mkdtemp(prefix="bench-backfill-"))
@@ -240,7 +241,7 @@ def main() -> None:
     user_catalog.write_text(f"[datasets.{args.alert_dataset}]\ntoken_budget = 1\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("EAGLE_DATA_", "DAGSTER_"))}
     env.update(EAGLE_DATA_PROFILE="demo", DAGSTER_HOME=str(home), EAGLE_DATA_CATALOG=str(user_catalog),
-               **{DEMO_MODEL_ENV: str(ensure_demo_model())})  # fmt: skip
+               **{DEMO_MODEL_ENV: str(ensure_random_model())})  # fmt: skip
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     load_before = os.getloadavg()[0]
     try:

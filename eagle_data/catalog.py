@@ -115,6 +115,7 @@ class Checks(_Frozen):
     max_missing_reasoning_share: float = Field(0.01, ge=0, le=1)
     lost_text_tolerance: float = Field(0.10, ge=0, le=1)  # a row whose text holds less of the reported tokens
     max_lost_text_share: float = Field(0.01, ge=0, le=1)
+    prompt_tokens_tolerance: float = Field(0.02, ge=0, le=1)  # the server's prompt count vs our rendering's
 
 
 class Breaker(_Frozen):

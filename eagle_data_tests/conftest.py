@@ -114,13 +114,25 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> ShardStore:
 
 @pytest.fixture(scope="session")
 def demo_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The demo checkpoint, built once per test session (offline, ~10 s)."""
-    from eagle_data.demo import DEMO_MODEL_ENV, demo_model_path, ensure_demo_model
+    """The random-weight Qwen3 stand-in (eagle_data.standins.random_model), built once per machine (offline,
+    ~10 s): the model of the tests that need speed, not text. Point EAGLE_DATA_DEMO_MODEL at it to run the demo
+    profile on it."""
+    from eagle_data.standins.random_model import ensure_random_model, random_model_path
 
-    path = Path(os.environ[DEMO_MODEL_ENV]) if os.environ.get(DEMO_MODEL_ENV) else demo_model_path()
-    if not (path / "model.safetensors").is_file():
-        path = tmp_path_factory.mktemp("demo-model") / "demo-qwen3"
-    return ensure_demo_model(path)
+    path = random_model_path()
+    try:
+        return ensure_random_model(path)
+    except OSError:  # an unwritable cache folder: build it in the session's own
+        return ensure_random_model(tmp_path_factory.mktemp("random-model") / "random-qwen3")
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> Path:
+    """SmolLM2-135M-Instruct, the real instruct model of the demo (eagle_data.demo), as a transformers folder:
+    converted by `make setup` (`eagle-data demo-model`); the tests that judge data run it."""
+    from eagle_data.demo import ensure_smollm2
+
+    return ensure_smollm2()
 
 
 # Whole CLI, browser and Postgres runs, longest first: run in parallel (make test: pytest-xdist, by file, in

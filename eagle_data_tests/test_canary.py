@@ -1,8 +1,9 @@
 """The canary: a sample drawn across the dataset, judged by the validation gates in `{ds}_estimate`, stops
 a run against a broken server after the sample, and keeps later runs under the same config from starting.
 
-Runs are real Dagster runs on one instance against the fake OpenAI server (demo profile: 36 prompts over
-4 partitions of 10, thinking off); the server counts every request it was billed for."""
+Runs are real Dagster runs on one instance against the fake OpenAI server (the demo profile's sample, 40 rows
+of which 36 are prompts, over 4 partitions of 10, thinking off, on a Qwen-vocabulary target); the server counts
+every request it was billed for."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from eagle_data_tests.fixtures_quality import set_rows, validated_frame, varied_
 SAMPLE = 16  # canary prompts drawn of the demo's 36
 EMPTY_RETRIES = 1  # the runner's default: an empty reply is asked again this many times, then the row fails
 RANGE = {"dagster/asset_partition_range_start": "00000", "dagster/asset_partition_range_end": "00003"}
+SHAPE = {"max_prompts": 40, "target": "qwen3-test"}  # the whole sample; the fake's replies are tokenized as Qwen's
 
 
 # ---- the draw and the refusal, pure ----------------------------------------------------------------------
@@ -117,7 +119,9 @@ def setup(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[dict[str,
 
 
 def _spec(max_tokens: int = 96) -> DatasetSpec:
-    spec = load_catalog(profile="demo")["b7_sharegpt"].model_copy(update={"token_budget": 0, "cost_budget_usd": 0.0})
+    spec = load_catalog(profile="demo")["b7_sharegpt"].model_copy(
+        update={"token_budget": 0, "cost_budget_usd": 0.0, **SHAPE}
+    )
     return spec.model_copy(update={"generation": spec.generation.model_copy(update={"max_tokens": max_tokens})})
 
 

@@ -4,7 +4,7 @@ behind `data.prompts_path`; the text files, tokenized again by its template path
 the blocking `trainer_parity` check fails when a trainer would train on other data.
 
 Rows are built by the real validation code (`build_training_rows`) on the demo target with the demo model's
-tokenizer and chat template (`eagle_data.demo`), as `training_mix` writes them for the demo.
+tokenizer and chat template (`eagle_data.standins.random_model`), as `training_mix` writes them on it.
 """
 
 from __future__ import annotations
@@ -18,13 +18,13 @@ import pytest
 
 from eagle_data import layout
 from eagle_data.catalog import Adapter, Checks, DatasetSpec, Generation
-from eagle_data.demo import CHAT_TEMPLATE
 from eagle_data.exports import Admission
 from eagle_data.exports.check import check_exports
 from eagle_data.exports.formats import FORMATS, chosen
 from eagle_data.exports.parity import ParityError
 from eagle_data.exports.settings import ExportSettings
 from eagle_data.stages.export import export
+from eagle_data.standins.random_model import CHAT_TEMPLATE
 from eagle_data.storage import ShardStore
 from eagle_data.targets import build_training_rows, load_target
 from eagle_data.targets.rows import MESSAGE_DTYPE

@@ -50,9 +50,9 @@ def test_engines_share_a_loaded_checkpoint_until_it_is_rewritten(engine: LocalEn
 def test_reasoning_is_split_at_the_think_end_token(engine: LocalEngine):
     tokenizer, _ = engine._load()
     ids = tokenizer.encode("<think>\nstep one\n</think>\n\nThe answer.<|im_end|>", add_special_tokens=False)
-    done = _to_completion(tokenizer, ids, prompt_tokens=5)
+    done = _to_completion(tokenizer, ids, prompt_ids=[0] * 5)
     assert (done.reasoning, done.content, done.finish_reason) == ("step one", "The answer.", "stop")
-    cut = _to_completion(tokenizer, ids[:-1], prompt_tokens=5)
+    cut = _to_completion(tokenizer, ids[:-1], prompt_ids=[0] * 5)
     assert cut.finish_reason == "length" and cut.truncated
 
 
@@ -64,7 +64,7 @@ def test_two_checkpoints_with_the_same_folder_name_never_share_a_resume_key(tmp_
     spec = spec_for_tests()
     assert resume_key(a.config(), spec).config_hash != resume_key(b.config(), spec).config_hash
     assert a.config()["model"] == str((tmp_path / "a" / "final").resolve()) and a.config()["max_tokens"] == 40
-    assert a.model == b.model == "final"  # the rows' short label
+    assert (a.model, b.model) == (a.config()["model"], b.config()["model"])  # rows name the checkpoint itself
 
 
 def test_missing_checkpoint_is_a_one_line_error(tmp_path: Path):
@@ -76,7 +76,7 @@ def test_missing_checkpoint_is_a_one_line_error(tmp_path: Path):
 def test_the_demo_model_says_so_in_what_it_reports(demo_model: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("EAGLE_DATA_DEMO_MODEL", str(demo_model))
     demo = make_engine("local", model=str(demo_model), **GEN.model_dump())
-    assert demo.describe() == "local (demo model, random weights)"
-    assert "demo model, random weights" in (line := asyncio.run(demo.check())) and "text is meaningless" in line
+    assert demo.describe() == "local (the demo model)"
+    assert "the demo model" in (line := asyncio.run(demo.check())) and str(demo_model.resolve()) in line
     monkeypatch.setenv("EAGLE_DATA_DEMO_MODEL", str(demo_model.parent / "elsewhere"))
     assert make_engine("local", model=str(demo_model), **GEN.model_dump()).describe() == f"local {demo_model.resolve()}"

@@ -94,7 +94,9 @@ def test_generate_reads_each_prompt_shard_only_when_the_runner_reaches_it(tmp_pa
 def test_the_estimate_projects_from_this_configs_sample_not_from_rows_of_an_earlier_config(tmp_path: Path):
     """A shard generated under an earlier config (replies of 10 tokens) must not stand in for this
     config's sample (replies of 50): the budget check would be judged on another model's lengths."""
-    spec = load_catalog(profile="demo")["b7_sharegpt"].model_copy(update={"token_budget": 0, "cost_budget_usd": 0.0})
+    spec = load_catalog(profile="demo")["b7_sharegpt"].model_copy(
+        update={"token_budget": 0, "cost_budget_usd": 0.0, "target": "qwen3-test"}
+    )
     store, settings = ShardStore(str(tmp_path)), RunnerSettings(progress_bar=False)
     stage.write_prompts(spec, store, ["00000"], warn=lambda _: None)
     server = FakeOpenAI(Faults(reply_tokens=(10, 10)))

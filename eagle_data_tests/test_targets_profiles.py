@@ -159,10 +159,11 @@ def test_served_model_table_names_only_shipped_profiles(profiles: dict[str, Prof
 def test_auto_target_follows_the_served_model_and_refuses_an_unknown_one() -> None:
     assert resolve_target("qwen3-test", ["anything"]) == "qwen3-test"  # a named target wins
     assert resolve_target("auto", ["meta-llama/Llama-3.3-70B-Instruct", ""]) == "llama3"
-    with pytest.raises(TargetError, match=r"^model 'openai/gpt-4o' has no verified target profile; set `target`") as e:
+    with pytest.raises(TargetError, match=r"^target \"auto\": the tokenizer of model 'openai/gpt-4o' is not available "
+                       r"offline; set EAGLE_DATA_TARGET_TOKENIZER to a local folder") as e:
         resolve_target("auto", ["openai/gpt-4o"])
     assert "\n" not in str(e.value)
-    with pytest.raises(TargetError, match="map to different target profiles"):
+    with pytest.raises(TargetError, match="map to different targets"):
         resolve_target("auto", ["qwen/qwen3-8b", "meta-llama/llama-3.1-8b-instruct"])
     with pytest.raises(TargetError, match="needs the served model id"):
         resolve_target("auto", [""])
@@ -206,5 +207,5 @@ def test_validation_with_target_auto_uses_the_served_models_profile() -> None:
     rows = validated_rows(spec, served, "00000")
     assert [ids[:2] for ids in rows["input_ids"].to_list()] == [[128000, 128006]] * 4  # Llama 3's BOS, header
     unknown = served.with_columns(served_model=pl.lit(""), model=pl.lit("openai/gpt-4o"))
-    with pytest.raises(TargetError, match=r"^model 'openai/gpt-4o' has no verified target profile; set `target`"):
+    with pytest.raises(TargetError, match=r"^target \"auto\": the tokenizer of model 'openai/gpt-4o' is not available"):
         validated_rows(spec, unknown, "00000")

@@ -265,7 +265,8 @@ def test_a_prompt_difference_names_the_first_differing_token_and_what_each_side_
     think = next(i for i, text in target.token_text.items() if text == "<think>")
     assert prompt_difference(target, prompt, ours, thinking=True) == ""
     opened = prompt_difference(target, prompt, [*ours, think], thinking=True)  # a template opening the think block
-    assert opened == f"first difference at token {len(ours)} of {len(ours)} (server '<think>', ours end of prompt)"
+    assert opened == (f"first difference at token {len(ours)} of {len(ours)} (server '<think>', ours end of prompt; "
+                      f"the server's prompt is {len(ours) + 1} tokens)")
     changed = prompt_difference(target, prompt, [*ours[:2], think, *ours[2:]], thinking=True)
     assert changed.startswith(f"first difference at token 2 of {len(ours)} (server '<think>")
-    assert changed.endswith(f", ours {decode(target, ours[2:6])!r})")
+    assert changed.endswith(f", ours {decode(target, ours[2:6])!r}; the server's prompt is {len(ours) + 1} tokens)")

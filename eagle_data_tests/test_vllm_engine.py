@@ -92,7 +92,8 @@ def test_a_server_with_another_chat_template_stops_generation_and_the_estimate_a
     store = ShardStore(str(tmp_path))
     spec, engine = demo_dataset(store), vllm(server)
     match = (r"^b7_sharegpt: the server renders prompts with another chat template than target qwen3-test: first "
-             r"difference at token \d+ of \d+ \(server '[^']*Cutting[^']*', ours '.+'\); set `target` to the served "
+             r"difference at token \d+ of \d+ \(server '[^']*Cutting[^']*', ours '.+'; the server's prompt is \d+ "
+             r"tokens\); set `target` to the served "
              r"model's profile or fix the server's template \(check_server_template = false")  # fmt: skip
     with pytest.raises(PreflightError, match=match) as err:
         stage.generate(spec, store, ["00000", "00001"], engine, **QUIET)

@@ -13,7 +13,7 @@ from pydantic import Field, create_model
 
 from eagle_data import settings
 from eagle_data.catalog import PROFILE_ENV, DatasetSpec
-from eagle_data.demo import demo_model_path
+from eagle_data.demo import ensure_demo_model
 from eagle_data.engines import (
     ENGINE_ENV,
     SETTINGS,
@@ -103,7 +103,7 @@ class _EngineResolver(dg.ConfigurableResource):
                 given[name] = _named_value(setting.config_name(name), variable, kind if demo else "")
         values = {**{k: v for k, v in env.settings.items() if v is not None}, **given, "kind": kind}
         if demo and not values.get("model"):
-            values["model"] = str(demo_model_path())
+            values["model"] = str(ensure_demo_model())  # built on first use: its target is derived from it
         return EngineSettings(**values)
 
     def make(self, spec: DatasetSpec) -> Engine:

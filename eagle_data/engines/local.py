@@ -13,6 +13,7 @@ import functools
 import hashlib
 import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -27,16 +28,19 @@ from eagle_data.types import Completion, ConfigError, Engine, Message, Sampling,
 if TYPE_CHECKING:
     from eagle_data.catalog import DatasetSpec
 
-DEMO_NOTE = "demo model, random weights"
+DEMO_NOTE = "the demo model"
 # One generation at a time in this process, whichever engine asks: engines share a loaded checkpoint, and
-# torch's random generator, seeded per prompt, is the process's.
+# torch's random generator, seeded per prompt, is the process's. Requests wait for it on this one thread, not
+# in asyncio's shared pool, where queued generations would starve the runner's storage calls (lease renewals).
 _GENERATING = threading.Lock()
+_WORKER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="local-engine")
 
 
 class LocalEngine(Engine):
     """In-process generation with `transformers` (extra `local`: torch)."""
 
     name = "local"
+    reports_prompt_ids = True  # it renders the prompt itself: the pre-flight compares it with the target's
 
     def __init__(
         self,
@@ -54,7 +58,7 @@ class LocalEngine(Engine):
                 f"local engine: no checkpoint at {self.model_path}; run `eagle-data demo-model` to build the demo "
                 "checkpoint, or set EAGLE_DATA_MODEL to a transformers model folder"
             )
-        self.model = self.model_path.name  # the short label rows carry; config() names the whole path
+        self.model = str(self.model_path)  # rows name the checkpoint: `target = "auto"` derives the target from it
         self.generation = generation
         self.device, self.demo, self.markers = device, demo, markers
 
@@ -90,9 +94,20 @@ class LocalEngine(Engine):
                     top_p=g.top_p,
                     pad_token_id=tokenizer.pad_token_id,
                 )
-        prompt_len = prompt["input_ids"].shape[1]
-        output_ids = out[0, prompt_len:].tolist()
-        return _to_completion(tokenizer, output_ids, prompt_len, self.markers)
+        prompt_ids = prompt["input_ids"][0].tolist()
+        output_ids = out[0, len(prompt_ids) :].tolist()
+        return _to_completion(tokenizer, output_ids, prompt_ids, self.markers)
+
+    def _render(self, messages: list[Message]) -> list[int]:
+        tokenizer, _ = self._load()
+        return tokenizer.apply_chat_template(
+            [{"role": m["role"], "content": m["content"]} for m in messages],
+            add_generation_prompt=True, enable_thinking=self.generation.thinking, return_dict=True,
+        )["input_ids"]  # fmt: skip
+
+    async def served_prompt_ids(self, messages: list[Message]) -> list[int]:
+        """The prompt ids this checkpoint's own chat template gives `messages` (what `complete` generates from)."""
+        return await asyncio.to_thread(self._render, messages)
 
     def describe(self) -> str:
         return f"{self.name} ({DEMO_NOTE})" if self.demo else f"{self.name} {self.model_path}"
@@ -100,7 +115,7 @@ class LocalEngine(Engine):
     async def check(self) -> str:
         await asyncio.to_thread(self._load)
         if self.demo:
-            return (f"local engine: {DEMO_NOTE} at {self.model_path} on {self.device}: its text is meaningless; "
+            return (f"local engine: {DEMO_NOTE} at {self.model_path} on {self.device}; "
                     "real runs set EAGLE_DATA_ENGINE to a served model")  # fmt: skip
         return f"local engine: {self.model_path} on {self.device}"
 
@@ -109,7 +124,7 @@ class LocalEngine(Engine):
     ) -> Completion:
         if sampling is not None:
             raise SamplingRefused(self.name)
-        return await asyncio.to_thread(self._generate, messages, prompt_id)
+        return await asyncio.get_running_loop().run_in_executor(_WORKER, self._generate, messages, prompt_id)
 
     async def aclose(self) -> None:
         """Nothing to release per run: the model stays loaded for the next run in this process (`_checkpoint`)."""
@@ -147,7 +162,7 @@ def _torch_threads(count: int | None) -> Iterator[None]:
 
 
 def _to_completion(
-    tokenizer: Any, output_ids: list[int], prompt_tokens: int, markers: ReasoningMarkers | None = THINK_TAGS
+    tokenizer: Any, output_ids: list[int], prompt_ids: list[int], markers: ReasoningMarkers | None = THINK_TAGS
 ) -> Completion:
     """Split the model's tokens into reasoning and content at the think-block markers (their ids in the
     checkpoint's own vocabulary); the end-of-turn id stays in output_ids."""
@@ -163,9 +178,10 @@ def _to_completion(
         reasoning=reasoning,
         reasoning_tokens=reasoning_tokens,
         finish_reason="stop" if stopped else "length",
-        prompt_tokens=prompt_tokens,
+        prompt_tokens=len(prompt_ids),
         completion_tokens=len(output_ids),
         output_ids=output_ids,
+        prompt_ids=prompt_ids,
         provider="local",
     )
 
@@ -196,7 +212,7 @@ def _build(settings: EngineSettings, spec: DatasetSpec) -> Engine:
 register(EngineKind(
     name="local", build=_build, make=make_local, summary="a transformers checkpoint in this process",
     required={"model": "set EAGLE_DATA_MODEL to a transformers checkpoint folder "
-                       "(or EAGLE_DATA_PROFILE=demo for the random-weight demo model)"},
+                       "(or EAGLE_DATA_PROFILE=demo for the demo model, SmolLM2-135M-Instruct)"},
     max_in_flight=4, ramp=False, demo=True,  # one model in this process: a short queue keeps the log honest
     billing="free",
 ))  # fmt: skip

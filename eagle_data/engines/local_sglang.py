@@ -107,7 +107,7 @@ class SGLangLocalEngine(Engine):
         markers: ReasoningMarkers | None = THINK_TAGS,
     ) -> None:
         self.model_path, self.generation, self.demo, self.markers = model_path, generation, demo, markers
-        self.model = model_path.name
+        self.model = str(model_path)
 
     def config(self) -> dict[str, Any]:
         """The transformers path's: the same checkpoint and sampling ask for the same replies."""
@@ -118,7 +118,7 @@ class SGLangLocalEngine(Engine):
 
     async def check(self) -> str:
         await asyncio.to_thread(_runtime, self.model_path)
-        note = f" ({DEMO_NOTE}: its text is meaningless)" if self.demo else ""
+        note = f" ({DEMO_NOTE})" if self.demo else ""
         return f"local engine: {self.model_path}{note} in SGLang's offline engine on the GPU"
 
     async def complete(
@@ -141,7 +141,7 @@ class SGLangLocalEngine(Engine):
             input_ids=list(prompt), sampling_params=params, rid=f"{prompt_id}-{uuid.uuid4().hex[:8]}"
         )
         out = await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(request, runtime.loop))
-        done = _to_completion(runtime.tokenizer, [int(i) for i in out["output_ids"]], len(prompt), self.markers)
+        done = _to_completion(runtime.tokenizer, [int(i) for i in out["output_ids"]], list(prompt), self.markers)
         return replace(done, provider=PROVIDER)
 
     async def aclose(self) -> None:

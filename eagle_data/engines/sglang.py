@@ -35,7 +35,8 @@ from eagle_data.engines.sglang_fleet import (
     stats_line,
 )
 from eagle_data.secrets import mask_url
-from eagle_data.targets import Target, load_target, prompt_ids
+from eagle_data.targets import Target, load_target
+from eagle_data.targets.derived import DerivedTarget
 from eagle_data.targets.reasoning import THINK_TAGS, ReasoningMarkers, reasoning_markers
 from eagle_data.types import (
     PROMPT_ID_HEADER,
@@ -102,11 +103,11 @@ class Codec:
     markers: ReasoningMarkers | None = None
 
 
-def codec_for(target: Target) -> Codec:
-    """The Codec of a loaded target profile: its chat template, tokenizer and think-block markers."""
+def codec_for(target: Target | DerivedTarget) -> Codec:
+    """The Codec of a loaded target: its chat template, tokenizer and think-block markers."""
     return Codec(
-        prompt_ids=lambda messages, thinking: prompt_ids(target, messages, thinking=thinking),
-        decode=lambda ids: target.tokenizer.decode(ids, skip_special_tokens=False),
+        prompt_ids=lambda messages, thinking: target.prompt_ids(messages, thinking=thinking),
+        decode=target.decode,
         markers=reasoning_markers(target.name),
     )
 

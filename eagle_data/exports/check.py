@@ -9,7 +9,6 @@ unexplained ones (`parity.UNEXPLAINED`) block.
 
 from __future__ import annotations
 
-import tomllib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -27,7 +26,7 @@ from eagle_data.exports.settings import ExportSettings
 from eagle_data.quality import registry
 from eagle_data.storage import ShardStore
 from eagle_data.targets import load_target, resolve_target
-from eagle_data.targets.profile import TARGETS_PATH
+from eagle_data.targets.profile import read_profiles
 
 PARITY_CHECK = registry.implemented("parity", ("trainer_parity",))[0].name  # judged by check_exports
 CHECKPOINT_ENV = "EAGLE_DATA_CAPTURE_CHECKPOINT"  # the target folder hidden-state capture reads too
@@ -83,7 +82,7 @@ def text_run(spec: DatasetSpec, train: Path, config: ExportSettings, tokenizer: 
     models = pl.scan_parquet(train).select(pl.col("model").unique()).collect()["model"].drop_nulls().to_list()
     name = resolve_target(spec.target, models)
     target = load_target(name)
-    think = frozenset(p for p in (*target.template.think_open, *target.template.think_close) if isinstance(p, int))
+    think = target.think_ids
     template = config.specforge_template or parity.SPECFORGE_TEMPLATES.get(
         (_format_name(name), spec.generation.thinking), ""
     )
@@ -94,8 +93,9 @@ def text_run(spec: DatasetSpec, train: Path, config: ExportSettings, tokenizer: 
 
 
 def _format_name(profile: str) -> str:
-    """The chat format a profile names in targets.toml."""
-    return str(tomllib.loads(TARGETS_PATH.read_text())["profiles"].get(profile, {}).get("format", ""))
+    """The chat format a profile names in targets.toml ("" for a checkpoint's own template)."""
+    profiles = read_profiles()
+    return profiles[profile].format_name if profile in profiles else ""
 
 
 def _one(store: ShardStore, key: str, train_key: str, config: ExportSettings, measure: Measure) -> Parity:

@@ -27,7 +27,14 @@ import polars as pl
 from eagle_data.catalog import Checks, shard_key
 from eagle_data.quality.gates import FAILED_RATE, TRUNCATION_RATE, CheckResult, Inputs, pct, run_checks
 from eagle_data.quality.summary import share, wilson_lower
-from eagle_data.quality.verdicts import KEPT, LOST_TEXT, STRUCTURE_REASONS, is_answered, is_truncated
+from eagle_data.quality.verdicts import (
+    KEPT,
+    LOST_TEXT,
+    PROMPT_COUNT_MISMATCH,
+    STRUCTURE_REASONS,
+    is_answered,
+    is_truncated,
+)
 
 EXAMPLES = 3  # prompt ids quoted in the one-line verdict
 # How sure a failed share gate must be on the sample: at 0.999, 64 prompts with 18% of replies cut fail a 5%
@@ -120,9 +127,11 @@ def judge(
     max_tokens: int,
     suggested_max_tokens: int,
     config_hash: str,
+    target: str = "",
 ) -> Canary:
     """Judge the sample's validated rows (with verdicts) by the validation gates; `max_tokens` is the cap
-    the sample ran under and `suggested_max_tokens` the one covering 95% of its replies."""
+    the sample ran under and `suggested_max_tokens` the one covering 95% of its replies; `target` the target the
+    rows were tokenized for (named when the server counted other prompts)."""
     results = run_checks(rows, Inputs(checks, thinking))
     answered = rows.filter(is_answered())
     failing = tuple(
@@ -154,6 +163,13 @@ def judge(
         verdict, n = rejected.most_common(1)[0]
         examples = tuple(rows.filter(named == verdict)["prompt_id"].head(EXAMPLES).to_list())
         parts.append(f"{pct(n / rows.height)} of them are {verdict} (e.g. {', '.join(examples)})")
+        if verdict == PROMPT_COUNT_MISMATCH:
+            first = rows.filter(named == verdict).row(0, named=True)
+            parts.append(
+                f"the server counted {first['prompt_tokens']} prompt tokens for {first['prompt_id']} where target "
+                f"{target or '(unnamed)'} renders {first['rendered_prompt_tokens']}: another vocabulary or chat "
+                "template made the replies; set `target` to the served model's own"
+            )
     elif gates:  # every row passed on its own, but together they fail (one completion or loss-mask sum dominating)
         parts.append(gates[0].message)
     if gates:

@@ -14,6 +14,10 @@ targets room then keeps the model's own ids, which is right for a draft model; i
 `prompt_ok` False (the prompt ids the server reports it used differ from our rendering of that prompt:
 another chat template, or control-token text in the user's message parsed as control tokens) is
 `prompt_mismatch`, a structure failure: the reply was generated from a prompt our ids do not describe.
+Every server reports how many prompt tokens it counted; where that differs from our rendering of the same
+prompts (`rendered_prompt_tokens`) by more than one token a turn and `prompt_tokens_tolerance` of ours, the row is
+`prompt_count_mismatch`, a structure failure too: another vocabulary or template (a missing default system turn)
+made the reply. An id outside the target's vocabulary (`vocab_ok` False) is `wrong_vocabulary`.
 
 A row whose prompt or reply overlaps a benchmark item (`contamination`, set by the validation stage,
 see eagle_data/quality/decontam.py) is `contaminated`: set aside, so no benchmark reaches a drafter.
@@ -47,6 +51,9 @@ CONTAMINATION = "contamination"  # the benchmark a row overlaps (eagle_data.qual
 # Tokens per regenerated turn an engine may count that the rebuilt text need not hold: the stop token,
 # and the think tags and blank lines a template leaves out of an earlier turn it re-renders.
 TURN_SLACK_TOKENS = 4
+PROMPT_SLACK_TOKENS = 1  # per regenerated turn: a BOS a server counts without sending it, or the like
+WRONG_VOCABULARY = "wrong_vocabulary"
+PROMPT_COUNT_MISMATCH = "prompt_count_mismatch"
 KEPT = frozenset({PASS, TRUNCATED})  # verdicts whose rows go to training
 # Rejections the engine caused (an answer with no usable text, too little to train on, no reasoning where
 # thinking was asked, text lost against the tokens it reported): another request may do better, so the
@@ -54,10 +61,12 @@ KEPT = frozenset({PASS, TRUNCATED})  # verdicts whose rows go to training
 ENGINE_SIDE_REJECTIONS = frozenset({"empty_completion", "short_loss", "missing_reasoning", LOST_TEXT})
 STRUCTURE_REASONS = (
     "render_error",
+    WRONG_VOCABULARY,
     "bad_structure",
     "roundtrip_mismatch",
     "prefix_mismatch",
     "prompt_mismatch",
+    PROMPT_COUNT_MISMATCH,
     "missing_eot",
 )
 REQUIRED_COLUMNS = (
@@ -86,6 +95,9 @@ OPTIONAL_COLUMNS: dict[str, pl.DataType] = {
     "reply_tokens": pl.Int32(),
     "reply_turns": pl.Int32(),
     "prompt_ok": pl.Boolean(),
+    "prompt_tokens": pl.Int64(),
+    "rendered_prompt_tokens": pl.Int64(),
+    "vocab_ok": pl.Boolean(),
 }
 ACCOUNTING_COLUMNS = ("lost_tokens", "token_ratio")  # added by row_verdicts
 CHECK_COLUMNS = (*REQUIRED_COLUMNS, *OPTIONAL_COLUMNS, *ACCOUNTING_COLUMNS, "verdict")  # not token lists, messages
@@ -134,6 +146,15 @@ def accounting() -> list[pl.Expr]:
     ]
 
 
+def prompt_count_off(checks: Checks) -> pl.Expr:
+    """The server counted other prompt tokens than our rendering holds (beyond the slack): null-safe False."""
+    ours, theirs = pl.col("rendered_prompt_tokens"), pl.col("prompt_tokens")
+    turns = pl.col("reply_turns").fill_null(1)
+    slack = pl.max_horizontal(PROMPT_SLACK_TOKENS * turns, checks.prompt_tokens_tolerance * ours)
+    known = is_answered() & ours.is_not_null() & (theirs.fill_null(0) > 0)
+    return (known & ((theirs - ours).abs() > slack)).fill_null(False)
+
+
 def _rules(checks: Checks, thinking: bool) -> list[tuple[str, pl.Expr]]:
     """(reason, condition) in the order they are tried; the first that holds is the verdict."""
     nothing_written = _blank("content") & (_blank("reasoning") | ~is_truncated())  # a cut reply may hold only reasoning
@@ -141,11 +162,14 @@ def _rules(checks: Checks, thinking: bool) -> list[tuple[str, pl.Expr]]:
         ("failed", pl.col("status") == "failed"),
         ("skipped_budget", pl.col("status") == "skipped_budget"),
         ("render_error", pl.col("target_error").fill_null("") != ""),  # the chat template refused the row
+        (WRONG_VOCABULARY, _false("vocab_ok")),  # an id past the target's embedding: another model's ids
         ("bad_structure", _false("structure_ok")),
         ("roundtrip_mismatch", _false("roundtrip_ok")),
         ("prefix_mismatch", _false("prefix_ok")),
         ("prompt_mismatch", _false("prompt_ok")),  # the server's own prompt ids differ from our rendering
+        # before the count: a server parses a user's literal `<|im_end|>` as one control token, we keep it text
         ("special_token_in_text", pl.col("special_in_text").fill_null(0) > 0),
+        (PROMPT_COUNT_MISMATCH, prompt_count_off(checks)),  # the server counted another prompt
         (CONTAMINATED, pl.col(CONTAMINATION).is_not_null()),  # a benchmark's item in a prompt or reply
         (LOST_TEXT, pl.col("lost_tokens").fill_null(0) > checks.lost_text_tolerance * reported_tokens()),
         ("empty_completion", nothing_written),

@@ -68,13 +68,14 @@ def estimate(
         answered["completion_tokens"].to_list(), answered["finish_reason"].fill_null("").to_list()
     )
     cut = truncation_report(lengths, max_new_tokens=key.max_tokens, threshold=spec.checks.max_truncated_share)
+    target = target_name(spec, answered) if answered.height else spec.target
     judged = canary.judge(
         validated, spec.checks, spec.generation.thinking, dataset=spec.name, max_tokens=key.max_tokens,
-        suggested_max_tokens=cut.suggested_max_tokens, config_hash=key.config_hash,
+        suggested_max_tokens=cut.suggested_max_tokens, config_hash=key.config_hash, target=target,
     )  # fmt: skip
     if not answered.height:
         return PreFlight(judged, None)
-    tokenizer = load_target(target_name(spec, answered)).text_encoder
+    tokenizer = load_target(target).text_encoder
     projected = estimate_generation(
         index.blocks(),
         spec,

@@ -29,6 +29,7 @@ from aiohttp import web
 
 from eagle_data.catalog import DatasetSpec, load_catalog
 from eagle_data.standins.drip import drip
+from eagle_data.targets import load_target
 from eagle_data.targets.vocab import qwen_tokenizer
 from eagle_data.types import PROMPT_ID_HEADER
 
@@ -81,6 +82,9 @@ class Faults:
     # writes this preamble at the head of the system turn, opening one where a conversation has none, as Llama
     # 3.1's template writes its knowledge dates.
     system_preamble: str = ""
+    # The target whose rendering counts a request's `prompt_tokens` (as a real server counts its own template's
+    # tokens); "checkpoint:<folder>" counts as that model's own template does (e.g. SmolLM2's default system turn).
+    prompt_target: str = "qwen3-test"
 
 
 class FakeOpenAI:
@@ -217,7 +221,7 @@ class FakeOpenAI:
         finish = "length" if natural > cap else "stop"
         self.outcomes["truncated" if finish == "length" else "ok"] += 1
         self.answered[turn] += 1
-        prompt_tokens = sum(len(str(m["content"]).split()) for m in body["messages"])
+        prompt_tokens = self._prompt_tokens(body)
         poison = "\ud800" if prompt_id in self.faults.poison_prompts else ""
         message = shaped_message(self.faults.shape, " ".join(["tok"] * n) + poison, f"think {turn}")
         message = self._lose_text(message)
@@ -250,6 +254,17 @@ class FakeOpenAI:
                 prompt = [{"role": "system", "content": system}, *prompt[given:]]
             reply["prompt_token_ids"], reply["choices"][0]["token_ids"] = token_ids(prompt, message, finish, thinking)
         return web.json_response(reply)
+
+    def _prompt_tokens(self, body: dict[str, Any]) -> int:
+        """What the server counts: the request's messages as the prompt target renders them, with the thinking
+        switch the request carries (chat_template_kwargs, else OpenRouter's `reasoning.enabled`)."""
+        kwargs, reasoning = body.get("chat_template_kwargs") or {}, body.get("reasoning") or {}
+        thinking = bool(kwargs.get("enable_thinking", reasoning.get("enabled", True)))
+        target = load_target(self.faults.prompt_target)
+        if not target.think_ids:
+            thinking = False
+        messages = [{"role": m["role"], "content": m.get("content") or ""} for m in body["messages"]]
+        return len(target.prompt_ids(messages, thinking=thinking))
 
     def _lose_text(self, message: dict[str, Any]) -> dict[str, Any]:
         """The reply-text faults (see Faults.healthy_first), drawn after the first healthy answers."""

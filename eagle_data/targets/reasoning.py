@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cache
 
-from eagle_data.targets.profile import TargetError, read_profiles
+from eagle_data.targets.profile import CHECKPOINT, TargetError, read_profiles
 
 
 @dataclass(frozen=True)
@@ -33,8 +33,16 @@ THINK_TAGS = ReasoningMarkers("<think>", "</think>")  # DeepSeek-R1's, Qwen3's a
 
 @cache
 def reasoning_markers(target: str) -> ReasoningMarkers | None:
-    """The think-block markers of target profile `target` (read from targets.toml, no tokenizer loaded), or
-    None when its chat format has no think block."""
+    """The think-block markers of target `target` (a profile: read from targets.toml, no tokenizer loaded; a
+    checkpoint's: its tokenizer's `<think>`/`</think>` where its template writes them), or None when it has none."""
+    if target.startswith(CHECKPOINT):
+        from eagle_data.targets.target import load_target
+
+        loaded = load_target(target)
+        if not loaded.think_ids:
+            return None
+        ids = [loaded.tokenizer.token_to_id(t) for t in (THINK_TAGS.open_text, THINK_TAGS.close_text)]
+        return ReasoningMarkers(THINK_TAGS.open_text, THINK_TAGS.close_text, ids[0], ids[1])
     profiles = read_profiles()
     if target not in profiles:
         raise TargetError(f"unknown target {target!r}; known: {', '.join(sorted(profiles))}")

@@ -182,7 +182,8 @@ def _placed_system(tpl: Template, messages: Sequence[dict[str, Any]]) -> list[di
 
 
 def prompt_ids(target: Target, messages: Sequence[dict[str, Any]], *, thinking: bool) -> list[int]:
-    """The generation prompt's token ids as the target's server builds them (for engines fed token ids)."""
+    """A profile's generation prompt ids as the target's server builds them (for engines fed token ids); any
+    target's: `target.prompt_ids`."""
     target.check_thinking(thinking)
     rendered = render(target.template, messages, thinking=thinking, generation_prompt=True)
     ids: list[int] = []
@@ -193,25 +194,26 @@ def prompt_ids(target: Target, messages: Sequence[dict[str, Any]], *, thinking: 
     return ids
 
 
-def prompt_ids_match(target: Target, messages: Sequence[dict[str, Any]], ids: Sequence[int], *, thinking: bool) -> bool:
+def prompt_ids_match(target: Any, messages: Sequence[dict[str, Any]], ids: Sequence[int], *, thinking: bool) -> bool:
     """Whether the prompt ids a server reports it used equal our rendering of the same prompt (a server with
     another chat template, or one that parsed control-token text in user input, differs)."""
-    return list(ids) == prompt_ids(target, messages, thinking=thinking)
+    return list(ids) == target.prompt_ids(list(messages), thinking=thinking)
 
 
 SHOWN_TOKENS = 4  # tokens a prompt difference shows from each side
 
 
-def prompt_difference(target: Target, messages: Sequence[dict[str, Any]], ids: Sequence[int], *, thinking: bool) -> str:
+def prompt_difference(target: Any, messages: Sequence[dict[str, Any]], ids: Sequence[int], *, thinking: bool) -> str:
     """Where the prompt ids a server reports for `messages` first part from our rendering, in words, showing the
-    next few tokens of each side ("" when they are equal)."""
-    ours, theirs = prompt_ids(target, messages, thinking=thinking), list(ids)
+    next few tokens of each side ("" when they are equal). `target`: a profile's or a checkpoint's."""
+    ours, theirs = target.prompt_ids(list(messages), thinking=thinking), list(ids)
     if theirs == ours:
         return ""
     at = next((i for i, (a, b) in enumerate(zip(theirs, ours, strict=False)) if a != b), min(len(theirs), len(ours)))
 
     def shown(side: list[int]) -> str:
         window = side[at : at + SHOWN_TOKENS]
-        return repr(target.tokenizer.decode(window, skip_special_tokens=False)) if window else "end of prompt"
+        return repr(target.decode(window)) if window else "end of prompt"
 
-    return f"first difference at token {at} of {len(ours)} (server {shown(theirs)}, ours {shown(ours)})"
+    return (f"first difference at token {at} of {len(ours)} (server {shown(theirs)}, ours {shown(ours)}; "
+            f"the server's prompt is {len(theirs)} tokens)")

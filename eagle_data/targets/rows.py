@@ -34,6 +34,7 @@ PASS_THROUGH = (
     "served_model",
     "sampling",
     "sampling_setting",
+    "prompt_tokens",  # what the server counted, against `rendered_prompt_tokens`
     "messages",  # the conversations export (SpecForge JSONL) reads it
 )
 FLAGS = ("roundtrip_ok", "prefix_ok", "structure_ok", "eot_ok")
@@ -49,6 +50,8 @@ OUTPUT_COLUMNS: dict[str, Any] = {  # built here; then PASS_THROUGH columns foll
     "target_error": pl.String,
     "reply_tokens": pl.Int32,
     "reply_turns": pl.Int32,
+    "rendered_prompt_tokens": pl.Int64,
+    "vocab_ok": pl.Boolean,
 }
 
 
@@ -61,12 +64,21 @@ class _Row:
     output_ids: list[int] | None
     truncated: bool
     server_prompt: list[int] | None  # the final turn's prompt ids as the server reported rendering them
+    earlier_prompts: list[Rendered]  # the generation prompt of each earlier regenerated turn
 
 
 def build_training_rows(
     target: Target, generations: pl.DataFrame, *, thinking: bool, mask_empty_think: bool = False
 ) -> pl.DataFrame:
-    """Token ids, loss mask and verification flags per generation row.
+    """Token ids, loss mask and verification flags per generation row, by the target's own builder (a profile's
+    pieces here, or a checkpoint's template in targets.derived); the same columns either way."""
+    return target.training_rows(generations, thinking=thinking, mask_empty_think=mask_empty_think)
+
+
+def profile_rows(
+    target: Target, generations: pl.DataFrame, *, thinking: bool, mask_empty_think: bool = False
+) -> pl.DataFrame:
+    """Token ids, loss mask and verification flags per generation row, rendered from a profile's pieces.
 
     `generations` follows the generation contract (docs/design.md) with `messages` holding the conversation
     including the regenerated assistant turns. Rows with status failed/skipped_budget get empty lists and
@@ -84,6 +96,9 @@ def build_training_rows(
     reply_tokens: the tokens of every regenerated turn as rebuilt here (a turn's own engine ids where the
     engine returned them; reasoning a template leaves out of earlier turns encoded apart), over
     `reply_turns` turns: the quality room weighs them against the engine's reported completion tokens.
+    rendered_prompt_tokens: the generation prompt of every regenerated turn, rendered and tokenized here, summed:
+    the quality room weighs it against the server's reported `prompt_tokens` (another vocabulary or template
+    counts otherwise). vocab_ok: every id is a row of the target's embedding.
     """
     target.check_thinking(thinking)
     statuses = generations["status"].to_list()
@@ -122,18 +137,23 @@ def _render_row(
     tpl = target.template
     full = render(tpl, messages, thinking=thinking, truncated=truncated, mask_empty_think=mask_empty_think)
     prompt = render(tpl, messages[:-1], thinking=thinking, generation_prompt=True)
+    earlier = [
+        render(tpl, messages[:k], thinking=thinking, generation_prompt=True)
+        for k, m in enumerate(messages[:-1])
+        if m["role"] == "assistant" and (m.get("reasoning") is not None or m.get("output_ids") is not None)
+    ]
     out_ids = messages[-1].get("output_ids")
     if out_ids is None and row_out_ids is not None:
         out_ids = row_out_ids[i]  # the row-level column holds the same turn's tokens
-    return _Row(full, prompt, None if out_ids is None else list(out_ids), truncated, None)
+    return _Row(full, prompt, None if out_ids is None else list(out_ids), truncated, None, earlier)
 
 
-def _unbuilt(row: str | None) -> dict[str, Any]:
+def unbuilt(row: str | None) -> dict[str, Any]:
     """A row with no ids: null flags when the status had no reply, false flags when rendering failed."""
     flag = None if row is None else False
     empty = {"input_ids": [], "loss_mask": [], "num_tokens": 0, "loss_tokens": 0, "special_in_text": 0}
-    unknown = {"ids_match": None, "prompt_ok": None, "reply_tokens": None, "reply_turns": None}
-    return {**empty, **dict.fromkeys(FLAGS, flag), **unknown, "target_error": row or ""}
+    unknown = dict.fromkeys(("ids_match", "prompt_ok", "reply_tokens", "reply_turns", "rendered_prompt_tokens"))
+    return {**empty, **dict.fromkeys(FLAGS, flag), **unknown, "vocab_ok": None, "target_error": row or ""}
 
 
 class _Encoder:
@@ -145,7 +165,7 @@ class _Encoder:
         index: dict[str, int] = {}
         for row in rows:
             if isinstance(row, _Row):
-                for piece in row.full.pieces:
+                for piece in [*row.full.pieces, *(p for r in row.earlier_prompts for p in r.pieces)]:
                     if type(piece) is str:
                         index.setdefault(piece, len(index))
                 for turn in row.full.history:
@@ -179,7 +199,7 @@ class _Encoder:
     def columns(self) -> dict[str, list[Any]]:
         """Every output column, one value per input row."""
         built = [n for n, row in enumerate(self.rows) if isinstance(row, _Row)]
-        records = [self._row(row) if isinstance(row, _Row) else _unbuilt(row) for row in self.rows]
+        records = [self._row(row) if isinstance(row, _Row) else unbuilt(row) for row in self.rows]
         for n, back in zip(built, self._decode([records[n]["input_ids"] for n in built]), strict=True):
             records[n]["roundtrip_ok"] = back == records[n].pop("text")
         return {name: [r[name] for r in records] for name in OUTPUT_COLUMNS}
@@ -213,6 +233,8 @@ class _Encoder:
         prompt_ok = None
         if row.server_prompt is not None:
             prompt_ok = row.server_prompt == (ids[:prompt_len] if apart is None else apart)
+        earlier = sum(len(self.ids(r.pieces, r.masks)[0]) for r in row.earlier_prompts)
+        size = self.target.vocab_size
         return {
             "input_ids": ids,
             "loss_mask": mask,
@@ -228,6 +250,8 @@ class _Encoder:
             "target_error": "",
             "reply_tokens": reply_tokens,
             "reply_turns": 1 + len(full.history),
+            "rendered_prompt_tokens": (prompt_len if apart is None else len(apart)) + earlier,
+            "vocab_ok": all(0 <= t < size for t in ids),
             "text": "".join(self.target.token_text[p] if type(p) is int else p for p in full.pieces),
         }
 

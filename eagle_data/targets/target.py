@@ -10,11 +10,17 @@ import hashlib
 import re
 from dataclasses import dataclass
 from functools import cache, cached_property
+from typing import TYPE_CHECKING, Any
 
 from tokenizers import Tokenizer
 
-from eagle_data.targets.profile import AUTO, Profile, TargetError, read_profiles
+from eagle_data.targets.profile import AUTO, CHECKPOINT, Profile, TargetError, read_profiles
 from eagle_data.targets.tokenizer import load_tokenizer, text_encoder, token_bytes
+
+if TYPE_CHECKING:
+    import polars as pl
+
+    from eagle_data.targets.derived import DerivedTarget
 
 Part = int | str  # a structural token id, or template text
 
@@ -98,10 +104,34 @@ class Target:
         """SHA-256 of the tokenizer's full JSON: two runs with the same hash tokenized alike."""
         return hashlib.sha256(self.tokenizer.to_str().encode()).hexdigest()
 
+    @property
+    def think_ids(self) -> frozenset[int]:
+        """The ids of the think block's structural tokens (none for a format without reasoning)."""
+        return frozenset(p for p in (*self.template.think_open, *self.template.think_close) if isinstance(p, int))
+
+    def prompt_ids(self, messages: list[dict[str, Any]], *, thinking: bool) -> list[int]:
+        from eagle_data.targets.render import prompt_ids
+
+        return prompt_ids(self, messages, thinking=thinking)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+    def training_rows(self, generations: pl.DataFrame, *, thinking: bool, mask_empty_think: bool = False
+                      ) -> pl.DataFrame:  # fmt: skip
+        from eagle_data.targets.rows import profile_rows
+
+        return profile_rows(self, generations, thinking=thinking, mask_empty_think=mask_empty_think)
+
 
 @cache
-def load_target(name: str) -> Target:
-    """The named profile from targets.toml, loaded and checked (cached per process)."""
+def load_target(name: str) -> Target | DerivedTarget:
+    """The named profile from targets.toml (and the user's catalog), or with `checkpoint:<ref>` the target
+    derived from that checkpoint; loaded and checked once per process."""
+    if name.startswith(CHECKPOINT):
+        from eagle_data.targets.derived import load_derived
+
+        return load_derived(name.removeprefix(CHECKPOINT))
     profiles = read_profiles()
     if name == AUTO:
         raise TargetError(
