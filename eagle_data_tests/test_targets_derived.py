@@ -25,8 +25,10 @@ from eagle_data.standins.openai_fake import FakeOpenAI, Faults
 from eagle_data.storage import ShardStore
 from eagle_data.storage.shards import write_shards
 from eagle_data.targets import CHECKPOINT, TargetError, load_target
+from eagle_data.targets.rows import MESSAGE_DTYPE, build_training_rows
 from eagle_data.types import Engine
 from eagle_data_tests import fixtures_stages as stage
+from eagle_data_tests.test_targets_conformance import CONVERSATIONS, FIXTURES, REASONING
 
 QUIET = {"log": lambda _: None, "settings": RunnerSettings(progress_bar=False)}
 MAX_TOKENS = 48
@@ -210,3 +212,113 @@ def test_a_gguf_file_the_gguf_package_cannot_read_is_one_line(tmp_path: Path) ->
 
 def test_a_folder_that_is_no_checkpoint_says_which_variable_to_set(tmp_path: Path) -> None:
     assert "EAGLE_DATA_TARGET_TOKENIZER" in _one_line(str(tmp_path))
+
+
+# ---- the derived target against the hand-written presets, on their offline vocabularies --------------------
+# preset -> (the model's own chat template, bos, eos, the end ids its generation_config.json lists, thinking modes)
+PRESETS: dict[str, tuple[str, str, str, list[int], tuple[bool, ...]]] = {
+    "qwen3-test": ("qwen3_chat_template.jinja", "", "<|im_end|>", [151645, 151643], (False, True)),
+    "llama3": ("llama3.1_instruct_chat_template.jinja", "<|begin_of_text|>", "<|eot_id|>",
+               [128001, 128008, 128009], (False,)),
+    "mistral": ("mistral_nemo_instruct_chat_template.jinja", "<s>", "</s>", [2], (False,)),
+}  # fmt: skip
+# Differences the presets and a model's own template may rightly have, by cause: the server's tokenizer parses
+# control-token text in a message (the preset keeps it text; both set the row aside as special_token_in_text); the
+# model's template renders the prompt otherwise once the reply follows (Mistral Nemo's drops the system message
+# when the conversation ends with a reply: the derived row is `prefix_mismatch` without the engine's own ids, and
+# with them it is the prompt the model saw and its ids, as the preset's row is).
+PARSED_TEXT = "special_in_text"
+REWRITTEN = "prefix_ok"
+
+
+def _checkpoint_of(preset: str, folder: Path) -> Path:
+    """The preset's tokenizer and its model's real chat template, saved as a checkpoint's tokenizer files."""
+    from transformers import PreTrainedTokenizerFast
+
+    template, bos, eos, ends, _ = PRESETS[preset]
+    hf = PreTrainedTokenizerFast(tokenizer_object=load_target(preset).tokenizer, bos_token=bos or None, eos_token=eos)
+    hf.chat_template = (FIXTURES / template).read_text()
+    hf.save_pretrained(folder)
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": ends}))
+    return folder
+
+
+def _frame(conversations: dict[str, list[dict[str, Any]]], reasoning: str | None) -> pl.DataFrame:
+    rows = []
+    for name, messages in conversations.items():
+        turns = [{"reasoning": None, "output_ids": None, **m} for m in messages]
+        turns[-1] = {**turns[-1], "reasoning": reasoning}
+        rows.append({"prompt_id": name, "status": "ok", "finish_reason": "stop", "messages": turns})
+    return pl.DataFrame(rows, schema_overrides={"messages": pl.List(MESSAGE_DTYPE)})
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_the_target_derived_from_a_models_template_equals_its_hand_written_preset_row_by_row(
+    preset: str, tmp_path: Path
+) -> None:
+    derived = load_target(CHECKPOINT + str(_checkpoint_of(preset, tmp_path / preset)))
+    differences: dict[str, list[str]] = {}
+    for thinking in PRESETS[preset][-1]:
+        frame = _frame(CONVERSATIONS, REASONING if thinking else None)
+        ours = build_training_rows(load_target(preset), frame, thinking=thinking).to_dicts()
+        theirs = build_training_rows(derived, frame, thinking=thinking).to_dicts()
+        for a, b in zip(ours, theirs, strict=True):
+            assert b["target_error"] == "" and b["eot_ok"] and b["roundtrip_ok"], b
+            if (a["input_ids"], a["loss_mask"]) != (b["input_ids"], b["loss_mask"]):
+                cause = PARSED_TEXT if a[PARSED_TEXT] and b[PARSED_TEXT] else REWRITTEN if not b[REWRITTEN] else "?"
+                differences.setdefault(cause, []).append(a["prompt_id"])
+            elif not a[PARSED_TEXT]:
+                assert a["rendered_prompt_tokens"] == b["rendered_prompt_tokens"]
+    assert "?" not in differences, differences  # every other row: the same ids, the same mask
+    if preset == "mistral":  # its template's system placement, named
+        assert set(differences[REWRITTEN]) == {n for n, m in CONVERSATIONS.items() if m[0]["role"] == "system"}
+    else:
+        assert REWRITTEN not in differences, differences
+
+
+def test_with_the_engines_own_ids_a_template_that_rewrites_the_prompt_still_gives_what_the_model_saw(
+    tmp_path: Path,
+) -> None:
+    derived = load_target(CHECKPOINT + str(_checkpoint_of("mistral", tmp_path / "mistral")))
+    preset = load_target("mistral")
+    conversation = CONVERSATIONS["with_system"]
+    reply = [*preset.text_encoder.encode(conversation[-1]["content"], add_special_tokens=False).ids, preset.eot_id]
+    frame = _frame({"with_system": conversation}, None).with_columns(pl.Series("output_ids", [reply]))
+    a = build_training_rows(preset, frame, thinking=False).row(0, named=True)
+    b = build_training_rows(derived, frame, thinking=False).row(0, named=True)
+    assert b["prefix_ok"] and b["roundtrip_ok"] and (a["input_ids"], a["loss_mask"]) == (b["input_ids"], b["loss_mask"])
+
+
+TEAM_CATALOG = """
+[targets.profiles.team-qwen]
+format = "chatml-qwen3"
+tokenizer = "builtin:qwen-dashscope"
+tokens = { "<|im_start|>" = 151644, "<|im_end|>" = 151645, "<think>" = 151667, "</think>" = 151668 }
+
+[targets.served_models]
+"*acme/chat-*" = "team-qwen"
+
+[datasets.b7_sharegpt]
+target = "team-qwen"
+"""
+
+
+def test_a_users_catalog_adds_a_preset_and_maps_its_model_without_touching_the_package(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from eagle_data.catalog import CATALOG_PATH
+    from eagle_data.targets import resolve_target
+
+    user = tmp_path / "team.toml"
+    user.write_text(TEAM_CATALOG)
+    monkeypatch.setenv("EAGLE_DATA_CATALOG", str(user))
+    before = CATALOG_PATH.read_bytes()
+    load_target.cache_clear()
+    assert load_catalog(profile="")["b7_sharegpt"].target == "team-qwen"
+    assert load_target("team-qwen").prompt_ids([{"role": "user", "content": "Hi"}], thinking=True)[0] == 151644
+    assert resolve_target("auto", ["acme/chat-7b"]) == "team-qwen"
+    user.write_text(TEAM_CATALOG.replace('format = "chatml-qwen3"', 'format = "no-such-format"'))
+    load_target.cache_clear()
+    with pytest.raises(TargetError, match=r"^target team-qwen \(\[targets\] of \$EAGLE_DATA_CATALOG\): unknown format"):
+        load_target("team-qwen")
+    assert CATALOG_PATH.read_bytes() == before

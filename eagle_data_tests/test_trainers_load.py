@@ -55,7 +55,7 @@ def mix_frame(dataset: str) -> pl.DataFrame:
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory, demo_model: Path) -> dict[str, Any]:
     """The mix, one capture per group (fp32 on CPU, two shards of 6 rows) and the draft vocabulary files."""
-    specs = list(load_catalog(profile="demo").values())
+    specs = [s.model_copy(update={"target": "demo"}) for s in load_catalog(profile="demo").values()]
     root = tmp_path_factory.mktemp("trainers")
     store = ShardStore(str(root))
     frame = mix_frame(specs[0].name)

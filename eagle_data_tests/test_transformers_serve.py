@@ -32,10 +32,9 @@ from eagle_data.defs.io_managers import shard_resources
 from eagle_data.defs.resources import ENGINE_ENV, POOL_ENV, EngineResource, StorageResource
 from eagle_data.standins.local import free_port
 
-SAMPLE = 4  # canary prompts of the demo's 36
+SAMPLE = 4  # canary prompts of the demo's
 MAX_TOKENS = 12
-END_OF_TEXT_LOGIT = 1.2  # against the demo's end-of-turn logit 1.0: it beats most text tokens, not all
-RANGE = {"dagster/asset_partition_range_start": "00000", "dagster/asset_partition_range_end": "00003"}
+END_OF_TEXT_LOGIT = 1.2  # against the random model's end-of-turn logit 1.0: it beats most text tokens, not all
 START_TIMEOUT_S = 120
 
 
@@ -92,12 +91,17 @@ def servers(demo_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
             proc.wait(timeout=10)
 
 
-def _estimate(base_url: str, model: Path, root: Path, monkeypatch: pytest.MonkeyPatch) -> dg.ExecuteInProcessResult:
-    """The demo's b7_sharegpt prompts and estimate (its canary) through the openai engine kind at `base_url`."""
+def _estimate(
+    base_url: str, model: Path, root: Path, monkeypatch: pytest.MonkeyPatch, target: str = "auto"
+) -> dg.ExecuteInProcessResult:
+    """The demo's b7_sharegpt prompts and estimate (its canary) through the openai engine kind at `base_url`; with
+    `target = "auto"` the target is the served checkpoint's own."""
     monkeypatch.setenv(ENGINE_ENV, "openai")
     monkeypatch.delenv(POOL_ENV, raising=False)
     monkeypatch.setenv("EAGLE_DATA_BASE_URL", base_url)
-    spec = load_catalog(profile="demo")["b7_sharegpt"].model_copy(update={"token_budget": 0, "cost_budget_usd": 0.0})
+    spec = load_catalog(profile="demo")["b7_sharegpt"].model_copy(
+        update={"token_budget": 0, "cost_budget_usd": 0.0, "target": target}
+    )
     spec = spec.model_copy(update={
         "generation": spec.generation.model_copy(update={"max_tokens": MAX_TOKENS}),
         "breaker": spec.breaker.model_copy(update={"empty_retries": 0}),  # greedy: asking again gets the same
@@ -107,7 +111,9 @@ def _estimate(base_url: str, model: Path, root: Path, monkeypatch: pytest.Monkey
     engine = EngineResource(kind="openai", model=str(model), api_key_env="")
     with dg.DagsterInstance.ephemeral() as instance:
         return dg.materialize(
-            [prompts, estimate], instance=instance, tags=RANGE, run_config=config, raise_on_error=False,
+            [prompts, estimate], instance=instance, run_config=config, raise_on_error=False,
+            tags={"dagster/asset_partition_range_start": spec.partition_keys[0],
+                  "dagster/asset_partition_range_end": spec.partition_keys[-1]},
             resources={**shard_resources(StorageResource(root=str(root))), "engine": engine},
         )  # fmt: skip
 
@@ -150,3 +156,34 @@ def test_the_canary_names_lost_text_exactly_when_transformers_serve_loses_it(
         assert "lost_text (e.g. " in description, description  # the cause named, with the prompts it hit
     else:
         assert "lost_text" not in description and canary.metadata.get("canary_share_lost_text") is None
+
+
+@pytest.fixture(scope="module")
+def smollm2_server(smollm2: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """`transformers serve` with SmolLM2-135M-Instruct, a real instruct model whose template adds a system turn."""
+    proc, url = _serve(tmp_path_factory.mktemp("transformers-serve-smollm2"))
+    try:
+        _wait(proc, url)
+        yield f"{url}/v1"
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+def test_transformers_serve_counts_each_prompt_as_the_target_derived_from_its_checkpoint_renders_it(
+    smollm2_server: str, smollm2: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    canary = _canary(_estimate(smollm2_server, smollm2, tmp_path, monkeypatch))
+    assert "prompt_count_mismatch" not in (canary.description or "")
+    assert canary.metadata.get("canary_share_prompt_count_mismatch") is None
+
+
+def test_another_vocabularys_profile_on_transformers_serve_fails_the_canary_in_one_line(
+    smollm2_server: str, smollm2: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Qwen ids for a SmolLM2 target: every structure flag would pass (the text round-trips); only the server's own
+    prompt counts tell, and the canary names them before the run pays for the rest."""
+    canary = _canary(_estimate(smollm2_server, smollm2, tmp_path, monkeypatch, target="qwen3-test"))
+    description = canary.description or ""
+    assert not canary.passed and "\n" not in description
+    assert "prompt_count_mismatch" in description and "target qwen3-test renders" in description, description

@@ -22,7 +22,17 @@ def local_mix(store: ShardStore, key: str) -> Iterator[Path]:
 
 
 def mix_target(path: Path, specs: list[DatasetSpec]) -> str:
-    """The one target model every dataset in the mix was tokenized for (ids of two targets never mix)."""
+    """The one target model every dataset in the mix was tokenized for (ids of two targets never mix): the
+    rows' own `target` (what validation resolved, `target = "auto"` included), else the catalog's."""
+    scan = pl.scan_parquet(path)
+    made_for = pl.DataFrame({"target": []}, schema={"target": pl.String})
+    if "target" in scan.collect_schema().names():  # a mix written before rows named their target has none
+        made_for = scan.select(pl.col("target").drop_nulls().unique()).collect(engine="streaming")
+    if made_for.height > 1:
+        raise ValueError(f"the mix holds rows of {made_for.height} targets ({', '.join(sorted(made_for['target']))}); "
+                         "give every dataset in the mix the same target")  # fmt: skip
+    if made_for.height == 1:
+        return str(made_for["target"][0])
     names = pl.scan_parquet(path).select(pl.col("dataset").unique()).collect(engine="streaming")["dataset"]
     by_name = {spec.name: spec for spec in specs}
     unknown = sorted(set(names) - set(by_name))

@@ -47,6 +47,7 @@ def validated_rows(spec: DatasetSpec, generations: pl.DataFrame, partition: str)
     rows = rows.with_columns(
         pl.lit(shard_index(partition), pl.Int32).alias("shard"),
         contamination(rows, index),
+        target=pl.lit(target.name),
         tokenizer_hash=pl.lit(target.tokenizer_hash),
         chat_template_hash=pl.lit(target.chat_template_hash),
     )

@@ -195,34 +195,42 @@ class DerivedTarget:
             starts = [s for s, _ in head.offsets]
             for t in range(bisect_left(starts, span.start), bisect_left(starts, span.end)):
                 mask[t] = 1
-        reply = self._span(full, None, None, prompt)
-        body_end = reply.end if not truncated else self._eot_start(full, reply)
-        body_text = full[reply.start : body_end]
-        text_ids = encode(body_text, add_special_tokens=False).ids
-        ids_match, control_ok, body = None, True, text_ids
+        prefix_ok = full.startswith(prompt)
+        if prefix_ok or output_ids is None:
+            reply = self._span(full, None, None, prompt)
+            body_text = full[reply.start : reply.end if not truncated else self._eot_start(full, reply)]
+            tail_text = "" if truncated else full[reply.end :]
+            text_ids: list[int] | None = encode(body_text, add_special_tokens=False).ids
+        else:
+            # The template renders the prompt otherwise once the reply follows it (Mistral Nemo's drops the system
+            # message then): the row is what the model saw, its prompt and its own ids, then the template's text
+            # after the conversation's last end token.
+            text_ids, body_text, prefix_ok = None, self.decode(output_ids), True
+            tail_text = "" if truncated else full[self._last_end(full) :]
+        ids_match, control_ok, body = None, True, text_ids or []
         if output_ids is not None:
             out = list(output_ids)
             if not truncated and (not out or out[-1] not in self.control):
                 out.append(self.eot_id)  # the engine reported a stop but left the stop token out of its ids
-            ids_match = out == text_ids
-            if not ids_match:  # the model's own tokens win; their control ids must be where the template's are
-                control_ok = [t for t in out if t in self.control] == [t for t in text_ids if t in self.control]
-                body = out
+            if text_ids is not None:
+                ids_match = out == text_ids
+                if not ids_match:  # the model's own tokens win; their control ids must be where the template's are
+                    control_ok = [t for t in out if t in self.control] == [t for t in text_ids if t in self.control]
+            body = out
         body_mask = self._body_mask(body, thinking, mask_empty_think, messages[-1])
-        tail = [] if truncated else encode(full[reply.end :], add_special_tokens=False).ids
+        tail = encode(tail_text, add_special_tokens=False).ids if tail_text else []
         ids += [*body, *tail]
         mask += [*body_mask, *[0] * len(tail)]
         contents = [m["content"] or "" for m in messages] + [m.get("reasoning") or "" for m in messages]
         specials = sum(len(self.control_pattern.findall(text)) for text in contents)
-        rendered_text = prompt + body_text + ("" if truncated else full[reply.end :])
         history = sum(self._history_tokens(m, prompt) for k, m in enumerate(messages) if k in trained[:-1])
         return {
             "input_ids": ids,
             "loss_mask": mask,
             "num_tokens": len(ids),
             "loss_tokens": sum(mask),
-            "roundtrip_ok": self.decode(ids) == rendered_text,
-            "prefix_ok": full.startswith(prompt),
+            "roundtrip_ok": self.decode(ids) == prompt + body_text + tail_text,
+            "prefix_ok": prefix_ok,
             "structure_ok": control_ok,
             "eot_ok": truncated or (bool(body) and body[-1] in self.eot_ids),
             "special_in_text": specials,
@@ -232,8 +240,14 @@ class DerivedTarget:
             "reply_tokens": len(body) + history,
             "reply_turns": len(trained),
             "rendered_prompt_tokens": sum(len(encode(p, add_special_tokens=False).ids) for p in prompts.values()),
-            "vocab_ok": all(0 <= t < self.vocab_size for t in ids),
+            "vocab_ok": not ids or (min(ids) >= 0 and max(ids) < self.vocab_size),
         }
+
+    def _last_end(self, text: str) -> int:
+        """The character offset just past the last end token of `text` (0 when it has none)."""
+        encoding = self.tokenizer.encode(text, add_special_tokens=False)
+        ends = [stop for token, (_, stop) in zip(encoding.ids, encoding.offsets, strict=True) if token in self.eot_ids]
+        return ends[-1] if ends else len(text)
 
     def _span(self, text: str, ids: list[int] | None, offsets: list[tuple[int, int]] | None, before: str) -> _Span:
         """Where a turn sits in `text`: from where `before` (its generation prompt) stops agreeing with `text`, to
