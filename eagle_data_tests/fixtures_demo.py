@@ -3,8 +3,9 @@ prompts, generation and validated, a process per step, the repository's dagster.
 once. Every test that only reads what a demo run leaves (its shards, its export, its summary, its instance)
 reads this run instead of running the demo again.
 
-The model it runs is one setting: `EAGLE_TEST_DEMO_RUN_MODEL` (a transformers folder, e.g. an instruct model
-such as SmolLM2-135M-Instruct), by default the session's random-weight demo model (`demo_model`), which is fast.
+The model it runs is one setting: `EAGLE_TEST_DEMO_RUN_MODEL` (a transformers folder), by default the demo's own
+model, SmolLM2-135M-Instruct (the `smollm2` fixture): the demo profile's gates are set for a real instruct model's
+replies, which the random-weight stand-in (`demo_model`, for tests that need speed, not text) does not pass.
 """
 
 from __future__ import annotations
@@ -35,10 +36,10 @@ class DemoRun:
 
 
 @pytest.fixture(scope="session")
-def demo_run_model(demo_model: Path) -> Path:
+def demo_run_model(request: pytest.FixtureRequest) -> Path:
     """The model the shared demo run generates with: the one setting to change it."""
     chosen = os.environ.get(DEMO_RUN_MODEL_ENV)
-    return Path(chosen) if chosen else demo_model
+    return Path(chosen) if chosen else request.getfixturevalue("smollm2")
 
 
 @pytest.fixture(scope="session")

@@ -7,6 +7,7 @@ import os
 import sys
 from pathlib import Path
 
+import polars as pl
 import pytest
 
 from eagle_data.cli import MAX_NOTES, RunView, run_quietly, summary
@@ -121,13 +122,15 @@ def test_the_demo_goes_whole_to_the_log_and_prints_a_few_notes_and_a_summary(dem
     log = logs[0].read_text()
     assert "STEP_START" in log and "RUN_SUCCESS" in log and log.count("\n") > 3 * len(printed)
     notes = [p for p in printed if p.startswith("  ")]
-    assert notes[0] == "  b7_sharegpt_prompts: started" and any("wrote 36 prompts" in n for n in notes)
+    prompts = sorted((demo_run.root / "b7_sharegpt" / "b7_sharegpt_prompts").glob("*.parquet"))
+    wrote = sum(pl.read_parquet(path).height for path in prompts)
+    assert notes[0] == "  b7_sharegpt_prompts: started" and any(f"wrote {wrote} prompts" in n for n in notes)
     # What was printed is exactly the notes of the log's lines (heartbeats are thinned by the clock).
     replay = RunView()
     from_log = [n for raw in log.split("\n") if (n := replay.note(raw, now=0.0)) and "heartbeat" not in n]
     assert [n for n in notes if "heartbeat" not in n] == from_log
     assert len(printed) < 40 and len(notes) <= MAX_NOTES
-    assert any(p.startswith("[eagle-data] output: ") and "(4 validated shards)" in p for p in printed)
+    assert any(p.startswith("[eagle-data] output: ") and f"({len(prompts)} validated shards)" in p for p in printed)
 
 
 def test_a_run_that_fails_before_any_step_shows_its_cause(demo_env: dict[str, str], tmp_path: Path):
