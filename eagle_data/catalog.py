@@ -25,6 +25,7 @@ from eagle_data.types import UserError
 
 CATALOG_PATH = Path(__file__).with_name("catalog.toml")
 SAMPLES_DIR = Path(__file__).parent / "data" / "samples"
+SAMPLE = "sample"  # `source` of an entry read from its bundled sample file, SAMPLES_DIR/{name}.jsonl
 PROFILE_ENV = "EAGLE_DATA_PROFILE"
 USER_CATALOG_ENV = "EAGLE_DATA_CATALOG"  # a user's TOML file merged over the packaged catalog
 # Ceilings no real dataset reaches: a value past one is a typo (1e308 for a weight, 100000 for 10 turns) that
@@ -167,7 +168,7 @@ class DatasetSpec(_Frozen):
     hub_id: str | None = None
     config: str | None = None
     split: str = "train"
-    source: str | None = None  # None: the hub; "sample": the bundled sample; else a local file path
+    source: str | None = None  # None: the hub; SAMPLE: the bundled sample; else a local file path
     adapter: Adapter
     shard_size: int = Field(500, gt=0, le=MAX_SHARD_SIZE)
     max_prompts: int = Field(100_000, gt=0, le=MAX_PROMPTS)
@@ -339,7 +340,9 @@ class Catalog:
 
 def load(path: Path = CATALOG_PATH, profile: str | None = None) -> Catalog:
     """Read and validate the catalog; `profile` defaults to $EAGLE_DATA_PROFILE. A profile overlays every entry,
-    but never a key the user's catalog ($EAGLE_DATA_CATALOG) sets, in its entry or its [defaults]."""
+    but never a key the user's catalog ($EAGLE_DATA_CATALOG) sets, in its entry or its [defaults]. A profile that
+    reads the bundled samples (`source = "sample"`, the demo) leaves out an entry with no sample file: a dataset
+    added in a user's catalog needs none, and runs on the demo profile once its entry sets its own `source`."""
     files = CatalogFiles(path)
     profile = settings.get(PROFILE_ENV) if profile is None else profile
     profiles = files.table("profiles")
@@ -352,6 +355,8 @@ def load(path: Path = CATALOG_PATH, profile: str | None = None) -> Catalog:
         merged = _merge(_merge(defaults, entry), overlay)
         if overlay:  # the user's own keys win over the profile's
             merged = _merge(merged, _merge(user.get("defaults", {}), user.get("datasets", {}).get(name, {})))
+        if merged.get("source") == SAMPLE and not (SAMPLES_DIR / f"{name}.jsonl").is_file():
+            continue  # a profile of bundled samples (the demo) leaves out a dataset that ships none
         try:
             specs[name] = DatasetSpec(name=name, **merged)
         except ValidationError as exc:
@@ -390,6 +395,12 @@ def catalog() -> dict[str, DatasetSpec]:
 def get_dataset(name: str) -> DatasetSpec:
     specs = catalog()
     if name not in specs:
+        if name in current().files.table("datasets"):
+            raise CatalogError(
+                f"dataset {name!r} has no bundled sample ({SAMPLES_DIR / f'{name}.jsonl'}), so the "
+                f"{settings.get(PROFILE_ENV)} profile leaves it out: set `source` in its catalog entry, or unset "
+                f"{PROFILE_ENV}"
+            )
         raise CatalogError(
             f"unknown dataset {name!r}; known: {', '.join(specs)} "
             f"(add a [datasets.{name}] entry to a catalog file named by ${USER_CATALOG_ENV})"

@@ -18,6 +18,7 @@ from eagle_data.standins.cut_proxy import CutProxy
 from eagle_data.standins.local import free_port
 from eagle_data.standins.openai_fake import FakeOpenAI
 from eagle_data.storage import ShardStore
+from eagle_data_tests.fixtures_demo import demo_run, demo_run_model  # noqa: F401 (fixtures of every test module)
 from eagle_data_tests.fixtures_postgres import pg_database  # noqa: F401 (a fixture of every test module)
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -170,6 +171,15 @@ LONG_FILES = (
 )
 
 
+# The layers, one folder each (`make test` runs them all; `-m unit` etc. selects one): unit tests call pure rooms
+# without Dagster; integration tests run Dagster in process; end-to-end tests run the CLIs, a UI, a browser or the
+# session's shared demo run (fixtures_demo.py).
+LAYERS = ("unit", "integration", "e2e")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rank = {name: i for i, name in enumerate(LONG_FILES)}
     items.sort(key=lambda item: rank.get(item.path.name, len(LONG_FILES)))
+    for item in items:
+        if item.path.parent.name in LAYERS:
+            item.add_marker(item.path.parent.name)

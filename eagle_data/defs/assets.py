@@ -6,13 +6,13 @@ partition range. The bodies only call the stages (eagle_data.stages).
 """
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import dagster as dg
 from pydantic import Field
 
-from eagle_data import layout, quality, sources
+from eagle_data import layout, quality, sources, stage_table
 from eagle_data.catalog import DatasetSpec
 from eagle_data.defs import instance as records
 from eagle_data.defs.estimate import estimate_asset, estimate_gates, estimate_result
@@ -23,7 +23,6 @@ from eagle_data.defs.metadata import (
     dataset_summary,
     rounded_figures,
     row_count_metadata,
-    settings_version,
 )
 from eagle_data.defs.pools import tie_to_run_worker
 from eagle_data.defs.registry import check_specs
@@ -69,24 +68,15 @@ def engine_kind() -> str:
     return environment_kind() or "unset"
 
 
-# The Catalog lists assets by name ({ds} before {ds}_prompts); the `stage` tag and the description's
-# first words give the flow order instead.
-STAGES = {
-    "prompts": "1-prompts",
-    "estimate": "2-estimate",
-    "generation": "3-generation",
-    "validated": "4-validated",
-    "export": "5-export",
-    "drafter": "6-drafter",
-}
-
-
 def catalog_labels(stage: str, owners: Iterable[str], description: str, **tags: str) -> dict[str, Any]:
-    """Owners (from the catalog), tags and description of one stage's asset, as `@dg.asset` keyword arguments."""
-    number, name = STAGES[stage].split("-", 1)
+    """Owners (from the catalog), the stage's tag and description of one stage's asset, as `@dg.asset` keyword
+    arguments. The Catalog lists assets by name ({ds} before {ds}_prompts); the `stage` tag and the
+    description's first words give the flow order instead."""
+    tag = stage_table.stage(stage).tag
+    number, name = tag.split("-", 1)
     return {
         "owners": sorted(set(owners)),
-        "tags": {"stage": STAGES[stage], **tags},
+        "tags": {"stage": tag, **tags},
         "description": f"Stage {number}, {name}. {description}",
     }
 
@@ -116,43 +106,37 @@ def add_row_counts(context: dg.AssetExecutionContext, rows: Mapping[str, int]) -
         context.add_asset_metadata(counts, partition_key=key)
 
 
-# Code versions: a stage's number, bumped when its code changes what it writes, plus a hash of the catalog
-# settings it reads, so Dagster marks the shards made under other settings ("code version changed").
-STAGE_CODE = {"prompts": 1, "estimate": 1, "generation": 1, "validated": 1}
-STAGE_SETTINGS = {
-    "prompts": ("hub_id", "config", "split", "source", "adapter", "shard_size", "max_prompt_chars"),
-    "estimate": ("canary_prompts", "token_budget", "cost_budget_usd", "generation", "checks"),
-    "generation": ("regenerate", "max_turns", "generation"),
-    "validated": ("target", "mask_empty_think", "checks"),
-}
-
-
-def code_version(stage: str, spec: DatasetSpec) -> str:
-    return settings_version(STAGE_CODE[stage], spec.model_dump(mode="json", include=set(STAGE_SETTINGS[stage])))
-
-
-def shard_asset_args(spec: DatasetSpec) -> dict[str, Any]:
-    """What every shard asset of a dataset shares: its group, partitions, single-run ranges, the IO manager."""
-    return {
+def stage_asset(stage: stage_table.Stage, spec: DatasetSpec, description: str, **tags: str) -> dict[str, Any]:
+    """A dataset stage's `@dg.asset` keyword arguments, from its record in the stage table: name, the input it
+    loads (`shards`) and the stages it follows, group, partitions (a single-run range), the shard IO manager
+    when it makes shards, the code version that follows its settings, owners, tags and description."""
+    args: dict[str, Any] = {
+        "name": stage_table.asset_of(stage.name, spec.name),
+        "deps": [stage_table.asset_of(after, spec.name) for after in stage.after],
         "group_name": spec.name,
-        "partitions_def": partitions(spec),
-        "backfill_policy": dg.BackfillPolicy.single_run(),
-        "io_manager_key": SHARD_IO,
+        "code_version": stage.version(spec),
+        **catalog_labels(stage.name, spec.owners, f"{spec.title}: {description}", **tags),
     }
+    if stage.reads:
+        args["ins"] = {"shards": dg.AssetIn(key=stage_table.asset_of(stage.reads, spec.name))}
+    if stage.partitioning == "shard":
+        # A range is one run: one generation step fills an engine with many shards. The estimate is partitioned
+        # too (it estimates the whole dataset once per run), so "Materialize all" on a group is one backfill.
+        args.update(partitions_def=partitions(spec), backfill_policy=dg.BackfillPolicy.single_run())
+    if stage.makes_shards:
+        args["io_manager_key"] = SHARD_IO
+    return args
 
 
 def build_prompts(spec: DatasetSpec) -> dg.AssetsDefinition:
     ds = spec.name
 
     @dg.asset(
-        name=layout.prompts_asset(spec.name),
         kinds={"polars", "parquet"},
-        code_version=code_version("prompts", spec),
-        **catalog_labels(
-            "prompts", spec.owners, f"{spec.title}: normalized, de-duplicated prompts, {spec.shard_size} per shard.",
+        **stage_asset(
+            stage_table.PROMPTS, spec, f"normalized, de-duplicated prompts, {spec.shard_size} per shard.",
             **{DATASET_TAG: ds},
         ),
-        **shard_asset_args(spec),
     )  # fmt: skip
     @user_failure
     def prompts(
@@ -174,21 +158,12 @@ def build_estimate(spec: DatasetSpec) -> dg.AssetsDefinition:
     ds = spec.name
 
     @dg.asset(
-        name=estimate_asset(spec),
-        deps=[layout.prompts_asset(spec.name)],
-        group_name=ds,
-        # Partitioned like the others (it estimates the whole dataset once per run, whatever its range), so
-        # "Materialize all" on the group is one single-run backfill instead of one run per partitioning.
-        partitions_def=partitions(spec),
-        backfill_policy=dg.BackfillPolicy.single_run(),
-        code_version=code_version("estimate", spec),
         kinds={"python"},
-        **catalog_labels(
-            "estimate",
-            spec.owners,
-            f"{spec.title}: a canary sample drawn across the "
-            "dataset, judged by the quality gates; tokens and dollars projected from it, checked against "
-            "the budgets.",
+        **stage_asset(
+            stage_table.ESTIMATE,
+            spec,
+            "a canary sample drawn across the dataset, judged by the quality gates; tokens and dollars projected "
+            "from it, checked against the budgets.",
             dataset=ds,
         ),
         check_specs=check_specs("estimate", estimate_asset(spec)),
@@ -217,20 +192,15 @@ def build_generation(spec: DatasetSpec) -> dg.AssetsDefinition:
     ds = spec.name
 
     @dg.asset(
-        name=ds,
-        ins={"shards": dg.AssetIn(key=layout.prompts_asset(spec.name))},
-        deps=[estimate_asset(spec)],
         pool=generation_pool(),  # the environment's engine, read once: Dagster pools are fixed per asset
-        code_version=code_version("generation", spec),
         kinds={"python", "parquet"},
-        **catalog_labels(
-            "generation",
-            spec.owners,
-            f"{spec.title}: every reply regenerated by the target model; results durable as they land.",
+        **stage_asset(
+            stage_table.GENERATION,
+            spec,
+            "every reply regenerated by the target model; results durable as they land.",
             dataset=ds,
             engine=engine_kind(),
         ),
-        **shard_asset_args(spec),
     )
     @user_failure
     def generation(
@@ -266,18 +236,14 @@ def build_validated(spec: DatasetSpec) -> dg.AssetsDefinition:
     ds = spec.name
 
     @dg.asset(
-        name=layout.validated_asset(spec.name),
-        ins={"shards": dg.AssetIn(key=ds)},
-        code_version=code_version("validated", spec),
         kinds={"polars", "parquet"},
-        **catalog_labels(
-            "validated",
-            spec.owners,
-            f"{spec.title}: token ids and loss masks for target {spec.target}, with per-row verdicts.",
+        **stage_asset(
+            stage_table.VALIDATED,
+            spec,
+            f"token ids and loss masks for target {spec.target}, with per-row verdicts.",
             dataset=ds,
             target=spec.target,
         ),
-        **shard_asset_args(spec),
     )
     @user_failure
     def validated(
@@ -307,5 +273,14 @@ def build_validated(spec: DatasetSpec) -> dg.AssetsDefinition:
     return validated
 
 
+BUILDERS: dict[str, Callable[[DatasetSpec], dg.AssetsDefinition]] = {
+    "prompts": build_prompts,
+    "estimate": build_estimate,
+    "generation": build_generation,
+    "validated": build_validated,
+}
+
+
 def build_dataset_assets(spec: DatasetSpec) -> list[dg.AssetsDefinition]:
-    return [build_prompts(spec), build_estimate(spec), build_generation(spec), build_validated(spec)]
+    """A dataset's assets, one per dataset stage of the stage table, in flow order."""
+    return [BUILDERS[stage.name](spec) for stage in stage_table.DATASET_STAGES]

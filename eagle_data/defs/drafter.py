@@ -16,15 +16,16 @@ from eagle_data.catalog import PROFILE_ENV, DatasetSpec, shard_key
 from eagle_data.defs.assets import catalog_labels, partitions
 from eagle_data.defs.checks import judged_partitions, report_shards
 from eagle_data.defs.messages import file_locations, uri_locations, user_failure
-from eagle_data.defs.metadata import SHARD_DIGEST, settings_version
+from eagle_data.defs.metadata import SHARD_DIGEST
 from eagle_data.defs.pools import tie_to_run_worker
 from eagle_data.defs.registry import check_outcome, check_specs
 from eagle_data.defs.resources import StorageResource
 from eagle_data.drafter import verify
 from eagle_data.drafter.capture import resolve_target
-from eagle_data.drafter.decontam import BenchmarkIndex
-from eagle_data.drafter.evalsets import benchmark_index, unread
 from eagle_data.drafter.settings import load_drafter_settings
+from eagle_data.quality.decontam import BenchmarkIndex, benchmark_index
+from eagle_data.quality.evalsets import unread
+from eagle_data.stage_table import settings_version
 from eagle_data.stages.decontamination import DECONTAMINATION, DecontamReport, decontamination_report, record_outcome
 from eagle_data.stages.draft_vocab import write_draft_vocab
 from eagle_data.stages.hidden_states import PLAN_ASSET, verify_stored, write_hidden_state_plan, write_hidden_states

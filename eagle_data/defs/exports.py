@@ -21,12 +21,12 @@ from eagle_data.defs.assets import catalog_labels
 from eagle_data.defs.checks import validated_key
 from eagle_data.defs.drafter import follow_the_mix
 from eagle_data.defs.messages import file_locations, leveled, uri_locations, user_failure
-from eagle_data.defs.metadata import settings_version
 from eagle_data.defs.registry import check_specs
 from eagle_data.defs.resources import StorageResource
 from eagle_data.exports.check import PARITY_CHECK, check_exports
 from eagle_data.exports.parity import ParityError, TrainerMissing
 from eagle_data.exports.settings import ExportSettings, export_settings
+from eagle_data.stage_table import EXPORT
 from eagle_data.stages.export import export, export_keys
 from eagle_data.storage import ShardStore
 
@@ -71,7 +71,7 @@ def build_exports(specs: Sequence[DatasetSpec], checks: Sequence[dg.AssetChecksD
         deps=[layout.validated_asset(spec.name) for spec in specs],
         kinds={"parquet", "json"},
         check_specs=check_specs("parity", "training_mix"),
-        code_version=settings_version(1, {spec.name: [spec.mix_weight, spec.target] for spec in specs}),
+        code_version=EXPORT.mix_version(specs),
         **catalog_labels(
             "export",
             (o for spec in specs for o in spec.owners),

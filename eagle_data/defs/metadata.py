@@ -4,8 +4,6 @@ follow the settings an asset reads. Kept apart from the asset bodies so they sta
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -52,13 +50,6 @@ def dataset_report_metadata(report: DatasetReport) -> dict[str, Any]:
     if table := report.shards_table():
         metadata["dataset_shard_table"] = dg.MetadataValue.md(table)
     return metadata
-
-
-def settings_version(stage: int, settings: Any) -> str:
-    """A code version: the stage's number (bumped when its code changes what it writes) and a hash of the
-    settings it reads, so Dagster marks what was made under other settings as "code version changed"."""
-    digest = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:10]
-    return f"{stage}-{digest}"
 
 
 def row_count_metadata(rows: Mapping[str, int], others: Iterable[Mapping[str, Any]]) -> dict[str, dict]:

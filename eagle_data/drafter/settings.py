@@ -8,50 +8,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from eagle_data.catalog import Section, current
 from eagle_data.drafter import trainers
+from eagle_data.quality.evalsets import Decontamination
 
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class BenchmarkSource(_Frozen):
-    """One benchmark's items. Attributes:
-    fields: the item fields holding text (a list-of-strings field counts each string as an item text).
-    package, resource: an installed package that ships the items, and the JSONL (.gz) file inside it;
-        read offline.
-    hub_id, config, split: the dataset on the hub (its parquet branch); read only with `use_hub`.
-    """
-
-    fields: tuple[str, ...] = Field(min_length=1)
-    package: str | None = None
-    resource: str | None = None
-    hub_id: str | None = None
-    config: str = "default"
-    split: str = "test"
-
-    @model_validator(mode="after")
-    def _somewhere(self) -> BenchmarkSource:
-        if (self.package is None) != (self.resource is None):
-            raise ValueError("set package and resource together")
-        if self.package is None and self.hub_id is None:
-            raise ValueError("set package/resource or hub_id")
-        return self
-
-
-class Decontamination(_Frozen):
-    """Attributes:
-    ngram: the word window of the overlap test (13: the usual decontamination window).
-    folder: a folder of the user's benchmark files, one benchmark per file named after it
-        (`{name}.jsonl`, `.jsonl.gz` or `.parquet`), the text in `text_field`; "" for none.
-    use_hub: also read the benchmarks that name a `hub_id` from the hub (needs the network).
-    benchmarks: the named benchmarks (packaged and hub).
-    """
-
-    ngram: int = Field(13, ge=2)
-    folder: str = ""
-    text_field: str = "text"
-    use_hub: bool = False
-    benchmarks: dict[str, BenchmarkSource] = {}
 
 
 class HiddenStateRecipe(_Frozen):

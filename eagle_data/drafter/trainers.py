@@ -6,7 +6,7 @@ supervised-token floor, the files and their keys, dtypes and shapes, and the voc
 chosen trainer cannot use. The writers and readers (`formats.py`), the set-aside rows (`capture.py`), the
 plan's bytes (`hidden_states.py`) and the draft vocabulary files (`stages/draft_vocab.py`) all read these entries;
 docs/hidden-states.md has them as one table, and each entry is loaded by its trainer's own released code in
-eagle_data_tests/test_trainers_load.py.
+eagle_data_tests/unit/test_trainers_load.py.
 
 Tensor sources: `input_ids`, `loss_mask` (the row's), `aux` (the auxiliary layers concatenated, A*H wide),
 `last` (the last state, H wide), `layers` (every stored layer, [seq, layers, H]: auxiliary, then the last).

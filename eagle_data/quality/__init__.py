@@ -5,7 +5,9 @@ Rooms: `registry` (every check of the project declared once: asset, severity, bl
 else reads), `gates` (the dataset checks and their thresholds from the catalog), `figures` (metadata
 numbers, markdown tables, histogram bins), `records` (the typed, versioned per-shard record written
 once at validation), `rollup` (shard records added up for dataset reports and range checks), `canary`
-(a sample drawn across a dataset, judged by the same verdicts and gates before generation is paid for).
+(a sample drawn across a dataset, judged by the same verdicts and gates before generation is paid for),
+`evalsets` (the benchmark items, from a folder, packages or the hub) and `decontam` (the gate's overlap test
+against them: the `contamination` column and the `decontamination` check's scan).
 Pure: no Dagster here; `eagle_data/defs/checks.py` turns the stored records' results into asset checks.
 """
 

@@ -20,7 +20,7 @@ prompts (`rendered_prompt_tokens`) by more than one token a turn and `prompt_tok
 made the reply. An id outside the target's vocabulary (`vocab_ok` False) is `wrong_vocabulary`.
 
 A row whose prompt or reply overlaps a benchmark item (`contamination`, set by the validation stage,
-see eagle_data/drafter/decontam.py) is `contaminated`: set aside, so no benchmark reaches a drafter.
+see eagle_data/quality/decontam.py) is `contaminated`: set aside, so no benchmark reaches a drafter.
 
 Truncated rows are kept for training but flagged with the verdict "truncated": their tokens are still
 the target model's own output, which is what a draft model learns from, and dropping them would bias
@@ -58,7 +58,7 @@ SHORT_REASONS = ("empty_completion", "short_loss")  # what the empty_response ga
 EMPTY_REPLY = "empty_reply"  # a failed row's error kind when its billed replies held no text (eagle_data/runner)
 CONTAMINATED = "contaminated"
 PROMPT_MISMATCH = "prompt_mismatch"  # the server rendered the prompt otherwise (another chat template)
-CONTAMINATION = "contamination"  # the benchmark a row overlaps (eagle_data.drafter.decontam), else null
+CONTAMINATION = "contamination"  # the benchmark a row overlaps (eagle_data.quality.decontam), else null
 # Tokens per regenerated turn an engine may count that the rebuilt text need not hold: the stop token,
 # and the think tags and blank lines a template leaves out of an earlier turn it re-renders.
 TURN_SLACK_TOKENS = 4

@@ -16,7 +16,7 @@ budget refused before the first request (`prices.refuse_unpriced`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from eagle_data.runner.prices import Price
 from eagle_data.types import Completion
@@ -38,8 +38,10 @@ class Budget:
     completion_price: float | None = None
     priced: bool = False  # a reply reported a cost
     price: Price | None = None  # the price set for the model: tokens priced from the start
+    limited: bool = field(init=False)  # a token or dollar budget is set
 
     def __post_init__(self) -> None:
+        self.limited = bool(self.max_tokens or self.max_usd)
         if self.price is not None:
             self.prompt_price, self.completion_price = self.price.prompt, self.price.completion
 
@@ -49,13 +51,14 @@ class Budget:
             return done.cost_usd
         return self.price.of(done.prompt_tokens, done.completion_tokens)
 
-    @property
-    def limited(self) -> bool:
-        return bool(self.max_tokens or self.max_usd)
-
     def spend(self, tokens: int, usd: float) -> None:
         self.tokens += tokens
         self.usd += usd
+
+    def settle(self, done: Completion) -> None:
+        """A reply landed: its tokens and dollars spent, and the price bounds tightened by it."""
+        self.spend(done.prompt_tokens + done.completion_tokens, self.cost_of(done))
+        self.learn(done)
 
     def learn(self, done: Completion) -> None:
         """Tighten the price bounds with one reply. A reply with no cost, before any priced one, is an
@@ -81,6 +84,20 @@ class Budget:
             return prompt_bytes + max_tokens, None
         return prompt_bytes + max_tokens, prompt_bytes * self.prompt_price + max_tokens * self.completion_price
 
+    def take(self, prompt_bytes: int, max_tokens: int) -> Hold | None:
+        """Hold a request's worst case when it fits beside everything in flight; None when it does not (yet)."""
+        worst = self.worst(prompt_bytes, max_tokens)
+        if not self.fits(*worst):
+            return None
+        self.hold(*worst)
+        return worst
+
+    def hold_worst(self, prompt_bytes: int, max_tokens: int) -> Hold:
+        """Hold a request's worst case whether or not it fits (a retry of a request admitted already)."""
+        worst = self.worst(prompt_bytes, max_tokens)
+        self.hold(*worst)
+        return worst
+
     def hold(self, tokens: int, usd: float | None) -> None:
         self.held_tokens += tokens
         self.held_usd += usd or 0.0
@@ -99,8 +116,9 @@ class Budget:
             return self.in_flight == 0 and self.usd < self.max_usd
         return not self.max_usd or self.usd + self.held_usd + (usd or 0.0) <= self.max_usd
 
-    def reason(self, tokens: int, usd: float | None) -> str:
-        """Why no more requests are sent: nothing is in flight and one more of this worst case does not fit."""
+    def reason(self, prompt_bytes: int, max_tokens: int) -> str:
+        """Why no more requests are sent: nothing is in flight and one more such request does not fit."""
+        tokens, usd = self.worst(prompt_bytes, max_tokens)
         if self.max_tokens and self.tokens + tokens > self.max_tokens:
             return (
                 f"{self.dataset}: token budget reached ({self.tokens:,} of {self.max_tokens:,} tokens; "

@@ -26,7 +26,7 @@ class Reporter:
     def line(self) -> str:
         """The standard line, the breaker's pulse, and the engine's own figures when it has any (an SGLang
         fleet's servers)."""
-        extra = [line for line in (self.dispatch.breaker.pulse(), self.engine.stats_line()) if line]
+        extra = [line for line in (self.dispatch.admission.breaker.pulse(), self.engine.stats_line()) if line]
         return f"{self.name}: {self.total.line()}" + "".join(f" | {line}" for line in extra)
 
     def finished_one(self, status: Status) -> None:
@@ -34,7 +34,7 @@ class Reporter:
             self.finished += 1
             if self.finished % self.settings.progress_every == 0:
                 self.say(self.line())
-        self.bar.update(self.total, self.dispatch.limiter.current, self.dispatch.in_flight())
+        self.bar.update(self.total, self.dispatch.admission.limiter.current, self.dispatch.in_flight())
 
     async def heartbeat_loop(self, busy: Callable[[], bool]) -> None:
         """A sign of life while prompts are open, even when nothing lands (a hung server, long backoff)."""
@@ -42,13 +42,14 @@ class Reporter:
             await asyncio.sleep(self.settings.heartbeat_every_s)
             if busy():
                 errors = sum(self.total.errors.values())
-                said = (self.dispatch.breaker.pulse(), self.engine.stats_line())  # a slow server's line among them
+                # the breaker's pulse, and a slow server's line (the engine's) among them
+                said = (self.dispatch.admission.breaker.pulse(), self.engine.stats_line())
                 pulse = "".join(f", {line}" for line in said if line)
                 self.say(
                     f"{self.name}: heartbeat: {self.dispatch.in_flight()}, {self.total.done}/{self.total.total} "
                     f"done, {errors} errors so far{pulse}"
                 )
-            self.bar.update(self.total, self.dispatch.limiter.current, self.dispatch.in_flight(), force=True)
+            self.bar.update(self.total, self.dispatch.admission.limiter.current, self.dispatch.in_flight(), force=True)
 
     def close(self) -> None:
         self.bar.close()

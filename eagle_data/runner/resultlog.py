@@ -50,6 +50,7 @@ import polars as pl
 from eagle_data import layout
 from eagle_data.catalog import DatasetSpec
 from eagle_data.runner.rows import GENERATION_SCHEMA, Row, to_frame
+from eagle_data.stage_table import GENERATION
 from eagle_data.storage import CorruptFile, ShardStore
 from eagle_data.storage.digests import ChangedFile, FileDigest, check, recorded_shard
 from eagle_data.types import Completion, encodable
@@ -73,18 +74,14 @@ def _digest(payload: dict[str, Any]) -> str:
 
 
 def resume_key(engine_config: dict[str, Any], spec: DatasetSpec) -> ResumeKey:
-    """Hash of everything that changes the output; `base_hash` leaves out the max-tokens cap."""
-    generation = spec.generation.model_dump()
-    payload = {
-        "engine": engine_config,
-        "generation": generation,
-        "regenerate": spec.regenerate,
-        "max_turns": spec.max_turns,
-    }
+    """Hash of everything that changes the output: the engine's config and the catalog settings of the stage
+    table's generation record (the same that make its code version); `base_hash` leaves out the max-tokens cap."""
+    settings = GENERATION.values(spec)
+    payload = {"engine": engine_config, **settings}
     base = {
         **payload,
         "engine": {k: v for k, v in engine_config.items() if k not in MAX_TOKENS_KEYS},
-        "generation": {k: v for k, v in generation.items() if k not in MAX_TOKENS_KEYS},
+        "generation": {k: v for k, v in settings["generation"].items() if k not in MAX_TOKENS_KEYS},
     }
     cap = next((int(engine_config[k]) for k in MAX_TOKENS_KEYS if k in engine_config), spec.generation.max_tokens)
     return ResumeKey(_digest(payload), _digest(base), cap)

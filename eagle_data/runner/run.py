@@ -3,10 +3,10 @@
 A single producer walks the partitions in order. For each it takes the shard's lease (one writer per
 shard; a shard another live run holds is deferred and waited for at the end), reads the prompts only
 then (a range over 1,800 partitions holds just the shards in flight), and replays what the result log
-already holds. Each remaining prompt (`conversation.py`) is admitted by the dispatcher (`dispatch.py`: in-flight limit,
-budget, retries, the breaker) and walks its user turns; every answered turn goes to the shard writer
-(`writer.py`: durable within `flush_every_s`); a finished shard is written whole, its lease released and
-its rows dropped from memory. `reporter.py` says how it goes.
+already holds. Each remaining prompt (`conversation.py`) is admitted in one place (`admission.py`: in-flight
+limit, budget, the breaker), sent with retries by the dispatcher (`dispatch.py`), and walks its user turns;
+every answered turn goes to the shard writer (`writer.py`: durable within `flush_every_s`); a finished shard is
+written whole, its lease released and its rows dropped from memory. `reporter.py` says how it goes.
 """
 
 from __future__ import annotations
@@ -90,6 +90,7 @@ class _Run:
         self.total = Tally(total=sum(self.expected.values()))
         self.writer = ShardWriter(store, spec, run_id or uuid.uuid4().hex, settings, finish, log, self._stop)
         self.dispatch = Dispatcher(engine, spec, settings, self.key.max_tokens, self.total, log)
+        self.admission = self.dispatch.admission
         self.reporter = Reporter(spec.name, settings, self.total, self.dispatch, engine, log)
         self.lease_lost = ""
         self.checked = False
@@ -100,7 +101,7 @@ class _Run:
     # ---- the call ---------------------------------------------------------------------------------
     async def main(self) -> dict[str, ShardReport]:
         tokens, usd = await asyncio.to_thread(stored_usage, self.store, self.spec.name)
-        self.dispatch.budget.spend(tokens, usd)
+        self.admission.budget.spend(tokens, usd)
         self.say(
             f"{self.spec.name}: {len(self.frames)} shards, about {self.total.total} prompts "
             f"(config {self.key.config_hash}), engine {self.engine.name} model {self.engine.model}"
@@ -128,13 +129,13 @@ class _Run:
 
     def _raise_failure(self, held: dict[str, Holder]) -> None:
         """After every shard is written: the one line that says why the call failed, if it did."""
-        d = self.dispatch
-        if d.stop_reason:
-            self.say(d.stop_reason)
+        d, a = self.dispatch, self.admission
+        if a.stop_reason:
+            self.say(a.stop_reason)
         if d.fatal is not None:
-            raise d.fatal.restated(d.stop_reason)  # its class: an AbortError or a ConfigError stays one
-        if d.breaker.tripped:
-            raise BreakerTripped(d.breaker.tripped)
+            raise d.fatal.restated(a.stop_reason)  # its class: an AbortError or a ConfigError stays one
+        if a.breaker.tripped:
+            raise BreakerTripped(a.breaker.tripped)
         if unwritable := self.writer.unwritable_line():
             raise StorageError(unwritable)
         if self.lease_lost:
@@ -154,8 +155,8 @@ class _Run:
         self._stop(message)
 
     def _stop(self, message: str) -> None:
-        if not self.dispatch.stop_reason:
-            self.dispatch.stop(message, "failed")
+        if not self.admission.stop_reason:
+            self.admission.stop(message, "failed")
 
     async def _produce(self) -> dict[str, Holder]:
         """Every shard in order; those under another live run's lease at the end, waiting up to
@@ -192,7 +193,7 @@ class _Run:
         for row in shard.rows.values():
             for tally in (shard.tally, self.total):
                 tally.add(row, reused=True)
-        if todo and not self.checked and not self.dispatch.stop_reason:
+        if todo and not self.checked and not self.admission.stop_reason:
             self.checked = True
             self.say(await self.engine.check())
         loop = asyncio.get_running_loop()
@@ -202,7 +203,7 @@ class _Run:
                 if conversation.segments
                 else None
             )
-            admitted, conversation.held = await self.dispatch.admit(first)
+            admitted, conversation.held = await self.admission.admit(first)
             if not admitted:
                 self._finish(shard, self.dispatch.stopped_row(conversation.prompt_id), conversation)
                 continue
@@ -243,7 +244,7 @@ class _Run:
         try:
             row = await self._generate(shard, conversation)
         finally:
-            self.dispatch.leave(conversation.held)
+            self.admission.leave(conversation.held)
             conversation.held = None
         self._finish(shard, row, conversation)
 
@@ -253,13 +254,15 @@ class _Run:
         while not conversation.ended:
             # After a budget stop a conversation under way goes on while each turn's worst case fits (a later
             # turn is held too; one that cannot fit ends it skipped_budget, its paid turns carried). Others end it.
-            if conversation.replies and self.dispatch.stopped_hard:
-                return conversation.row(self.dispatch.stop_status, self.dispatch.stop_reason)
+            if conversation.replies and self.admission.stopped_hard:
+                return conversation.row(self.admission.stop_status, self.admission.stop_reason)
             index, started = len(conversation.replies), time.monotonic()
             asked = conversation.messages + conversation.segments[index]
             held, conversation.held = conversation.held, None
-            if held is None and self.dispatch.budget.limited and (held := await self.dispatch.reserve(asked)) is None:
-                return conversation.row("skipped_budget", self.dispatch.stop_reason)
+            if held is None:
+                fits, held = await self.admission.reserve(asked)
+                if not fits:
+                    return conversation.row("skipped_budget", self.admission.stop_reason)
             done, tries, error = await self.dispatch.complete(shard.tally, asked, conversation.prompt_id, held)
             if done is None:
                 conversation.messages, conversation.attempts = asked, conversation.attempts + tries
@@ -308,7 +311,7 @@ class _Run:
         shard.tally.ended = time.monotonic()
         run = {"config_hash": self.key.config_hash, **self.dispatch.figures()}
         self.reports[shard.partition] = ShardReport(
-            shard.partition, uri, shard.tally.figures(self.dispatch.limiter.current, run)
+            shard.partition, uri, shard.tally.figures(self.admission.limiter.current, run)
         )
         t = shard.tally
         self.say(

@@ -11,8 +11,7 @@ import polars as pl
 
 from eagle_data import layout
 from eagle_data.catalog import DatasetSpec
-from eagle_data.drafter import decontam
-from eagle_data.quality import KEPT, registry
+from eagle_data.quality import KEPT, decontam, registry
 from eagle_data.quality.records import Judged
 from eagle_data.report import Log, record_judged, validated_bytes
 from eagle_data.storage import ShardStore, digest, read_columns

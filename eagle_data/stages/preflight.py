@@ -12,8 +12,8 @@ import polars as pl
 
 from eagle_data import engines, layout
 from eagle_data.catalog import CatalogError, DatasetSpec
-from eagle_data.drafter.evalsets import BenchmarkError, benchmark_index
 from eagle_data.drafter.settings import load_drafter_settings
+from eagle_data.quality.evalsets import BenchmarkError, load_items
 from eagle_data.quality.verdicts import PROMPT_MISMATCH
 from eagle_data.report import Log
 from eagle_data.runner.prices import refuse_unpriced
@@ -31,7 +31,8 @@ class PreflightError(UserError, RuntimeError):
 def preflight(spec: DatasetSpec, store: ShardStore, model: str, engine_kind: str = "") -> None:
     """Check, before the first paid request, that a dollar budget has a price to count with (`engine_kind`'s
     billing), and what the stages after generation need: the output root takes a write, the target's
-    tokenizer loads (with `target = "auto"`, the one `model` maps to), every configured benchmark file reads.
+    tokenizer loads (with `target = "auto"`, the one `model` maps to), every configured benchmark file reads (its
+    items only: the n-gram index is built where it is used, at validation).
     Each failure is one line; found at validation, it would come after the replies were paid for."""
     kind = engines.kinds().get(engine_kind)
     refuse_unpriced(spec.name, spec.cost_budget_usd, kind.billing if kind else "unknown", model)
@@ -40,7 +41,7 @@ def preflight(spec: DatasetSpec, store: ShardStore, model: str, engine_kind: str
         store.write_bytes(probe, b"")
         store.delete(probe)
         load_target(resolve_target(spec.target, [model]))
-        benchmark_index(load_drafter_settings().decontamination)
+        load_items(load_drafter_settings().decontamination)  # every file reads; the index is validation's
     except (StorageError, TargetError, BenchmarkError, CatalogError) as exc:
         raise PreflightError(f"{spec.name}: before any request: {exc}") from None
 

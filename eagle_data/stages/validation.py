@@ -19,10 +19,9 @@ import polars as pl
 
 from eagle_data import layout, quality, report
 from eagle_data.catalog import DatasetSpec, shard_index
-from eagle_data.drafter.decontam import contamination
-from eagle_data.drafter.evalsets import benchmark_index
 from eagle_data.drafter.settings import load_drafter_settings
 from eagle_data.engines.scoring import TargetIds, on_policy_column, resolve_scorer
+from eagle_data.quality.decontam import benchmark_index, contamination
 from eagle_data.quality.on_policy import SamplingPoint
 from eagle_data.storage import ShardStore, digest, parquet_bytes
 from eagle_data.storage.shards import SpilledShards

@@ -2,8 +2,9 @@
 speed and the text does not matter (its text is word salad; the demo runs a real instruct model, eagle_data.demo).
 
 Two weight tweaks keep its data well-formed: the output layer only ever prefers plain-ASCII tokens (so replies
-decode cleanly), and a constant residual feature drives the end-of-turn logit, so replies end after a few dozen
-tokens. It carries its own chat template (Qwen3's thinking blocks), so `target = "auto"` derives its ids from it.
+decode cleanly), and a constant residual feature drives the end-of-turn logit, so replies end on their own after
+35-600 tokens at the demo's sampling (on the demo sample: median 160, none under the short-reply gate). It carries
+its own chat template (Qwen3's thinking blocks), so `target = "auto"` derives its ids from it.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 
 from eagle_data import settings
 
-RANDOM_VERSION = "2"  # 2: added tokens such as <|vision_end|> are never preferred
+RANDOM_VERSION = "3"  # 2: added tokens such as <|vision_end|> are never preferred; 3: longer replies
 
 # ChatML with Qwen3's thinking blocks, written for this project (Qwen3's own template behaves the same way
 # for plain chat): reasoning is shown only on assistant turns after the last user message; with thinking
@@ -74,7 +75,7 @@ def _ascii_token_ids(tokenizer) -> list[int]:
     return sorted(keep)
 
 
-def build_random_model(path: Path, *, seed: int = 0, eos_bias: float = 1.0, ascii_scale: float = 40.0) -> Path:
+def build_random_model(path: Path, *, seed: int = 0, eos_bias: float = 0.7, ascii_scale: float = 40.0) -> Path:
     import torch
     from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
