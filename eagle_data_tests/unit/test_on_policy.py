@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 import pytest
+import torch
 from aiohttp import web
 
 from eagle_data import layout, quality
@@ -105,6 +106,27 @@ def test_the_datasets_original_answers_fail_naming_replies_not_the_targets(sets:
     assert not judged.passed
     assert judged.cause == "not_target"
     assert "not the target's" in judged.line and "\n" not in judged.line
+
+
+def test_word_salad_fails_though_every_token_is_in_the_targets_vocabulary(smol: smol_rows.Smol) -> None:
+    """The random-weight stand-in's replies (ASCII word salad), re-tokenized for SmolLM2: ids, masks and structure
+    are all well-formed, so only the target's own likelihood tells them from its replies (issue 40's word salad)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from eagle_data.standins.random_model import ensure_random_model
+
+    folder = ensure_random_model()
+    tokenizer, model = AutoTokenizer.from_pretrained(folder), AutoModelForCausalLM.from_pretrained(folder).eval()
+    salad = []
+    for i in range(PROMPTS):
+        torch.manual_seed(i)
+        out = model.generate(torch.tensor([[tokenizer.eos_token_id]]), max_new_tokens=REPLY_TOKENS, do_sample=True,
+                             min_new_tokens=REPLY_TOKENS, pad_token_id=tokenizer.eos_token_id)  # fmt: skip
+        salad.append(smol_rows.text_reply(smol, tokenizer.decode(out[0, 1:], skip_special_tokens=True)))
+    prompts = [smol_rows.prompt_ids(smol, text) for text, _ in smol_rows.sample_prompts(PROMPTS)]
+    judged = verdict(smol_rows.rows(prompts, salad, GREEDY), smol)
+    assert not judged.passed and judged.cause == "not_target", judged.line
+    assert judged.details["on_policy_agreement"] < 0.3
 
 
 def test_rows_rendered_without_the_default_system_turn_fail_naming_the_rendering(
