@@ -47,12 +47,9 @@ class _Frozen(BaseModel):
 
 
 class Adapter(_Frozen):
-    """Where a source row keeps its conversation.
-
-    Either `messages_field` (a list of turns with `role_key`/`content_key`) or a single-turn pair
-    `prompt_field`/`response_field`. `system_field` is an optional column holding a system prompt;
-    `id_field` an optional column with the source's own row id.
-    """
+    """Where a source row keeps its conversation: either `messages_field` (a list of turns with
+    `role_key`/`content_key`) or a single-turn pair `prompt_field`/`response_field`; optionally
+    `system_field` (a column holding a system prompt) and `id_field` (the source's own row id)."""
 
     messages_field: str | None = None
     role_key: str = "role"
@@ -248,10 +245,9 @@ def _parse(path: Path) -> dict[str, Any]:
 
 
 class CatalogFiles:
-    """The catalog's files, each read once: `path` (the packaged catalog.toml), and over it, table by table, the
-    user's ($EAGLE_DATA_CATALOG, merged only over the packaged file), so a team keeps its datasets and settings
-    without editing the installed package. `origin` says which file a value came from, so every error names the
-    file to fix."""
+    """The catalog's files, each read once: the packaged catalog.toml and over it, table by table, the user's
+    ($EAGLE_DATA_CATALOG), so a team keeps its datasets and settings without editing the installed package;
+    `origin` names the file a value came from, so every error names the file to fix."""
 
     def __init__(self, path: Path = CATALOG_PATH) -> None:
         self.path = path
@@ -283,8 +279,7 @@ def _user_path() -> Path | None:
 
 
 def _holds(tables: dict[str, Any], path: tuple[Any, ...]) -> bool:
-    """Whether `tables` sets the value at `path`: every key along it is there, or a value that is no table (a
-    list, a string) stands where the rest of the path points inside it."""
+    """Whether `tables` sets the value at `path` (or a list or string where the rest of the path points inside)."""
     node: Any = tables
     for part in path:
         if not isinstance(node, dict):
@@ -296,9 +291,8 @@ def _holds(tables: dict[str, Any], path: tuple[Any, ...]) -> bool:
 
 
 def _one_line(exc: ValidationError, where: str, origin: Callable[[tuple[Any, ...]], Path]) -> CatalogError:
-    """A validation error as one line: `where` (the table or entry), the first bad key, its value, what is wrong
-    and the file to fix (`origin` of the key's path). A message that names its own setting ("[drafter.capture]
-    layers = ...") stands as it is."""
+    """A validation error as one line: `where`, the first bad key, its value, what is wrong and the file to fix
+    (`origin` of the key's path); a message naming its own setting ("[drafter.capture] layers = ...") stands."""
     first = exc.errors()[0]
     loc, message = tuple(first["loc"]), first["msg"].removeprefix("Value error, ")
     if not message.startswith("["):
@@ -376,14 +370,12 @@ def load_catalog(path: Path = CATALOG_PATH, profile: str | None = None) -> dict[
 
 @cache
 def _loaded(user: str, profile: str) -> Catalog:
-    """`load` once per configuration: the user's file and the profile are the cache key (`load` reads the file's
-    name from the environment again)."""
+    """`load` once per configuration: the user's file and the profile are the cache key."""
     return load(profile=profile)
 
 
 def current() -> Catalog:
-    """The catalog as the environment configures it ($EAGLE_DATA_CATALOG, $EAGLE_DATA_PROFILE), read and validated
-    once per process and configuration."""
+    """The catalog as the environment configures it, read and validated once per process and configuration."""
     return _loaded(settings.get(USER_CATALOG_ENV), settings.get(PROFILE_ENV))
 
 

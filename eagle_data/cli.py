@@ -68,6 +68,7 @@ class RunView:
     notes: int = 0
     last_heartbeat: float = -math.inf
     failing: str = ""  # the step whose STEP_FAILURE came last: its error's first line follows the event line
+    said: set[str] = field(default_factory=set)  # the messages shown: one a later step repeats is not shown again
 
     def note(self, line: str, now: float) -> str | None:
         """The progress note for one log line, or None when the line only belongs in the log."""
@@ -82,8 +83,11 @@ class RunView:
                 if now - self.last_heartbeat < HEARTBEAT_EVERY_S:
                     return None
                 self.last_heartbeat = now
-            level = "" if m["level"] == "INFO" else f"{m['level']}: "
             message = user["message"]  # most already start with the dataset's name: no second prefix then
+            if message in self.said:  # the generation step says again what the estimate said (engine, template)
+                return None
+            self.said.add(message)
+            level = "" if m["level"] == "INFO" or message.startswith(m["level"]) else f"{m['level']}: "
             text = f"{level}{message}" if message.startswith(user["step"]) else f"{user['step']}: {level}{message}"
         else:
             return None
@@ -226,7 +230,7 @@ def demo(dataset: str = DEMO_DATASET) -> int:
 
 
 SHOWN_REPLIES = 3  # of the first validated shard, for a newcomer to see the model's own words
-SHOWN_CHARS = 100
+SHOWN_CHARS = 50, 100  # of the question, of the reply: one line each
 
 
 def sample_replies(store: ShardStore, dataset: str, validated: list[str]) -> list[str]:
@@ -239,14 +243,14 @@ def sample_replies(store: ShardStore, dataset: str, validated: list[str]) -> lis
     rows = store.read_shard(dataset, layout.validated_asset(dataset), sorted(validated)[0])
     kept = [r for r in rows.select("messages", "content", "verdict").to_dicts() if r["verdict"] in KEPT]
 
-    def short(text: str) -> str:
+    def short(text: str, chars: int) -> str:
         text = " ".join(text.split())
-        return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 1] + "…"
+        return text if len(text) <= chars else text[: chars - 1] + "…"
 
     lines = []
     for row in kept[:SHOWN_REPLIES]:
         asked = next(m["content"] for m in reversed(row["messages"]) if m["role"] == "user")
-        lines += [f"asked: {short(asked)}", f"  the model: {short(row['content'])}"]
+        lines.append(f"asked {short(asked, SHOWN_CHARS[0])!r}, the model: {short(row['content'], SHOWN_CHARS[1])!r}")
     return lines
 
 

@@ -118,12 +118,17 @@ def clean_frame(n: int = 200, seed: int = 0, dataset: str = "fixture") -> pl.Dat
     return validated_frame(replies, dataset)
 
 
-def generation_frame(n: int = 200, empty_share: float = 0.87, dataset: str = "fixture") -> pl.DataFrame:
+def generation_frame(
+    n: int = 200, empty_share: float = 0.87, dataset: str = "fixture", thinking: bool = True
+) -> pl.DataFrame:
     """A generation shard (the contract in docs/design.md) where `empty_share` of replies are the empty "OK.", for
-    tests that run the real validation stage (token ids by the targets room) in front of the checks."""
+    tests that run the real validation stage (token ids by the targets room) in front of the checks; without
+    `thinking`, as a server with thinking off answers: no reasoning."""
     from eagle_data.targets.rows import MESSAGE_DTYPE
 
     replies = varied_replies(n)
+    if not thinking:
+        replies = [Reply(r.question, "", r.content, r.status) for r in replies]
     empty = round(n * empty_share)
     replies[:empty] = [Reply(r.question, "", "OK.") for r in replies[:empty]]
     rows = [

@@ -7,7 +7,6 @@ from typing import Any
 
 import dagster as dg
 
-from eagle_data import layout
 from eagle_data.catalog import DatasetSpec
 from eagle_data.defs.assets import partitions
 from eagle_data.defs.checks import judged_partitions, report_shards, validated_key
@@ -15,6 +14,8 @@ from eagle_data.defs.messages import user_failure
 from eagle_data.defs.registry import check_outcome, check_specs
 from eagle_data.defs.resources import StorageResource
 from eagle_data.quality import on_policy, registry
+from eagle_data.quality.records import Judged
+from eagle_data.report import record_judged, validated_bytes
 from eagle_data.storage import digest, read_columns
 
 ON_POLICY = registry.implemented("on_policy", ("on_policy",))[0].name  # judged by on_policy.shard_verdict
@@ -33,8 +34,10 @@ def on_policy_check(spec: DatasetSpec) -> dg.AssetChecksDefinition:
         store = storage.store()
 
         def judge(partition: str) -> tuple[str, list[dict[str, Any]]]:
-            data = store.shard_bytes(spec.name, layout.validated_asset(spec.name), partition)
+            data = validated_bytes(store, spec.name, partition)  # the bytes validation stored, or one line
             verdict = on_policy.shard_verdict(read_columns(data, [on_policy.COLUMN]), limits)
+            judged = Judged(ON_POLICY, verdict.passed, verdict.line, digest(data), context.run.run_id)
+            record_judged(spec, store, partition, judged, context.log.warning)  # for the export's admission
             metadata = {**verdict.details, "figure": verdict.figure, "threshold": verdict.threshold}
             metadata = {k: v for k, v in metadata.items() if v is not None}
             return digest(data), [check_outcome(ON_POLICY, verdict.passed, verdict.line, metadata)]

@@ -217,8 +217,12 @@ def test_the_demo_range_run_twice_then_the_export_takes_every_shard(demo_model: 
     store, spec = ShardStore(str(root)), load_catalog(profile="demo")["b7_sharegpt"]
     keys = spec.partition_keys
     for key in keys:  # token counts as reported by an engine whose tokenizer is not the demo target's: low
-        replies = generation_frame(spec.shard_size, empty_share=0.0, dataset=spec.name)
-        replies = replies.with_columns(pl.lit(1, replies.schema["completion_tokens"]).alias("completion_tokens"))
+        replies = generation_frame(
+            spec.shard_size, empty_share=0.0, dataset=spec.name, thinking=spec.generation.thinking
+        )
+        replies = replies.with_columns(  # the demo model served them: target "auto" is derived from its checkpoint
+            pl.lit(1, replies.schema["completion_tokens"]).alias("completion_tokens"), model=pl.lit(str(demo_model))
+        )
         store.write_shard(
             spec.name, spec.name, key, replies.with_columns(prompt_id=pl.lit(f"{key}-") + pl.col("prompt_id"))
         )
@@ -228,7 +232,7 @@ def test_the_demo_range_run_twice_then_the_export_takes_every_shard(demo_model: 
         assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
     validated = [store.read_shard(spec.name, f"{spec.name}_validated", k) for k in keys]
     expected = sum(exports.exportable(shard, spec)[0].height for shard in validated)
-    assert len(keys) == 4 and expected > 0
+    assert len(keys) > 1 and expected > 0
     assert pl.read_parquet(root / layout.export_file(spec.name, layout.TRAIN_FILE)).height == expected
 
 

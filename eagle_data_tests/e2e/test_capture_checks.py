@@ -63,7 +63,8 @@ def capture_asset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, demo_model: P
     monkeypatch.setenv("EAGLE_DATA_PROFILE", "demo")
     monkeypatch.setenv("EAGLE_DATA_DEMO_MODEL", str(demo_model))
     monkeypatch.delenv("EAGLE_DATA_CAPTURE_CHECKPOINT", raising=False)
-    specs = list(load_catalog(profile="demo").values())
+    # the mix's ids are of the demo model's vocabulary, named as a catalog target (the rows name none)
+    specs = [spec.model_copy(update={"target": "demo"}) for spec in load_catalog(profile="demo").values()]
     write_mix(tmp_path / "out", mix_frame(specs[0].name, rows=12))
     asset = next(a for a in build_drafter_assets(specs) if a.key == KEY)
     resources = {"storage": StorageResource(root=str(tmp_path / "out")), "capture": CaptureResource(device="cpu")}
@@ -177,7 +178,7 @@ def test_the_cli_materializes_a_capture_shard_on_the_demo_profile_with_its_check
     env.update(EAGLE_DATA_PROFILE="demo", EAGLE_DATA_ROOT=str(out), DAGSTER_HOME=str(home),
                EAGLE_DATA_DEMO_MODEL=str(demo_model))  # fmt: skip
     specs = list(load_catalog(profile="demo").values())
-    write_mix(out, mix_frame(specs[0].name, rows=6))
+    write_mix(out, mix_frame(specs[0].name, rows=6, target="demo"))  # ids of the demo model's vocabulary
     with dg.DagsterInstance.from_config(str(home)) as instance:
         follow_the_mix(instance, 6)  # what training_mix does
     cmd = [sys.executable, "-m", "dagster", "asset", "materialize", "-m", "eagle_data.definitions",

@@ -22,6 +22,7 @@ from eagle_data.stage_table import DATASET_STAGES, asset_of
 from eagle_data.standins.openai_fake import FakeOpenAI, Faults
 from eagle_data.storage import ShardStore
 from eagle_data_tests.fixtures_demo import DemoRun
+from eagle_data_tests.fixtures_stages import standin_demo
 
 GENERATION_COLUMNS = {
     "prompt_id", "dataset", "config_hash", "engine", "model", "provider", "status", "finish_reason", "reasoning",
@@ -107,7 +108,7 @@ def test_the_demo_materializes_its_partition_range_in_one_run(demo_run: DemoRun,
 
 
 def _materialize_b3(storage: StorageResource) -> pl.DataFrame:
-    spec = load_catalog(profile="demo")["b3_magicoder"]
+    spec = standin_demo()["b3_magicoder"]
     result = dg.materialize(
         build_dataset_assets(spec),
         selection=dg.AssetSelection.all() - dg.AssetSelection.assets("b3_magicoder_estimate"),

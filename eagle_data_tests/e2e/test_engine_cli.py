@@ -18,6 +18,7 @@ import pytest
 
 from eagle_data.standins.openai_fake import FakeOpenAI, Faults
 from eagle_data_tests.conftest import materialize_cli
+from eagle_data_tests.fixtures_stages import standin_catalog
 
 DS = "b7_sharegpt"
 SELECT = f"{DS}_prompts,{DS}"
@@ -33,7 +34,8 @@ def env(tmp_path: Path, demo_model: Path, server: FakeOpenAI) -> dict[str, str]:
     (tmp_path / "home").mkdir()
     env.update(EAGLE_DATA_PROFILE="demo", EAGLE_DATA_ROOT=str(tmp_path / "out"), DAGSTER_HOME=str(tmp_path / "home"),
                EAGLE_DATA_DEMO_MODEL=str(demo_model), EAGLE_DATA_ENGINE="openai", EAGLE_DATA_MODEL="m",
-               EAGLE_DATA_BASE_URL=f"http://127.0.0.1:{server.port}/v1", OPENAI_API_KEY=KEY)  # fmt: skip
+               EAGLE_DATA_BASE_URL=f"http://127.0.0.1:{server.port}/v1", OPENAI_API_KEY=KEY,
+               EAGLE_DATA_CATALOG=str(standin_catalog(tmp_path)))  # fmt: skip
     return env
 
 

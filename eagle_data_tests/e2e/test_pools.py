@@ -18,10 +18,12 @@ from eagle_data.catalog import load_catalog
 from eagle_data.runner.rows import plan_turns
 from eagle_data.standins.openai_fake import FakeOpenAI, Faults
 from eagle_data.storage import ShardStore
+from eagle_data_tests.fixtures_stages import standin_catalog
 
 REPO = Path(__file__).resolve().parents[2]
 COMMAND = ["asset", "materialize", "-m", "eagle_data.definitions", "--select", "b7_sharegpt_prompts,b7_sharegpt",
            "--partition-range", "00000...00003"]  # fmt: skip
+SHAPE = {"max_prompts": 40, "regenerate": "all"}  # the range's four shards, every turn asked
 SLOT_WAIT_S = 30.0  # the issue asks for 10 s; the margin is for process start-up on a loaded CI machine
 
 
@@ -60,7 +62,7 @@ def _durable_turns(root: Path) -> int:
 
 def _turns(root: Path) -> int:
     """Turns the demo's b7 prompts ask for in all: what a run that reuses nothing pays."""
-    spec, store = load_catalog(profile="demo")["b7_sharegpt"], ShardStore(str(root))
+    spec, store = load_catalog(profile="demo")["b7_sharegpt"].model_copy(update=SHAPE), ShardStore(str(root))
     shards = (store.read_shard(spec.name, layout.prompts_asset(spec.name), key) for key in spec.partition_keys)
     return sum(len(plan_turns(m, spec.regenerate, spec.max_turns)) for s in shards for m in s["messages"].to_list())
 
@@ -80,7 +82,7 @@ def test_sigkilled_cli_run_does_not_block_the_next_one(tmp_path: Path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("EAGLE_DATA_", "DAGSTER_"))}
     env.update(EAGLE_DATA_PROFILE="demo", EAGLE_DATA_ROOT=str(tmp_path / "out"), DAGSTER_HOME=str(home),
                EAGLE_DATA_ENGINE="openai", EAGLE_DATA_MODEL="m", EAGLE_DATA_BASE_URL=base_url, OPENAI_API_KEY="k",
-               PYTHONPATH=str(REPO))  # fmt: skip
+               PYTHONPATH=str(REPO), EAGLE_DATA_CATALOG=str(standin_catalog(tmp_path, **SHAPE)))  # fmt: skip
     try:
         first = subprocess.Popen([sys.executable, "-m", "dagster", *COMMAND], env=env,
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
@@ -169,6 +171,7 @@ def test_the_run_worker_tag_is_hidden_from_the_ui():
 WORKER = """
 import multiprocessing, os, sys, time
 from eagle_data.procs import die_with
+from eagle_data_tests.fixtures_stages import standin_catalog
 
 def step(worker: int) -> None:
     print(os.getpid(), die_with(worker), flush=True)

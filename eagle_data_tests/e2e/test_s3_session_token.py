@@ -14,6 +14,7 @@ import dagster as dg
 from eagle_data.files_server import FILES_URL_ENV
 from eagle_data.standins.openai_fake import FakeOpenAI
 from eagle_data_tests.conftest import materialize_cli
+from eagle_data_tests.fixtures_stages import standin_catalog
 
 DS = "b7_sharegpt"
 TOKEN = "FwoGZXIvYXdzEXAMPLESESSIONTOKEN7f3c9a2e"  # moto takes any session token
@@ -24,9 +25,7 @@ def test_a_session_token_is_stored_nowhere(
 ) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("EAGLE_DATA_", "DAGSTER_", "OPENAI_"))}
     (tmp_path / "home").mkdir()
-    user = tmp_path / "catalog.toml"
-    user.write_text('[defaults]\ntarget = "qwen3-test"\n')  # the fake answers as Qwen3; its vocabulary ships with us
-    env.update(EAGLE_DATA_CATALOG=str(user))
+    env.update(EAGLE_DATA_CATALOG=str(standin_catalog(tmp_path)))
     env.update(EAGLE_DATA_PROFILE="demo", EAGLE_DATA_ROOT=f"s3://{s3_bucket}/runs", AWS_ENDPOINT_URL=s3_endpoint,
                AWS_SESSION_TOKEN=TOKEN, DAGSTER_HOME=str(tmp_path / "home"), EAGLE_DATA_DEMO_MODEL=str(demo_model),
                EAGLE_DATA_ENGINE="openai", EAGLE_DATA_MODEL="m", OPENAI_API_KEY="sk-test",

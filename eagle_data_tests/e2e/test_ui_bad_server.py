@@ -31,6 +31,7 @@ from selenium.webdriver.support import expected_conditions as ec
 from eagle_data.catalog import load_catalog
 from eagle_data.standins.openai_fake import FakeOpenAI, Faults
 from eagle_data_tests.e2e.test_ui_browser import REPO, browser, serve_dagster_dev, waiting  # noqa: F401 (a fixture)
+from eagle_data_tests.fixtures_stages import standin_catalog
 
 pytestmark = pytest.mark.browser
 
@@ -95,7 +96,8 @@ def bad_ui(ui_dir: Path, demo_model: Path, server: FakeOpenAI) -> Iterator[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("EAGLE_DATA_", "DAGSTER_", "OPENAI_"))}
     env.update(EAGLE_DATA_PROFILE="demo", EAGLE_DATA_ROOT=str(ui_dir / "out"), DAGSTER_HOME=str(home),
                EAGLE_DATA_DEMO_MODEL=str(demo_model), EAGLE_DATA_ENGINE="openai", EAGLE_DATA_MODEL="m",
-               EAGLE_DATA_BASE_URL=f"http://127.0.0.1:{server.port}/v1", OPENAI_API_KEY="sk-test")  # fmt: skip
+               EAGLE_DATA_BASE_URL=f"http://127.0.0.1:{server.port}/v1", OPENAI_API_KEY="sk-test",
+               EAGLE_DATA_CATALOG=str(standin_catalog(ui_dir)))  # fmt: skip
     yield from serve_dagster_dev(env, ui_dir / "dagster-dev.log")
 
 

@@ -27,6 +27,7 @@ from eagle_data.quality import registry
 from eagle_data.standins.openai_fake import FakeOpenAI, Faults
 from eagle_data.standins.webhook import Receiver
 from eagle_data_tests.e2e.test_capture_checks import KEY, RANGE, capture_asset  # noqa: F401 (a fixture)
+from eagle_data_tests.fixtures_stages import standin_demo
 from eagle_data_tests.integration.test_quality_defs import EXPORT, FROM_START, SPEC, stand_in_assets, tick
 
 SENSORS = ("quality_alerts", "run_failure_alerts")
@@ -175,7 +176,7 @@ def test_a_failed_canary_is_announced_once_though_the_estimate_step_failed_on_it
     step's failure is the canary's to announce: one alert, not two."""
     monkeypatch.setenv(ENGINE_ENV, "openai")
     monkeypatch.delenv(POOL_ENV, raising=False)
-    spec = load_catalog(profile="demo")["b7_sharegpt"]
+    spec = standin_demo()["b7_sharegpt"].model_copy(update={"max_prompts": 30})  # the range's three shards
     assets = build_dataset_assets(spec)[:3]  # prompts, estimate, generation
     engine = EngineResource(kind="openai", model="m", api_key_env="")
     resources = {**shard_resources(StorageResource(root=str(tmp_path))), "engine": engine}

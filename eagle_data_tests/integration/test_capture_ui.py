@@ -125,7 +125,7 @@ def test_the_ui_materializes_a_capture_shard_on_the_demo_profile_with_its_checks
     monkeypatch.setenv("EAGLE_DATA_ROOT", str(out))
     monkeypatch.setenv("EAGLE_DATA_DEMO_MODEL", str(demo_model))
     specs = list(load_catalog(profile="demo").values())
-    write_mix(out, mix_frame(specs[0].name, rows=ROWS))
+    write_mix(out, mix_frame(specs[0].name, rows=ROWS, target="demo"))  # ids of the demo model's vocabulary
     settings = yaml.safe_load((ROOT / "dagster.yaml").read_text())  # the queue `dagster dev` uses
     target = ModuleTarget(module_name="eagle_data.definitions", attribute=None, working_directory=None,
                           location_name="eagle_data")  # fmt: skip

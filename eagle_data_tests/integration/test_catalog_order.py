@@ -22,6 +22,7 @@ from eagle_data.defs.io_managers import shard_resources
 from eagle_data.defs.resources import EngineResource, StorageResource
 from eagle_data.standins.openai_fake import FakeOpenAI, Faults
 from eagle_data.storage import ShardStore
+from eagle_data_tests.fixtures_stages import STANDIN_TARGET
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -31,7 +32,7 @@ def demo_specs(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[DatasetSpec]]:
     """b3, then b5 with a token budget far below its projection; two shards each."""
     monkeypatch.setenv("EAGLE_DATA_PROFILE", "demo")
     specs = catalog()
-    small = {"max_prompts": 20}
+    small = {"max_prompts": 20, "target": STANDIN_TARGET}  # served by a stand-in
     yield [specs["b3_magicoder"].model_copy(update=small),
            specs["b5_openthoughts"].model_copy(update={**small, "token_budget": 1_000})]  # fmt: skip
 

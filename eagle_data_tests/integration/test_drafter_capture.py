@@ -28,18 +28,20 @@ SETTINGS = CaptureSettings(
 )
 
 
-def mix_frame(dataset: str, rows: int = 14, seed: int = 0) -> pl.DataFrame:
-    """Rows of 4-60 tokens, a prompt part (mask 0) then a reply part (mask 1); some have < 32 loss tokens."""
+def mix_frame(dataset: str, rows: int = 14, seed: int = 0, target: str | None = None) -> pl.DataFrame:
+    """Rows of 4-60 tokens, a prompt part (mask 0) then a reply part (mask 1); some have < 32 loss tokens; with
+    `target`, each row names it, as the export's rows name the target validation resolved."""
     rng = random.Random(seed)
     ids, masks = [], []
     for _ in range(rows):
         prompt, reply = rng.randint(2, 10), rng.randint(2, 50)
         ids.append([rng.randrange(5, 150_000) for _ in range(prompt + reply)])
         masks.append([0] * prompt + [1] * reply)
-    return pl.DataFrame(
+    frame = pl.DataFrame(
         {"prompt_id": [f"p{i}" for i in range(rows)], "dataset": dataset, "input_ids": ids, "loss_mask": masks},
         schema_overrides={"input_ids": pl.List(pl.Int32), "loss_mask": pl.List(pl.UInt8)},
     )
+    return frame if target is None else frame.with_columns(target=pl.lit(target))
 
 
 def write_mix(root: Path, frame: pl.DataFrame) -> ShardStore:

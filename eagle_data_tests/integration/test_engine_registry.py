@@ -16,6 +16,7 @@ from eagle_data.engines import SETTINGS, EngineKind, EngineSettings, build_engin
 from eagle_data.runner import RunnerSettings
 from eagle_data.standins.openai_fake import FakeOpenAI, spec_for_tests
 from eagle_data.types import Completion, Engine, FatalError, Message
+from eagle_data_tests.fixtures_stages import standin_demo
 
 ENV = (POOL_ENV, PROFILE_ENV, DEMO_MODEL_ENV, *(s.env for s in SETTINGS.values() if s.env))
 
@@ -54,7 +55,7 @@ def env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
 def test_a_kind_registered_in_one_line_runs_through_the_generation_asset_in_its_own_pool(env, tmp_path) -> None:
     env.setenv(ENGINE_ENV, "echo")
     env.setenv("EAGLE_DATA_MODEL", "echo-1")
-    spec = load_catalog(profile="demo")["b7_sharegpt"]
+    spec = standin_demo()["b7_sharegpt"]
     prompts, _, generation, _ = build_dataset_assets(spec)  # the estimate is not needed
     assert generation.op.pool == "echo"
     storage = StorageResource(root=str(tmp_path))

@@ -13,7 +13,7 @@ import dagster as dg
 import polars as pl
 import pytest
 
-from eagle_data.catalog import Breaker, load_catalog
+from eagle_data.catalog import Breaker
 from eagle_data.defs.assets import build_dataset_assets
 from eagle_data.defs.io_managers import shard_resources
 from eagle_data.defs.resources import EngineResource, StorageResource
@@ -21,6 +21,7 @@ from eagle_data.engines.launcher import LaunchConfig, Launcher
 from eagle_data.sources import load_index
 from eagle_data.standins.sglang_fake import free_port_block
 from eagle_data.storage import ShardStore
+from eagle_data_tests.fixtures_stages import standin_demo
 from eagle_data_tests.unit.test_sglang import FAKE, MODEL, REPO
 
 
@@ -43,7 +44,9 @@ def test_b7_sharegpt_materializes_through_the_sglang_resource_with_one_server_ki
 ) -> None:
     monkeypatch.setenv("EAGLE_DATA_ENGINE", "sglang")  # the generation asset's pool is the environment's engine
     # The stand-in's replies are 2 to 30 random ids, short by design: the breaker would stop them.
-    spec = load_catalog(profile="demo")["b7_sharegpt"].model_copy(update={"breaker": Breaker(enabled=False)})
+    spec = standin_demo()["b7_sharegpt"].model_copy(  # Qwen's ids; every turn of 40 prompts: requests to fail over
+        update={"breaker": Breaker(enabled=False), "max_prompts": 40, "regenerate": "all"}
+    )
     index = load_index(spec, ShardStore(str(tmp_path / "index")))
     logs = tmp_path / "answers"
     logs.mkdir()

@@ -29,6 +29,7 @@ from eagle_data.standins.cut_proxy import CutProxy
 from eagle_data.standins.openai_fake import FakeOpenAI, Faults, prompt_shards, spec_for_tests
 from eagle_data.storage import ShardStore, parquet_bytes
 from eagle_data.storage.shards import LazyShards, write_shards
+from eagle_data_tests.fixtures_stages import standin_demo
 
 DS = "b7_sharegpt"
 KEYS = ("00000", "00001", "00002")
@@ -49,7 +50,8 @@ def engine(monkeypatch: pytest.MonkeyPatch) -> Iterator[EngineResource]:
 
 
 def spec() -> DatasetSpec:
-    return load_catalog(profile="demo")[DS]
+    """The demo entry on the stand-in server, with four shards."""
+    return standin_demo()[DS].model_copy(update={"max_prompts": 40})
 
 
 def materialize(resources: dict[str, object]) -> dg.ExecuteInProcessResult:

@@ -21,7 +21,7 @@ from eagle_data.defs.resources import StorageResource
 from eagle_data.storage import ShardStore, StorageError
 from eagle_data.storage.shards import shards_written
 
-SPEC = load_catalog(profile="demo")["b7_sharegpt"]
+SPEC = load_catalog(profile="demo")["b7_sharegpt"].model_copy(update={"max_prompts": 40})  # four shards
 
 
 def materialize_prompts(root: Path, source: Path, partition: str = "00000") -> dg.ExecuteInProcessResult:

@@ -10,11 +10,11 @@ import dagster as dg
 import moto.settings
 import pytest
 
-from eagle_data.catalog import load_catalog
 from eagle_data.defs.assets import build_dataset_assets
 from eagle_data.defs.io_managers import shard_resources
 from eagle_data.defs.resources import EngineResource, S3ClientResource, StorageResource
 from eagle_data.standins.openai_fake import FakeOpenAI
+from eagle_data_tests.fixtures_stages import standin_demo
 
 DS = "b7_sharegpt"
 
@@ -24,7 +24,7 @@ def generate(root: str, endpoint: str | None, server: FakeOpenAI, monkeypatch: p
     for name, value in {"EAGLE_DATA_ENGINE": "openai", "EAGLE_DATA_MODEL": "m", "OPENAI_API_KEY": "sk-test",
                         "EAGLE_DATA_BASE_URL": f"http://127.0.0.1:{server.port}/v1"}.items():  # fmt: skip
         monkeypatch.setenv(name, value)
-    assets = {a.key.to_user_string(): a for a in build_dataset_assets(load_catalog(profile="demo")[DS])}
+    assets = {a.key.to_user_string(): a for a in build_dataset_assets(standin_demo()[DS])}
     resources = {**shard_resources(StorageResource(root=root, s3=S3ClientResource(endpoint_url=endpoint))),
                  "engine": EngineResource()}  # fmt: skip
     result = dg.materialize(list(assets.values()), selection=[DS], partition_key="00000", resources=resources,

@@ -34,7 +34,7 @@ from eagle_data.standins.local import free_port
 
 SAMPLE = 4  # canary prompts of the demo's
 MAX_TOKENS = 12
-END_OF_TEXT_LOGIT = 0.9  # against the random model's end-of-turn logit 0.7: it beats most text tokens, not all
+END_OF_TEXT_LOGIT = 2.0  # against the random model's end-of-turn logit 0.7: it beats most text tokens, not all
 START_TIMEOUT_S = 120
 
 

@@ -50,7 +50,7 @@ def _spec(**update: Any) -> DatasetSpec:
     demo = load_catalog(profile="demo")["b7_sharegpt"]
     generation = demo.generation.model_copy(update={"max_tokens": MAX_TOKENS, "temperature": 0.0})
     fields = {"target": "auto", "max_prompts": PROMPTS, "shard_size": PROMPTS, "generation": generation,
-              "token_budget": 0, "cost_budget_usd": 0.0, **update}  # fmt: skip
+              "regenerate": "all", "token_budget": 0, "cost_budget_usd": 0.0, **update}  # fmt: skip
     return demo.model_copy(update=fields)
 
 
