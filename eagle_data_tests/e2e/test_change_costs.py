@@ -142,7 +142,7 @@ CHANGES: dict[str, tuple[Callable[[Path], None], tuple[str, ...]]] = {
 def test_a_dataset_is_one_table_in_a_user_catalog_and_needs_no_sample_outside_the_demo(tmp_path: Path) -> None:
     user = tmp_path / "catalog.toml"
     user.write_text(DATASET)
-    shared_demo = "demo_run_writes or demo_materializes"  # the session's demo run: the demo profile leaves b9 out
+    shared_demo = "demo_run_writes or demo_materializes_its_partition or demo_goes_whole"  # the shared demo run
     done = lane(TREE, "test_catalog.py", "test_definitions.py", "test_docs_match_code.py", "test_sources.py",
                 "test_ui_quiet_and_linkable.py", "-k", f"not cli and not s3 and not ({shared_demo})",
                 env={"EAGLE_DATA_CATALOG": str(user)})  # fmt: skip

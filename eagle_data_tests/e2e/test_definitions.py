@@ -1,4 +1,5 @@
-"""The Dagster layer end to end: a real instance, the real CLI, local and S3 storage."""
+"""The Dagster layer end to end: a real instance, the real CLI, local and S3 storage; and every test of the
+session's shared demo run (fixtures_demo.py), in this one file so that one test worker makes it."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 from dagster_aws.s3 import S3Resource
 
 from eagle_data.catalog import catalog, load_catalog
+from eagle_data.cli import MAX_NOTES, RunView
 from eagle_data.defs.assets import build_dataset_assets
 from eagle_data.defs.io_managers import shard_resources
 from eagle_data.defs.resources import EngineResource, S3ClientResource, StorageResource
@@ -21,6 +23,7 @@ from eagle_data.quality import KEPT
 from eagle_data.stage_table import DATASET_STAGES, asset_of
 from eagle_data.standins.openai_fake import FakeOpenAI, Faults
 from eagle_data.storage import ShardStore
+from eagle_data_tests.e2e.test_demo_output import BUDGET
 from eagle_data_tests.fixtures_demo import DemoRun
 from eagle_data_tests.fixtures_stages import standin_demo
 
@@ -105,6 +108,31 @@ def test_the_demo_materializes_its_partition_range_in_one_run(demo_run: DemoRun,
         for asset in ("b7_sharegpt_prompts", "b7_sharegpt", "b7_sharegpt_validated"):
             records = instance.fetch_materializations(dg.AssetKey(asset), limit=100).records
             assert sorted((r.run_id, r.partition_key) for r in records) == [(run.run_id, key) for key in keys]
+
+
+def test_the_demo_goes_whole_to_the_log_and_prints_a_few_notes_and_a_summary(demo_run: DemoRun):
+    """The session's shared `eagle-data demo` run: every shard of the demo dataset's three assets."""
+    assert demo_run.code == 0, demo_run.printed[-3000:]
+    printed = demo_run.printed.rstrip("\n").split("\n")
+    logs = sorted((demo_run.home / "logs").glob("demo-b7_sharegpt-*.log"))
+    assert len(logs) == 1 and printed[-1] == f"[eagle-data] full Dagster log: {logs[0]}"
+    log = logs[0].read_text()
+    assert "STEP_START" in log and "RUN_SUCCESS" in log and log.count("\n") > 3 * len(printed)
+    notes = [p for p in printed if p.startswith("  ")]
+    prompts = sorted((demo_run.root / "b7_sharegpt" / "b7_sharegpt_prompts").glob("*.parquet"))
+    wrote = sum(pl.read_parquet(path).height for path in prompts)
+    assert notes[0] == "  b7_sharegpt_prompts: started" and any(f"wrote {wrote} prompts" in n for n in notes)
+    # What was printed is exactly the notes of the log's lines (heartbeats are thinned by the clock, and count
+    # towards the MAX_NOTES shown: a run that printed more of them reached "the rest is in the log" sooner).
+    replay = RunView()
+    from_log = [n for raw in log.split("\n") if (n := replay.note(raw, now=0.0)) and "heartbeat" not in n]
+    shown = [n for n in notes if "heartbeat" not in n]
+    if shown[-1] == "  ... (the rest is in the log)":
+        shown, from_log = shown[:-1], from_log[: len(shown) - 1]
+    assert shown == from_log
+    assert len(printed) < BUDGET and len(notes) <= MAX_NOTES + 1  # its last: "the rest is in the log"
+    assert any(p.startswith("[eagle-data] output: ") and f"({len(prompts)} validated shards)" in p for p in printed)
+    assert any(p.startswith("[eagle-data] asked '") and ", the model: " in p for p in printed)  # its own words
 
 
 def _materialize_b3(storage: StorageResource) -> pl.DataFrame:

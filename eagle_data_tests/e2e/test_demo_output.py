@@ -8,13 +8,11 @@ import re
 import sys
 from pathlib import Path
 
-import polars as pl
 import pytest
 
 from eagle_data.catalog import load_catalog
 from eagle_data.cli import DEMO_DATASET, MAX_NOTES, RunView, demo_command, report_line, run_quietly, summary
 from eagle_data.storage import ShardStore
-from eagle_data_tests.fixtures_demo import DemoRun
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 RUN = "df816632-a426-4a7e-ad44-35d5ebff0108"
@@ -118,31 +116,6 @@ def demo_env(tmp_path: Path) -> dict[str, str]:
     (tmp_path / "home").mkdir()
     env.update(EAGLE_DATA_PROFILE="demo", EAGLE_DATA_ROOT=str(tmp_path / "out"), DAGSTER_HOME=str(tmp_path / "home"))
     return env
-
-
-def test_the_demo_goes_whole_to_the_log_and_prints_a_few_notes_and_a_summary(demo_run: DemoRun):
-    """The session's shared `eagle-data demo` run: every shard of the demo dataset's three assets."""
-    assert demo_run.code == 0, demo_run.printed[-3000:]
-    printed = demo_run.printed.rstrip("\n").split("\n")
-    logs = sorted((demo_run.home / "logs").glob("demo-b7_sharegpt-*.log"))
-    assert len(logs) == 1 and printed[-1] == f"[eagle-data] full Dagster log: {logs[0]}"
-    log = logs[0].read_text()
-    assert "STEP_START" in log and "RUN_SUCCESS" in log and log.count("\n") > 3 * len(printed)
-    notes = [p for p in printed if p.startswith("  ")]
-    prompts = sorted((demo_run.root / "b7_sharegpt" / "b7_sharegpt_prompts").glob("*.parquet"))
-    wrote = sum(pl.read_parquet(path).height for path in prompts)
-    assert notes[0] == "  b7_sharegpt_prompts: started" and any(f"wrote {wrote} prompts" in n for n in notes)
-    # What was printed is exactly the notes of the log's lines (heartbeats are thinned by the clock, and count
-    # towards the MAX_NOTES shown: a run that printed more of them reached "the rest is in the log" sooner).
-    replay = RunView()
-    from_log = [n for raw in log.split("\n") if (n := replay.note(raw, now=0.0)) and "heartbeat" not in n]
-    shown = [n for n in notes if "heartbeat" not in n]
-    if shown[-1] == "  ... (the rest is in the log)":
-        shown, from_log = shown[:-1], from_log[: len(shown) - 1]
-    assert shown == from_log
-    assert len(printed) < BUDGET and len(notes) <= MAX_NOTES + 1  # its last: "the rest is in the log"
-    assert any(p.startswith("[eagle-data] output: ") and f"({len(prompts)} validated shards)" in p for p in printed)
-    assert any(p.startswith("[eagle-data] asked '") and ", the model: " in p for p in printed)  # its own words
 
 
 def test_a_run_that_fails_before_any_step_shows_its_cause(demo_env: dict[str, str], tmp_path: Path):
