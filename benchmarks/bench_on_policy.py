@@ -5,7 +5,7 @@ Sets (the same prompts from the bundled b3_magicoder sample):
 - greedy / T=0.8: the model's own replies, rows built with its chat template;
 - original: the sample's original answers; ok: "OK." for every prompt;
 - no_system: the greedy replies under a prompt rendered without the template's default system turn;
-- thinking: the random-weight Qwen3 demo model (the only local model with a think template): its greedy replies
+- thinking: the random-weight Qwen3 stand-in (the only local model with a think template): its greedy replies
   generated with thinking off, rendered with thinking on (the empty think block supervised), beside the same
   replies rendered as generated (thinking_matched).
 
@@ -30,7 +30,6 @@ from collections.abc import Callable
 import polars as pl
 import torch
 
-from eagle_data.demo import ensure_demo_model
 from eagle_data.drafter.capture import TransformersBackend, capture_shard
 from eagle_data.drafter.layers import resolve
 from eagle_data.drafter.settings import CaptureSettings
@@ -38,6 +37,7 @@ from eagle_data.engines.local import _checkpoint, _fingerprint
 from eagle_data.engines.scoring import BATCH_TOKENS, Row, TargetIds, TransformersScorer, batches, score_rows
 from eagle_data.quality import on_policy as op
 from eagle_data.standins import model_rows as smol_rows
+from eagle_data.standins.random_model import ensure_random_model
 from eagle_data.storage import ShardStore
 
 GREEDY, SAMPLED = op.SamplingPoint(0.0), op.SamplingPoint(0.8, 0.95)
@@ -51,8 +51,8 @@ def cpu(fn: Callable[[], object]) -> float:
 
 
 def thinking_sets(prompts: list[str], tokens: int) -> dict[str, tuple[list[Row], TargetIds]]:
-    """The demo Qwen3 model's greedy replies with thinking off, rendered as generated and with thinking on."""
-    folder = ensure_demo_model().resolve()
+    """The random Qwen3 stand-in's greedy replies with thinking off, rendered as generated and with thinking on."""
+    folder = ensure_random_model().resolve()
     tokenizer, model = _checkpoint(folder, "cpu", _fingerprint(folder))
     think = tuple(tokenizer.convert_tokens_to_ids(["<think>", "</think>"]))
     ids = TargetIds(len(tokenizer), tokenizer.eos_token_id, think)  # type: ignore[arg-type]
@@ -94,7 +94,7 @@ def main() -> None:
     }
     print(f"{'set':17} {'rows':>4} {'tokens':>6} {'agree':>6} {'expect':>6} {'logp':>7} {'expect':>7}  verdict")
     for name, (rows, ids) in sets.items():
-        scorer = TransformersScorer(smol.folder if ids == smol.ids else ensure_demo_model())
+        scorer = TransformersScorer(smol.folder if ids == smol.ids else ensure_random_model())
         t = op.totals(score_rows(rows, scorer, ids, 20))
         v = op.judge(t, op.Limits())
         said = "pass" if v.passed else f"FAIL {v.cause}"
