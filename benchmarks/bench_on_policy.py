@@ -34,7 +34,7 @@ from eagle_data.drafter.capture import TransformersBackend, capture_shard
 from eagle_data.drafter.layers import resolve
 from eagle_data.drafter.settings import CaptureSettings
 from eagle_data.engines.local import _checkpoint, _fingerprint
-from eagle_data.engines.scoring import BATCH_TOKENS, Row, TargetIds, TransformersScorer, batches, score_rows
+from eagle_data.engines.scoring import Row, TargetIds, TransformersScorer, padded_batches, score_rows
 from eagle_data.quality import on_policy as op
 from eagle_data.standins import model_rows as smol_rows
 from eagle_data.standins.random_model import ensure_random_model
@@ -105,13 +105,7 @@ def main() -> None:
     scorer, model = TransformersScorer(smol.folder), smol.model
 
     def forward_loop() -> None:
-        for group in batches([len(r.input_ids) for r in rows], BATCH_TOKENS):
-            width = len(rows[group[0]].input_ids)
-            ids = torch.zeros((len(group), width), dtype=torch.long)
-            mask = torch.zeros_like(ids)
-            for b, i in enumerate(group):
-                ids[b, : len(rows[i].input_ids)] = torch.as_tensor(list(rows[i].input_ids))
-                mask[b, : len(rows[i].input_ids)] = 1
+        for _, ids, mask in padded_batches(rows):  # the scorer's own batches, padded alike
             with torch.inference_mode():
                 model(input_ids=ids, attention_mask=mask)
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -120,6 +120,20 @@ def batches(lengths: Sequence[int], batch_tokens: int) -> list[list[int]]:
     return groups
 
 
+def padded_batches(rows: Sequence[Row], batch_tokens: int = BATCH_TOKENS) -> Iterator[tuple[list[int], Any, Any]]:
+    """Each group of `batches` as right-padded `input_ids` and `attention_mask` tensors, with its row positions."""
+    import torch
+
+    for group in batches([len(r.input_ids) for r in rows], batch_tokens):
+        width = len(rows[group[0]].input_ids)
+        ids = torch.zeros((len(group), width), dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for b, i in enumerate(group):
+            ids[b, : len(rows[i].input_ids)] = torch.as_tensor(list(rows[i].input_ids))
+            mask[b, : len(rows[i].input_ids)] = 1
+        yield group, ids, mask
+
+
 class TransformersScorer:
     """A checkpoint in this process, loaded once (shared with the embedded engine when it is the same)."""
 
@@ -155,13 +169,7 @@ class TransformersScorer:
         _, model = self._load()
         base, head = model.get_decoder(), model.get_output_embeddings()
         out: list[Scored | None] = [None] * len(rows)
-        for group in batches([len(r.input_ids) for r in rows], BATCH_TOKENS):
-            width = len(rows[group[0]].input_ids)
-            ids = torch.zeros((len(group), width), dtype=torch.long)
-            mask = torch.zeros_like(ids)
-            for b, i in enumerate(group):
-                ids[b, : len(rows[i].input_ids)] = torch.as_tensor(list(rows[i].input_ids))
-                mask[b, : len(rows[i].input_ids)] = 1
+        for group, ids, mask in padded_batches(rows):
             with torch.inference_mode():
                 hidden = base(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)).last_hidden_state
                 for b, i in enumerate(group):
