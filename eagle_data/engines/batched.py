@@ -83,6 +83,7 @@ class _RowSampler:
         from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
         self.rows, self.start, self.ends = rows, start, ends
+        self.done = [False] * len(rows)  # ended or at its max_tokens: what it draws now is cut off anyway
         top_k = TOP_K if top_k is None else top_k
         self.warpers = [
             LogitsProcessorList(
@@ -99,7 +100,11 @@ class _RowSampler:
         import torch
 
         step = input_ids.shape[1] - self.start
+        last = input_ids[:, -1].tolist() if step else []
         for i, row in enumerate(self.rows):
+            self.done[i] = self.done[i] or step >= row.max_tokens or (step > 0 and last[i] in self.ends)
+            if self.done[i]:  # a finished row's draws never reach its reply: skip the vocabulary-wide sampling
+                continue
             if step < row.min_tokens:
                 scores[i, self.ends] = -float("inf")
             if (warpers := self.warpers[i]) is not None:
