@@ -152,6 +152,7 @@ class OnPolicy(_Frozen):
     model: str = ""
     sample_rows: int = Field(32, ge=0)
     top_logprobs: int = Field(20, gt=0, le=1000)
+    sampled_logprobs: bool = False  # generation asks for its tokens' log-probabilities and ranks (quality/sampled.py)
     agreement_tolerance: float = Field(0.05, ge=0, le=1)
     logprob_tolerance: float = Field(0.5, ge=0)
     confidence: float = Field(0.999, gt=0.5, lt=1)
@@ -201,8 +202,7 @@ class DatasetSpec(_Frozen):
     @field_validator("owners")
     @classmethod
     def _owner_forms(cls, owners: tuple[str, ...]) -> tuple[str, ...]:
-        bad = [o for o in owners if not re.fullmatch(r"team:\S+|[^@\s]+@[^@\s]+", o)]
-        if bad:
+        if bad := [o for o in owners if not re.fullmatch(r"team:\S+|[^@\s]+@[^@\s]+", o)]:
             raise ValueError(f"owners {bad} must each be an email or 'team:<name>'")
         return owners
 

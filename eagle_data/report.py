@@ -17,6 +17,8 @@ from eagle_data.quality import CHECK_COLUMNS, Inputs, ShardRecord, on_policy, ro
 from eagle_data.quality.figures import Bins, Figures, markdown_table, on_policy_bins
 from eagle_data.quality.gates import CheckResult
 from eagle_data.quality.records import Judged, judged_rollup
+from eagle_data.quality.sampled import COLUMN as SAMPLED_COLUMN
+from eagle_data.quality.sampled import rank_bins
 from eagle_data.storage import ShardStore, digest, read_columns
 from eagle_data.storage.digests import FileDigest, check, materialize_command
 
@@ -168,6 +170,9 @@ def render_report(
     ]
     if agreement := on_policy_bins(figures.numbers):  # the target's own score (quality/on_policy.py)
         sections += ["<h2>On-policy score</h2>", bar_chart(agreement, "Scored rows by top-1 agreement with the target")]
+    if ranks := rank_bins(figures.numbers):  # what the engine reported of its own tokens (quality/sampled.py)
+        title = "Sampled tokens by their rank among the engine's most likely (0: its top choice)"
+        sections += ["<h2>Sampled tokens, as the engine reported them</h2>", bar_chart(ranks, title)]
     if figures.shards:
         xs = [str(r["shard"]) for r in figures.shards]
         shares = {k: [float(r[k]) for r in figures.shards] for k in ("truncated_share", "failed_share", "short_share")}
@@ -254,7 +259,7 @@ def read_record(spec: DatasetSpec, store: ShardStore, key: str, log: Log = print
         return record
     previous = record.inputs.previous_avg_completion_tokens if record else None
     data = store.shard_bytes(spec.name, layout.validated_asset(spec.name), key)
-    columns = (*CHECK_COLUMNS, on_policy.COLUMN)  # no token lists
+    columns = (*CHECK_COLUMNS, on_policy.COLUMN, SAMPLED_COLUMN)  # no token lists
     frame = row_verdicts(read_columns(data, columns), spec.checks, spec.generation.thinking)
     log(f"{spec.name} shard {key}: quality record {why}; rebuilt from the validated shard")
     run = run_id or (record.run_id if record else "")

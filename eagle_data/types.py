@@ -24,6 +24,16 @@ class Message(TypedDict, total=False):
     output_ids: list[int]  # the model's own tokens for this turn, when the engine returns them
 
 
+class SampledLogprobs(TypedDict):
+    """The sampled tokens' own log-probabilities, reported by the engine with its reply (eagle_data/quality/sampled.py):
+    the tokens that carry one, their sum, and `ranks[r]` the tokens at rank r among the k most likely listed (the
+    last: rank k - 1 or beyond)."""
+
+    tokens: int
+    logprob: float
+    ranks: list[int]
+
+
 @dataclass(frozen=True)
 class Completion:
     """One engine reply to one conversation prefix (the next assistant turn)."""
@@ -39,6 +49,7 @@ class Completion:
     served_model: str = ""  # the model id the server reports serving (OpenAI-style `model`), "" if none
     output_ids: list[int] | None = None  # the model's own tokens, when the engine returns them
     prompt_ids: list[int] | None = None  # the prompt's tokens as the server rendered them, when it returns them
+    sampled_logprobs: SampledLogprobs | None = None  # where the engine was asked for them and returned them
 
     @property
     def truncated(self) -> bool:

@@ -13,7 +13,7 @@ from eagle_data.defs.checks import judged_partitions, report_shards, validated_k
 from eagle_data.defs.messages import user_failure
 from eagle_data.defs.registry import check_outcome, check_specs
 from eagle_data.defs.resources import StorageResource
-from eagle_data.quality import on_policy, registry
+from eagle_data.quality import on_policy, registry, sampled
 from eagle_data.quality.records import Judged
 from eagle_data.report import record_judged, validated_bytes
 from eagle_data.storage import digest, read_columns
@@ -35,12 +35,14 @@ def on_policy_check(spec: DatasetSpec) -> dg.AssetChecksDefinition:
 
         def judge(partition: str) -> tuple[str, list[dict[str, Any]]]:
             data = validated_bytes(store, spec.name, partition)  # the bytes validation stored, or one line
-            verdict = on_policy.shard_verdict(read_columns(data, [on_policy.COLUMN]), limits)
-            judged = Judged(ON_POLICY, verdict.passed, verdict.line, digest(data), context.run.run_id)
+            frame = read_columns(data, [on_policy.COLUMN, sampled.COLUMN])
+            verdict, reported = on_policy.shard_verdict(frame, limits), sampled.numbers(frame)
+            line = "; ".join(filter(None, (verdict.line, sampled.cross_check(reported))))  # shown, never judged
+            judged = Judged(ON_POLICY, verdict.passed, line, digest(data), context.run.run_id)
             record_judged(spec, store, partition, judged, context.log.warning)  # for the export's admission
-            metadata = {**verdict.details, "figure": verdict.figure, "threshold": verdict.threshold}
+            metadata = {**verdict.details, **reported, "figure": verdict.figure, "threshold": verdict.threshold}
             metadata = {k: v for k, v in metadata.items() if v is not None}
-            return digest(data), [check_outcome(ON_POLICY, verdict.passed, verdict.line, metadata)]
+            return digest(data), [check_outcome(ON_POLICY, verdict.passed, line, metadata)]
 
         yield from report_shards(context, key, judged_partitions(context, key, shards), judge)
 

@@ -24,6 +24,7 @@ from eagle_data.engines.openai_protocol import parse_response, served_ids
 from eagle_data.engines.openrouter_key import OPENROUTER_KEY_ENV, OPENROUTER_URL, check_credit
 from eagle_data.engines.pacing import Pacing
 from eagle_data.engines.served import ModelMismatchError, model_matches
+from eagle_data.quality.sampled import asked_top_logprobs
 from eagle_data.secrets import mask_url, redact, strip_credentials, url_parts
 from eagle_data.targets.reasoning import THINK_TAGS, ReasoningMarkers, reasoning_markers
 from eagle_data.types import (
@@ -103,6 +104,7 @@ class OpenAICompatEngine(Engine):
         checks_model: bool = True,
         markers: ReasoningMarkers | None = THINK_TAGS,
         token_ids: bool = False,
+        top_logprobs: int = 0,
         watch_pace: bool = False,
     ) -> None:
         """`reasoning_request`: the API takes OpenRouter's `reasoning` request field, so the thinking
@@ -111,9 +113,11 @@ class OpenAICompatEngine(Engine):
         the server serves, so a model missing from a non-empty list is refused before anything is sent;
         `markers`: the target's think-block markers (None: its format has none), for replies that leave a
         think block inside `content`; `token_ids`: ask for the reply's and the prompt's token ids (vLLM's
-        `return_token_ids`) and refuse an answer without them; `watch_pace`: notice a server that answers one
-        request at a time and then send one at a time (`pacing`; requests given up at the timeout are counted
-        either way)."""
+        `return_token_ids`) and refuse an answer without them; `top_logprobs` > 0: ask in the same request for the
+        sampled tokens' log-probabilities with that many most likely tokens each (OpenAI's `logprobs`), refuse an
+        answer without them, and leave them out of `config()` (they change no reply); `watch_pace`: notice a server
+        that answers one request at a time and then send one at a time (`pacing`; requests given up at the timeout
+        are counted either way)."""
         self.name, self.model, self.markers = name, model, markers
         self.reasoning_request, self.reports_credit, self.checks_model = reasoning_request, reports_credit, checks_model
         base, user, password = strip_credentials(checked_base_url(base_url))
@@ -130,6 +134,8 @@ class OpenAICompatEngine(Engine):
             body["return_token_ids"] = True
         body.update(extra_body or {})
         self._body, self.token_ids, self.reports_prompt_ids = body, token_ids, token_ids
+        self.top_logprobs = top_logprobs
+        self._logprobs = {"logprobs": True, "top_logprobs": top_logprobs} if top_logprobs else {}
         self._session: aiohttp.ClientSession | None = None
         self.pacing = Pacing(timeout_s, watch=watch_pace)
 
@@ -282,7 +288,7 @@ class OpenAICompatEngine(Engine):
         if self._session is None:
             self._session = self._open()
         turns = [{"role": m["role"], "content": m["content"]} for m in messages]
-        payload = {**self._body, **overrides, "messages": turns}
+        payload = {**self._body, **self._logprobs, **overrides, "messages": turns}
         sent, tokens, abandoned = await self.pacing.start(), None, False
         try:
             async with self._session.post(
@@ -290,7 +296,8 @@ class OpenAICompatEngine(Engine):
             ) as resp:
                 body = await resp.read()
                 retry_after = resp.headers.get("Retry-After")
-                done = parse_response(resp.status, body, retry_after, markers=self.markers, token_ids=self.token_ids)
+                done = parse_response(resp.status, body, retry_after, markers=self.markers, token_ids=self.token_ids,
+                                      top_logprobs=self.top_logprobs)  # fmt: skip
                 tokens = done.completion_tokens
                 return done
         except aiohttp.ConnectionTimeoutError:
@@ -321,6 +328,7 @@ def build_compatible(settings: EngineSettings, spec: DatasetSpec) -> Engine:
     return lookup(settings.kind).make(
         model=settings.model, api_key_env=settings.key_env(), max_tokens=g.max_tokens, temperature=g.temperature,
         top_p=g.top_p, thinking=g.thinking, markers=reasoning_markers(spec.target), **settings.timeouts(),
+        top_logprobs=asked_top_logprobs(spec.on_policy),
         **{k: v for k, v in given.items() if v},
     )  # fmt: skip
 

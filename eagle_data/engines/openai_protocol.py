@@ -14,9 +14,10 @@ import time
 from typing import Any
 
 from eagle_data.engines.replies import reply_text
+from eagle_data.quality import sampled
 from eagle_data.retry_after import parse_retry_after
 from eagle_data.targets.reasoning import THINK_TAGS, ReasoningMarkers
-from eagle_data.types import AbortError, Completion, ConfigError, FatalError, RetryableError
+from eagle_data.types import AbortError, Completion, ConfigError, FatalError, RetryableError, SampledLogprobs
 
 RETRY_STATUSES = frozenset({408, 409, 425, 429})
 THROTTLE_STATUSES = frozenset({429, 503})
@@ -65,11 +66,14 @@ def parse_response(
     now: float = 0.0,
     markers: ReasoningMarkers | None = THINK_TAGS,
     token_ids: bool = False,
+    top_logprobs: int = 0,
 ) -> Completion:
     """A Completion from one HTTP answer, or the error it stands for (200 bodies are checked too); `markers`:
     the target's think-block markers, for a think block left inside `content`. Token ids are kept whenever
     the answer has them (vLLM's `token_ids` per choice, `prompt_token_ids`); `token_ids`: they were asked
-    for, so an answer without them is a one-line fatal error (the server ignores the request field)."""
+    for, so an answer without them is a one-line fatal error (the server ignores the request field).
+    `top_logprobs` > 0: the sampled tokens' log-probabilities were asked for with that many most likely tokens
+    each (`choices[0].logprobs`); an answer without them is a one-line fatal error too."""
     if status != 200:
         raise http_error(status, body, retry_after, now or time.time())
     try:
@@ -93,6 +97,7 @@ def parse_response(
             "the server answered without token_ids: it ignores return_token_ids (vLLM's OpenAI server takes it); "
             "upgrade vLLM, or use EAGLE_DATA_ENGINE=openai to run without token ids"
         )
+    figures = _asked_figures(choice.get("logprobs"), top_logprobs) if top_logprobs else None
     usage = data.get("usage") or {}
     details = usage.get("completion_tokens_details") or {}
     return Completion(
@@ -107,7 +112,37 @@ def parse_response(
         served_model=data.get("model") or "",
         output_ids=output_ids,
         prompt_ids=prompt_ids,
+        sampled_logprobs=figures,
     )
+
+
+def _asked_figures(logprobs: Any, k: int) -> SampledLogprobs:
+    """The figures of a choice's `logprobs` that were asked for, or a one-line error naming the setting."""
+    if (figures := sampled_figures(logprobs, k)) is None:
+        raise ConfigError(
+            "the server answered without logprobs: it ignores the chat request's logprobs and top_logprobs (vLLM "
+            "and SGLang take them; on OpenRouter route to providers that do: provider.require_parameters); or set "
+            "[defaults.on_policy] sampled_logprobs = false"
+        )
+    return figures
+
+
+def sampled_figures(logprobs: Any, k: int) -> SampledLogprobs | None:
+    """A choice's `logprobs` (OpenAI's chat format: `content`, one `{token, logprob, bytes, top_logprobs: [{token,
+    logprob, bytes}]}` per sampled token) as the reply's figures; None when it has no `content` list. A token without
+    a value (vLLM's -9999.0 placeholder) is left out."""
+    content = logprobs.get("content") if isinstance(logprobs, dict) else None
+    if not isinstance(content, list):
+        return None
+    values, ranks = [], []
+    for entry in content:
+        value = entry.get("logprob") if isinstance(entry, dict) else None
+        if not isinstance(value, int | float) or value <= sampled.NO_VALUE:
+            continue
+        listed = [t["logprob"] for t in entry.get("top_logprobs") or () if isinstance(t, dict) and "logprob" in t]
+        values.append(float(value))
+        ranks.append(sampled.rank_of(value, listed, k))
+    return sampled.figures(values, ranks, k)
 
 
 def _ids(value: Any) -> list[int] | None:

@@ -14,7 +14,7 @@ import numpy as np
 import polars as pl
 
 from eagle_data.catalog import Checks
-from eagle_data.quality import on_policy
+from eagle_data.quality import on_policy, sampled
 from eagle_data.quality.summary import Summary, share, summarize
 from eagle_data.quality.verdicts import is_answered
 
@@ -144,7 +144,7 @@ def figures(frame: pl.DataFrame, checks: Checks, summary: Summary | None = None)
     top_loss = answered.group_by("loss_tokens").len().sort(["len", "loss_tokens"], descending=[True, False])
     top = list(top_loss.head(5).iter_rows())
     md = tables(completion_hist, loss_hist, ratio_hist, s.verdicts, [], top, answered.height)
-    numbers = count_numbers(s) | _token_numbers(answered) | on_policy_numbers(frame)
+    numbers = count_numbers(s) | _token_numbers(answered) | on_policy_numbers(frame) | sampled.numbers(frame)
     return Figures(numbers, md, completion_hist, loss_hist, [], s.verdicts, ratio_hist)
 
 

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import fields
 from typing import Any
 
+from eagle_data.quality import sampled
 from eagle_data.quality.figures import Bins, Figures, count_numbers, on_policy_rolled, shard_row, tables
 from eagle_data.quality.gates import CheckResult, combine
 from eagle_data.quality.records import ShardRecord
@@ -61,6 +62,7 @@ def _numbers(records: Sequence[ShardRecord]) -> dict[str, float | int]:
         "repeat_share_worst_shard": max(r.numbers["repeat_share"] for r in records),
         "loss_tokens_total": sum(r.numbers["loss_tokens_total"] for r in records),
         **on_policy_rolled([r.numbers for r in records]),
+        **sampled.rolled([r.numbers for r in records]),
     }
     if "avg_completion_tokens" in numbers:
         numbers["max_completion_tokens"] = max(r.numbers.get("max_completion_tokens", 0) for r in records)

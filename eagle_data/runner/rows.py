@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 import polars as pl
 
+from eagle_data.quality import sampled
 from eagle_data.types import Completion, Message, Status
 
 GEN_MESSAGES = pl.List(
@@ -42,6 +43,7 @@ GENERATION_SCHEMA: dict[str, pl.DataType] = {
     "error": pl.String(),
     "finished_at": pl.Float64(),
     "messages": GEN_MESSAGES,
+    sampled.COLUMN: sampled.DTYPE,  # the replies' sampled tokens' own log-probabilities, where the engine gave them
 }
 Row = dict[str, Any]
 
@@ -106,6 +108,7 @@ def build_row(
         "attempts": attempts,
         "error": error,
         "finished_at": finished_at,
+        sampled.COLUMN: sampled.added(r.sampled_logprobs for r in replies) if replies else None,
         "messages": [
             {
                 "role": m["role"],

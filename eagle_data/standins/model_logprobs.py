@@ -89,3 +89,28 @@ def vllm_prompt_logprobs(path: str, ids: list[int], k: int) -> list[dict[str, An
             {str(i): {"logprob": lp, "rank": rank(rows[t], i), "decoded_token": None} for i, lp in entries.items()}
         )
     return listed
+
+
+@cache
+def _tokenizer(path: str) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+def vllm_chat_logprobs(path: str, prompt_ids: list[int], reply_ids: list[int], k: int) -> list[dict[str, Any]]:
+    """vLLM's chat `choices[0].logprobs.content` for a reply: per reply token its text, log-probability and bytes,
+    and `top_logprobs` as vLLM lists them, the sampled token first, then the most likely others, k in all
+    (`_make_logprob_dict` in vllm/v1/engine/logprobs.py, `_get_top_logprobs` of its chat serving)."""
+    ids, decode = [*prompt_ids, *reply_ids], _tokenizer(path).decode
+    rows = logprobs(path, ids)
+
+    def entry(t: int, token: int) -> dict[str, Any]:
+        text = decode([token])
+        return {"token": text, "logprob": float(rows[t, token]), "bytes": list(text.encode())}
+
+    out = []
+    for t in range(len(prompt_ids), len(ids)):
+        others = [i for _, i in top(rows[t], k) if i != ids[t]]
+        out.append({**entry(t, ids[t]), "top_logprobs": [entry(t, i) for i in [ids[t], *others][:k]]})
+    return out

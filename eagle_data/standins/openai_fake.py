@@ -31,7 +31,7 @@ from aiohttp import web
 from eagle_data.catalog import DatasetSpec, load_catalog
 from eagle_data.standins import model_logprobs
 from eagle_data.standins.drip import drip
-from eagle_data.standins.reply_shapes import fake_reply, shaped_message, token_ids
+from eagle_data.standins.reply_shapes import chat_logprobs, fake_reply, shaped_message, token_ids
 from eagle_data.targets import load_target
 from eagle_data.types import PROMPT_ID_HEADER
 
@@ -64,6 +64,7 @@ class Faults:
     echo_auth: bool = False  # error bodies repeat the Authorization header received (a careless server)
     served_models: tuple[str, ...] = ()  # the ids GET /models lists (none: an empty list, which no engine checks)
     ignore_token_ids: bool = False  # answer `return_token_ids` without ids (a server that does not know the field)
+    ignore_logprobs: bool = False  # answer `logprobs` without them (a server or provider that does not take the field)
     cost_per_token: float = 1e-6
     key_limit: float = 100.0
     key_usage: float = 12.5
@@ -80,7 +81,9 @@ class Faults:
     # The target whose rendering counts a request's `prompt_tokens` (as a real server counts its own template's
     # tokens); "checkpoint:<folder>" counts as that model's own template does (e.g. SmolLM2's default system turn).
     prompt_target: str = "qwen3-test"
-    score_model: str = ""  # a transformers folder: /v1/completions answers prompt_logprobs with its real values
+    # A transformers folder of Qwen's vocabulary: /v1/completions answers prompt_logprobs, and chat answers `logprobs`
+    # (else made-up values), with its real values.
+    score_model: str = ""
 
 
 class FakeOpenAI:
@@ -254,14 +257,34 @@ class FakeOpenAI:
             "choices": [{"index": 0, "finish_reason": finish, "message": message}],
             "usage": usage,
         }
-        if body.get("return_token_ids") and not self.faults.ignore_token_ids:
-            thinking = (body.get("chat_template_kwargs") or {}).get("enable_thinking", True)
-            prompt, given = body["messages"], int(body["messages"][0]["role"] == "system")
-            if self.faults.system_preamble:
-                system = self.faults.system_preamble + (prompt[0]["content"] if given else "")
-                prompt = [{"role": "system", "content": system}, *prompt[given:]]
-            reply["prompt_token_ids"], reply["choices"][0]["token_ids"] = token_ids(prompt, message, finish, thinking)
-        return web.json_response(reply)
+        return web.json_response(self._with_tokens(reply, body, message, finish))
+
+    def _with_tokens(
+        self, reply: dict[str, Any], body: dict[str, Any], message: dict[str, Any], finish: str
+    ) -> dict[str, Any]:
+        """`reply` with what the request asked for of its tokens, as a vLLM server of a Qwen3 model answers:
+        `return_token_ids` (the prompt under the server's template, with its `system_preamble`, and the reply's ids)
+        and `logprobs` (each reply token's, with `top_logprobs` of them)."""
+        f, choice = self.faults, reply["choices"][0]
+        ids, logprobs = body.get("return_token_ids") and not f.ignore_token_ids, body.get("logprobs")
+        if not ids and not (logprobs and not f.ignore_logprobs):
+            return reply
+        thinking = (body.get("chat_template_kwargs") or {}).get("enable_thinking", True)
+        prompt, given = body["messages"], int(body["messages"][0]["role"] == "system")
+        if f.system_preamble:
+            prompt = [{"role": "system", "content": f.system_preamble + (prompt[0]["content"] if given else "")},
+                      *prompt[given:]]  # fmt: skip
+        prompt_ids, reply_ids = token_ids(prompt, message, finish, thinking)
+        if ids:
+            reply["prompt_token_ids"], choice["token_ids"] = prompt_ids, reply_ids
+        if logprobs and not f.ignore_logprobs:
+            k = int(body.get("top_logprobs") or 0)
+            if f.score_model:  # the model's real values, listed as vLLM lists them
+                choice["logprobs"] = {"content": model_logprobs.vllm_chat_logprobs(f.score_model, prompt_ids,
+                                                                                   reply_ids, k)}  # fmt: skip
+            else:
+                choice["logprobs"] = {"content": chat_logprobs(reply_ids, k)}
+        return reply
 
     def _prompt_tokens(self, body: dict[str, Any]) -> int:
         """What the server counts: the request's messages as the prompt target renders them, with the thinking

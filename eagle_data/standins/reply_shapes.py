@@ -65,3 +65,24 @@ def token_ids(
     reply += "<|im_end|>" if finish == "stop" else ""
     encode = qwen_tokenizer().encode
     return encode(prompt, add_special_tokens=False).ids, encode(reply, add_special_tokens=False).ids
+
+
+
+def chat_logprobs(ids: list[int], k: int) -> list[dict[str, Any]]:
+    """OpenAI's chat `logprobs.content` for a reply of `ids`, with made-up values: each token's text and
+    log-probability, and the k most likely in descending order (OpenAI's and SGLang's order: the sampled token listed
+    only where it is one of the k); every fourth token is the second most likely, the others the most likely."""
+    decode = qwen_tokenizer().decode
+    out = []
+    for i, token in enumerate(ids):
+        rank, text = (1 if i % 4 == 3 else 0), decode([token])
+        values = [-0.25 - j for j in range(max(k, rank + 1))]  # most likely first; the sampled token at `rank`
+        names = [text if j == rank else f"<other {j}>" for j in range(len(values))]
+        top = [logprob_entry(name, value) for name, value in zip(names, values, strict=True)][:k]
+        out.append({**logprob_entry(text, values[rank]), "top_logprobs": top})
+    return out
+
+
+def logprob_entry(text: str, value: float) -> dict[str, Any]:
+    """One token of OpenAI's chat logprobs: its text, log-probability and UTF-8 bytes."""
+    return {"token": text, "logprob": value, "bytes": list(text.encode())}

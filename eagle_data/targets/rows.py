@@ -37,6 +37,7 @@ PASS_THROUGH = (
     "prompt_tokens",  # what the server counted, against `rendered_prompt_tokens`
     "messages",  # the conversations export (SpecForge JSONL) reads it
     "error",  # why a failed row failed (`empty_reply: ...`): the quality gates name the cause
+    "sampled_logprobs",  # what the engine reported of its sampled tokens (quality/sampled.py): metadata, report
 )
 FLAGS = ("roundtrip_ok", "prefix_ok", "structure_ok", "eot_ok")
 OUTPUT_COLUMNS: dict[str, Any] = {  # built here; then PASS_THROUGH columns follow
