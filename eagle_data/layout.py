@@ -15,6 +15,7 @@ Keys are relative paths under the root (a folder or `s3://bucket/prefix`):
 | index | `{ds}/{ds}_prompts/_index/summary.json` (the saved prompt index: counts, source identity) |
 | index_block | `{ds}/{ds}_prompts/_index/{digest}/{block}.parquet` (its rows, one block per shard) |
 | quality | `{ds}/{ds}_quality/{partition}.json` / `{partition}.html` / `index.html` (quality report) |
+| judged | `{ds}/{ds}_quality/_judged/{partition}/{check}.json` (a check judged after validation, on its own) |
 | export | `{ds}/export/{name}` (`train.parquet`, and each chosen trainer file: `prompts.jsonl` ...) |
 | mix | `training_mix/training_mix/mix.parquet`, and beside it the mix's trainer files (`prompts.jsonl`) |
 | export record | `training_mix/training_mix/_written.json` (sha256 and size of every file the last export wrote) |
@@ -45,6 +46,7 @@ Kind = Literal[
     "quality_record",
     "quality_page",
     "quality_index",
+    "judged",
     "export",
     "mix",
     "drafter",
@@ -58,6 +60,7 @@ DIGEST_DIR = "_digest"
 KEPT_FILE = "kept.parquet"
 EXPORT_RECORD = "_written.json"
 LEASE_DIR = "_lease"
+JUDGED_DIR = "_judged"
 INDEX_DIR = "_index"
 EXPORT_DIR = "export"
 QUALITY_INDEX = "index.html"
@@ -211,6 +214,14 @@ def quality_index(dataset: str) -> str:
     return join(quality_prefix(dataset), QUALITY_INDEX)
 
 
+def judged_prefix(dataset: str, partition: str) -> str:
+    return join(quality_prefix(dataset), JUDGED_DIR, partition)
+
+
+def judged_outcome(dataset: str, partition: str, check: str) -> str:
+    return join(judged_prefix(dataset, partition), check + ".json")
+
+
 def export_file(dataset: str, name: str) -> str:
     return join(dataset, EXPORT_DIR, name)
 
@@ -278,6 +289,8 @@ def parse(key: str) -> Key | None:
         return Key("drafter", DRAFTER_DIR, folder, partition=SEP.join(rest[:-1]), name=rest[-1])
     if folder == EXPORT_DIR and len(rest) == 1:
         return Key("export", dataset, name=rest[0])
+    if folder == quality_folder(dataset) and rest[0] == JUDGED_DIR and len(rest) == 3 and rest[2].endswith(".json"):
+        return Key("judged", dataset, folder, partition=rest[1], name=rest[2])
     if folder == quality_folder(dataset) and len(rest) == 1:
         if rest[0] == QUALITY_INDEX:
             return Key("quality_index", dataset, name=rest[0])

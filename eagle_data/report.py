@@ -16,7 +16,7 @@ from eagle_data.catalog import DatasetSpec
 from eagle_data.quality import CHECK_COLUMNS, Inputs, ShardRecord, on_policy, rollup, row_verdicts, shard_record
 from eagle_data.quality.figures import Bins, Figures, markdown_table, on_policy_bins
 from eagle_data.quality.gates import CheckResult
-from eagle_data.quality.records import Judged, judged_rollup
+from eagle_data.quality.records import JUDGED, Judged, judged_rollup
 from eagle_data.quality.sampled import COLUMN as SAMPLED_COLUMN
 from eagle_data.quality.sampled import rank_bins
 from eagle_data.storage import ShardStore, digest, read_columns
@@ -206,7 +206,7 @@ def write_shard_report(spec: DatasetSpec, store: ShardStore, record: ShardRecord
     """Store a shard's quality record and its report page; returns the page's URI."""
     store.write_bytes(layout.quality_record(spec.name, record.partition), record.to_json())
     title = f"{spec.title or spec.name}: shard {record.partition}"
-    page = render_report(title, record.figures(), record.results, spec.name, record.judged_after)
+    page = render_report(title, record.figures(), record.results, spec.name, record.current_judged())
     return store.write_bytes(layout.quality_page(spec.name, record.partition), page)
 
 
@@ -216,8 +216,14 @@ def stored_record(spec: DatasetSpec, store: ShardStore, key: str) -> ShardRecord
 
 
 def _stored(store: ShardStore, dataset: str, key: str) -> ShardRecord | None:
+    """The record with the outcomes of the checks judged after validation joined in (each its own object)."""
     path = layout.quality_record(dataset, key)
-    return ShardRecord.from_json(store.read_bytes(path)) if store.exists(path) else None
+    record = ShardRecord.from_json(store.read_bytes(path)) if store.exists(path) else None
+    if record is None:
+        return None
+    judged = [JUDGED.validate_json(store.read_bytes(k)) for k in store.list(layout.judged_prefix(dataset, key))
+              if (parsed := layout.parse(k)) is not None and parsed.kind == "judged"]  # fmt: skip
+    return replace(record, judged_after=tuple(sorted(judged, key=lambda j: j.check)))
 
 
 def validated_bytes(store: ShardStore, dataset: str, key: str) -> bytes:
@@ -232,15 +238,16 @@ def validated_bytes(store: ShardStore, dataset: str, key: str) -> bytes:
 
 
 def record_judged(spec: DatasetSpec, store: ShardStore, key: str, judged: Judged, log: Log = print) -> None:
-    """Store a check judged after validation (decontamination) in the shard's record and page: where the
-    export's admission reads it. A record judged with other thresholds is rebuilt first, exactly as the gates'
-    check step (which may run beside this one) rebuilds it, so neither write puts back stale gate results. A
-    shard without a record of this schema keeps none (the gates' check step rebuilds it; the export leaves the
-    shard out until this check judges it again)."""
+    """Store a check judged after validation (decontamination, on_policy) as its own object, where the export's
+    admission reads it with the shard's record, and show it on the shard's page. Its own object: these checks
+    run side by side, and each rewriting the shared record lost the other's outcome. A record judged with other
+    thresholds is rebuilt first, exactly as the gates' check step (which may run beside this one) rebuilds it.
+    A shard without a record of this schema gets no page (the gates' check step rebuilds the record)."""
+    store.write_bytes(layout.judged_outcome(spec.name, key, judged.check), JUDGED.dump_json(judged))
     if stored_record(spec, store, key) is None:
-        log(f"{spec.name} shard {key}: no quality record to hold its {judged.check} outcome; re-run its checks")
+        log(f"{spec.name} shard {key}: no quality record to show its {judged.check} outcome; re-run its checks")
         return
-    write_shard_report(spec, store, read_record(spec, store, key, log, judged.run_id).with_judged(judged))
+    write_shard_report(spec, store, read_record(spec, store, key, log, judged.run_id))
 
 
 def read_record(spec: DatasetSpec, store: ShardStore, key: str, log: Log = print, run_id: str = "") -> ShardRecord:
@@ -264,7 +271,8 @@ def read_record(spec: DatasetSpec, store: ShardStore, key: str, log: Log = print
     log(f"{spec.name} shard {key}: quality record {why}; rebuilt from the validated shard")
     run = run_id or (record.run_id if record else "")
     fresh = shard_record(key, frame, inputs_for(spec, previous))
-    rebuilt = replace(fresh, shard_sha256=digest(data), shard_size=len(data), run_id=run).carried_from(record)
+    rebuilt = replace(fresh, shard_sha256=digest(data), shard_size=len(data), run_id=run,
+                      judged_after=record.judged_after if record else ())  # fmt: skip
     write_shard_report(spec, store, rebuilt)
     return rebuilt
 

@@ -9,9 +9,12 @@ shard by the caller (report.py), which says so in one line. Fields added later g
 defaults, so a record written before them still reads.
 
 The record is the one home of a validated shard's check outcomes and digest: the gates judged at validation,
-the checks judged later on the stored shard (`judged_after`: decontamination), each with the digest of the
-bytes it judged, and the sha256 and size of the shard as stored. The asset checks, the export's admission
-(`exports.gate_records`) and the report read it; nothing reads outcomes back from Dagster's event log.
+the checks judged later on the stored shard (`judged_after`: decontamination, on_policy), each with the digest
+of the bytes it judged, and the sha256 and size of the shard as stored. The asset checks, the export's admission
+(`exports.gate_records`) and the report read it; nothing reads outcomes back from Dagster's event log. A check
+judged after validation stores its outcome as its own object beside the record (`layout.judged_outcome`),
+never inside it: two such checks run side by side, and a read-modify-write of one shared file lost one of
+them. Reading a record joins them in (report.py); the admission's digest comparison decides which still hold.
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ from eagle_data.quality.verdicts import is_answered
 # 1: the untyped dicts written before records were versioned (they carry no `version`).
 # 2: typed records with token accounting (lost_text, the accounting ratio) and the inputs judged with.
 # 3: the sha256 of the shard bytes judged, which every check evaluation carries to the export's gate.
-SCHEMA_VERSION = 3
+# 4: the checks judged after validation in their own objects, no longer inside the record.
+SCHEMA_VERSION = 4
 _TOP_LOSS_KEPT = 20  # most common loss-mask sums kept per shard
 _TEXT_KEPT = 200  # characters of the most repeated completion kept
 
@@ -73,18 +77,9 @@ class ShardRecord:
         gates = {r.name: Judged(r.name, r.passed, r.message, self.shard_sha256, self.run_id) for r in self.results}
         return gates | {judged.check: judged for judged in self.judged_after}
 
-    def with_judged(self, judged: Judged) -> ShardRecord:
-        """This record with `judged` in place of that check's earlier outcome."""
-        kept = tuple(j for j in self.judged_after if j.check != judged.check)
-        return replace(self, judged_after=(*kept, judged))
-
-    def carried_from(self, earlier: ShardRecord | None) -> ShardRecord:
-        """This record with the outcomes `earlier` holds of checks judged after validation on the very bytes
-        this one judged: re-validating a shard into the same bytes keeps their verdicts."""
-        if earlier is None or not self.shard_sha256:
-            return self
-        same = tuple(j for j in earlier.judged_after if j.shard_sha256 == self.shard_sha256)
-        return replace(self, judged_after=same)
+    def current_judged(self) -> tuple[Judged, ...]:
+        """The checks judged after validation on the very bytes this record judged (what the shard's page shows)."""
+        return tuple(j for j in self.judged_after if self.shard_sha256 and j.shard_sha256 == self.shard_sha256)
 
     def figures(self) -> Figures:
         """The shard's report figures, as `figures()` gave them at validation."""
@@ -93,7 +88,8 @@ class ShardRecord:
         return Figures(self.numbers, md, self.completion_hist, self.loss_hist, [], s.verdicts, self.ratio_hist)
 
     def to_json(self) -> bytes:
-        return _ADAPTER.dump_json(self)
+        """The record as stored: without `judged_after`, whose outcomes each live in their own object."""
+        return _ADAPTER.dump_json(replace(self, judged_after=()))
 
     @staticmethod
     def from_json(data: bytes) -> ShardRecord | None:
@@ -111,6 +107,7 @@ class ShardRecord:
 
 
 _ADAPTER = TypeAdapter(ShardRecord)
+JUDGED = TypeAdapter(Judged)  # one check judged after validation, as its own stored object
 
 
 def judged_rollup(records: Sequence[ShardRecord]) -> list[Judged]:

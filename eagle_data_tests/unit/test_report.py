@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import xml.etree.ElementTree as ET
 from dataclasses import replace
 from pathlib import Path
@@ -20,6 +21,7 @@ from eagle_data.report import (
     read_record,
     record_judged,
     render_report,
+    stored_record,
     write_dataset_report,
     write_shard_report,
 )
@@ -161,6 +163,46 @@ def test_the_asset_pages_shard_table_shows_the_worst_shards_and_stays_bounded(tm
     assert "00002" in shown and len(shown) == 2 and shown == sorted(shown)
     assert table.endswith("2 more shards on the report page")
     assert re.findall(r"^\| (0000\d) \|", report.shards_table(), re.M) == sorted(frames)
+
+
+class _FirstWriteWaits(ShardStore):
+    """A real folder store on which one thread's first write under the quality folder waits until `released`:
+    the interleaving of two check steps (decontamination, on_policy) that a loaded machine produces."""
+
+    def __init__(self, root: str, waiter: str, released: threading.Event) -> None:
+        super().__init__(root)
+        self.waiter, self.released, self.waiting = waiter, released, threading.Event()
+
+    def write_bytes(self, key: str, data: bytes) -> str:
+        if threading.current_thread().name == self.waiter and not self.waiting.is_set() and "_quality/" in key:
+            self.waiting.set()
+            assert self.released.wait(30)
+        return super().write_bytes(key, data)
+
+
+def test_two_checks_judged_side_by_side_both_keep_their_outcome(tmp_path: Path) -> None:
+    """Regression: decontamination and on_policy run as parallel steps, and each rewrote the shard's one record
+    (read, add its outcome, write): one step's write between the other's read and write lost an outcome, and
+    the export then refused the shard ("on_policy never ran"). Each outcome is now its own object."""
+    spec = DatasetSpec(name="b9_fixture", title="Fixture", adapter=Adapter(prompt_field="q", response_field="r"))
+    write_reports(spec, ShardStore(str(tmp_path)), {"00000": clean_frame(100)})
+    released = threading.Event()
+    store = _FirstWriteWaits(str(tmp_path), "decontamination", released)
+    sha = digest(b"00000")
+    steps = {
+        check: threading.Thread(name=check, target=record_judged,
+                                args=(spec, store, "00000", Judged(check, True, f"{check} passed", sha, "run-1")))
+        for check in ("decontamination", "on_policy")
+    }  # fmt: skip
+    steps["decontamination"].start()
+    assert store.waiting.wait(30)  # decontamination is about to write: on_policy judges now
+    steps["on_policy"].start()
+    steps["on_policy"].join(30)
+    released.set()
+    steps["decontamination"].join(30)
+    record = stored_record(spec, ShardStore(str(tmp_path)), "00000")
+    assert record is not None and set(record.outcomes()) >= {"decontamination", "on_policy"}
+    assert all(record.outcomes()[c].passed for c in ("decontamination", "on_policy"))
 
 
 def test_a_check_judged_after_validation_shows_its_stored_outcome_on_the_shard_page_and_the_index(
