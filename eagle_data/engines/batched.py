@@ -1,5 +1,6 @@
 """One left-padded `generate` over many requests, each keeping what it would get alone: its own min/max tokens,
-temperature, top-k and top-p, and a draw from its own seeded generator (the local engine's batches)."""
+temperature, top-k and top-p, and a draw from its own seeded generator (the local engine's batches); where a
+request asks, its tokens' own log-probabilities and ranks, read from the logits it samples from (no second pass)."""
 
 from __future__ import annotations
 
@@ -9,13 +10,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from eagle_data.quality import sampled
+from eagle_data.types import SampledLogprobs
+
 TOP_K = 50  # a sampled row's top-k where the checkpoint's generation config sets none: transformers' default
 # (`GenerationConfig._get_default_generation_params`), which `generate` applied when it sampled itself
 
 
 @dataclass
 class Row:
-    """One request in a batch: its prompt ids, sampling and generator (None when greedy)."""
+    """One request in a batch: its prompt ids, sampling and generator (None when greedy); `top_logprobs`: the k
+    its tokens' ranks are capped by (quality/sampled.py), 0 when it asks for no log-probabilities."""
 
     prompt: list[int]
     max_tokens: int
@@ -23,6 +28,7 @@ class Row:
     temperature: float
     top_p: float
     generator: Any
+    top_logprobs: int = 0
 
 
 def end_ids(model: Any, tokenizer: Any) -> list[int]:
@@ -32,10 +38,10 @@ def end_ids(model: Any, tokenizer: Any) -> list[int]:
     return [ends] if isinstance(ends, int) else list(ends)
 
 
-def generate_rows(model: Any, tokenizer: Any, rows: list[Row]) -> list[list[int]]:
+def generate_rows(model: Any, tokenizer: Any, rows: list[Row]) -> list[tuple[list[int], SampledLogprobs | None]]:
     """One left-padded `generate` over every row; each row's output ids, through its first end id (kept)
-    or its own max_tokens. Decoding is greedy: a sampled row's token is drawn by `_RowSampler`, which leaves
-    only that token standing."""
+    or its own max_tokens, with their figures where the row asks (else None). Decoding is greedy: a sampled
+    row's token is drawn by `_RowSampler`, which leaves only that token standing."""
     import torch
     from transformers import LogitsProcessorList, StoppingCriteriaList
 
@@ -49,19 +55,21 @@ def generate_rows(model: Any, tokenizer: Any, rows: list[Row]) -> list[list[int]
     config.do_sample, config.temperature, config.top_p, config.top_k = False, None, None, None  # `_RowSampler`'s
     config.min_new_tokens = None  # each row's own, in `_RowSampler`
     config.max_new_tokens, config.pad_token_id, config.eos_token_id = max(r.max_tokens for r in rows), pad, ends
+    sampler = _RowSampler(rows, width, ends, model.generation_config.top_k)
     with torch.no_grad():
         out = model.generate(
             input_ids=input_ids,
             attention_mask=mask,
             generation_config=config,
-            logits_processor=LogitsProcessorList([_RowSampler(rows, width, ends, model.generation_config.top_k)]),
+            logits_processor=LogitsProcessorList([sampler]),
             stopping_criteria=StoppingCriteriaList([_RowLengths(rows, width)]),
         )
     replies = []
-    for row, ids in zip(rows, out[:, width:].tolist(), strict=True):
+    for i, (row, ids) in enumerate(zip(rows, out[:, width:].tolist(), strict=True)):
         ids = ids[: row.max_tokens]
-        end = next((i for i, token in enumerate(ids) if token in ends), None)
-        replies.append(ids if end is None else ids[: end + 1])
+        end = next((at for at, token in enumerate(ids) if token in ends), None)
+        ids = ids if end is None else ids[: end + 1]
+        replies.append((ids, sampler.figures(i, len(ids)) if row.top_logprobs else None))
     return replies
 
 
@@ -77,13 +85,20 @@ class _RowSampler:
     samples that row alone (its temperature, the checkpoint's top-k, its top-p: transformers' own warpers, in
     their order) and one draw from the row's own generator, where `generate` draws from torch's, seeded the
     same: the drawn token alone is left standing for the greedy pick. So a row's tokens depend only on its own
-    logits and seed, never on the rows beside it, and equal those of one `generate` seeded with its seed."""
+    logits and seed, never on the rows beside it, and equal those of one `generate` seeded with its seed.
+
+    A row that asks for log-probabilities also keeps, per step, its token's log-probability and rank under the
+    scores as they arrive (T = 1, before its min_tokens barring and warping: vLLM's raw logprobs), where its
+    token is the drawn one, or for a greedy row the argmax `generate` takes after the barring. Kept as tensors,
+    read once at the end: no device sync per step."""
 
     def __init__(self, rows: list[Row], start: int, ends: list[int], top_k: int | None) -> None:
         from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
         self.rows, self.start, self.ends = rows, start, ends
         self.done = [False] * len(rows)  # ended or at its max_tokens: what it draws now is cut off anyway
+        self.logprobs: list[list[Any]] = [[] for _ in rows]  # per row, per step: a 0-d tensor (asking rows only)
+        self.ranks: list[list[Any]] = [[] for _ in rows]
         top_k = TOP_K if top_k is None else top_k
         self.warpers = [
             LogitsProcessorList(
@@ -105,6 +120,7 @@ class _RowSampler:
             self.done[i] = self.done[i] or step >= row.max_tokens or (step > 0 and last[i] in self.ends)
             if self.done[i]:  # a finished row's draws never reach its reply: skip the vocabulary-wide sampling
                 continue
+            raw = scores[i].clone() if row.top_logprobs else None  # barring and the draw below write into scores
             if step < row.min_tokens:
                 scores[i, self.ends] = -float("inf")
             if (warpers := self.warpers[i]) is not None:
@@ -112,7 +128,20 @@ class _RowSampler:
                 token = torch.multinomial(probs, num_samples=1, generator=row.generator)[0, 0]
                 scores[i] = -float("inf")
                 scores[i, token] = 0.0
+            elif raw is not None:
+                token = scores[i].argmax()  # the pick `generate` makes of this row
+            if raw is not None:
+                self.logprobs[i].append(raw[token] - torch.logsumexp(raw, dim=-1))
+                self.ranks[i].append((raw > raw[token]).sum())
         return scores
+
+    def figures(self, i: int, tokens: int) -> SampledLogprobs:
+        """Row i's figures over its reply's `tokens` tokens (through its end id or max_tokens; at least one)."""
+        import torch
+
+        k = self.rows[i].top_logprobs
+        ranks = torch.stack(self.ranks[i][:tokens]).clamp(max=k - 1).tolist()
+        return sampled.figures(torch.stack(self.logprobs[i][:tokens]).tolist(), ranks, k)
 
 
 class _RowLengths:

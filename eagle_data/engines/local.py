@@ -7,7 +7,8 @@ time (docs/engines.md, "The local engine"). Each row keeps what one request alon
 tokens, temperature and top-p, drawn from its own generator seeded from its prompt, so a re-run reproduces the
 same text whatever batch it lands in. It returns the model's own output ids, so training ids need no
 re-tokenization. torch's thread count follows the CPUs other processes leave free (engines/cpus.py), unless
-the `threads` setting names one.
+the `threads` setting names one. Where the catalog asks (`[defaults.on_policy] sampled_logprobs`), each reply
+carries its tokens' log-probabilities and ranks, read from the logits it was sampled from (engines/batched.py).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +30,7 @@ from eagle_data.engines import EngineKind, EngineSettings, register
 from eagle_data.engines.batched import Row, checkpoint_top_k, generate_rows
 from eagle_data.engines.cpus import ThreadMeter
 from eagle_data.engines.replies import completion_from_ids
+from eagle_data.quality.sampled import asked_top_logprobs
 from eagle_data.targets.reasoning import THINK_TAGS, ReasoningMarkers, reasoning_markers
 from eagle_data.types import Completion, ConfigError, Engine, Message, Sampling, SamplingRefused
 
@@ -60,9 +62,12 @@ class LocalEngine(Engine):
         markers: ReasoningMarkers | None = THINK_TAGS,
         batch_size: int = BATCH_SIZE,
         threads: int | None = None,
+        top_logprobs: int = 0,
     ) -> None:
         """`markers`: the target's think-block markers (None: its format has none); `batch_size`: the most
-        prompts generated together; `threads`: torch's thread count (None: the CPUs others leave free)."""
+        prompts generated together; `threads`: torch's thread count (None: the CPUs others leave free);
+        `top_logprobs` > 0: each reply carries its tokens' log-probabilities, their ranks capped at that k - 1
+        (left out of `config()`: they change no reply)."""
         self.model_path = Path(model_path).expanduser().resolve()
         if not (self.model_path / "config.json").is_file():
             raise ConfigError(
@@ -72,7 +77,7 @@ class LocalEngine(Engine):
         self.model = str(self.model_path)  # rows name the checkpoint: `target = "auto"` derives the target from it
         self.generation = generation
         self.device, self.demo, self.markers = device, demo, markers
-        self.batch_size, self.threads = batch_size, threads
+        self.batch_size, self.threads, self.top_logprobs = batch_size, threads, top_logprobs
         self.batches = self.rows = self.threads_used = 0  # this engine's share of the worker's work
 
     def config(self) -> dict[str, Any]:
@@ -107,7 +112,7 @@ class LocalEngine(Engine):
         g = self.generation
         return Row(
             self._render(messages), g.max_tokens, min(g.min_tokens, g.max_tokens), g.temperature, g.top_p,
-            torch.Generator(self.device).manual_seed(seed),
+            torch.Generator(self.device).manual_seed(seed), self.top_logprobs,
         )  # fmt: skip
 
     def describe(self) -> str:
@@ -227,9 +232,10 @@ class _Batcher:
             asker.batches += 1
             asker.rows += sum(ask.engine is asker for ask, _ in rows)
             asker.threads_used = threads
-        for (ask, row), ids in zip(rows, outputs, strict=True):
+        for (ask, row), (ids, figures) in zip(rows, outputs, strict=True):
             try:
                 done = completion_from_ids(tokenizer, ids, row.prompt, ask.engine.markers, "local")
+                done = replace(done, sampled_logprobs=figures)
             except Exception as exc:  # this reply cannot be read: it fails alone, the worker goes on
                 ask.future.set_exception(exc)
             else:
@@ -286,12 +292,13 @@ def make_local(
     markers: ReasoningMarkers | None = THINK_TAGS,
     batch_size: int = BATCH_SIZE,
     threads: int | None = None,
+    top_logprobs: int = 0,
     **generation: Any,
 ) -> Engine:
     """A local engine from keyword arguments: a checkpoint folder and the catalog's generation fields. The
     demo checkpoint's folder (which only the demo profile fills in) is built on first use and reported as such.
     On a GPU machine with `sglang` installed it is SGLang's offline engine (`local_sglang`, which batches on
-    its own), else transformers."""
+    its own, and reports no `top_logprobs` figures), else transformers."""
     from eagle_data.demo import demo_model_path, ensure_demo_model
     from eagle_data.engines.local_sglang import SGLangLocalEngine, sglang_serves
 
@@ -300,7 +307,8 @@ def make_local(
     demo = path == demo_model_path().resolve()
     checkpoint = ensure_demo_model(path) if demo else path
     engine = LocalEngine(
-        checkpoint, sampling, device=device, demo=demo, markers=markers, batch_size=batch_size, threads=threads
+        checkpoint, sampling, device=device, demo=demo, markers=markers, batch_size=batch_size, threads=threads,
+        top_logprobs=top_logprobs,
     )  # checks the folder
     if sglang_serves():
         return SGLangLocalEngine(engine.model_path, sampling, note=DEMO_NOTE if demo else "", markers=markers)
@@ -310,7 +318,7 @@ def make_local(
 def _build(settings: EngineSettings, spec: DatasetSpec) -> Engine:
     return make_local(
         model=settings.model, markers=reasoning_markers(spec.target), batch_size=settings.batch_size or BATCH_SIZE,
-        threads=settings.threads, **spec.generation.model_dump(),
+        threads=settings.threads, top_logprobs=asked_top_logprobs(spec.on_policy), **spec.generation.model_dump(),
     )  # fmt: skip
 
 

@@ -96,7 +96,8 @@ def _started(path: Path) -> _Runtime:
 
 
 class SGLangLocalEngine(Engine):
-    """eagle_data.types.Engine over `sglang.Engine.async_generate` (input ids in, output ids out)."""
+    """eagle_data.types.Engine over `sglang.Engine.async_generate` (input ids in, output ids out). It reports no
+    sampled tokens' log-probabilities (`[defaults.on_policy] sampled_logprobs`): its rows carry none."""
 
     name = "local"
 

@@ -3,11 +3,13 @@ from pathlib import Path
 
 import pytest
 
-from eagle_data.catalog import Generation
-from eagle_data.engines import make_engine
+from eagle_data.catalog import Generation, OnPolicy
+from eagle_data.engines import EngineSettings, build_engine, make_engine
 from eagle_data.engines.local import LocalEngine, _fingerprint
 from eagle_data.engines.replies import completion_from_ids
+from eagle_data.quality import sampled
 from eagle_data.runner.resultlog import resume_key
+from eagle_data.standins import model_logprobs
 from eagle_data.standins.openai_fake import spec_for_tests
 from eagle_data.targets.reasoning import THINK_TAGS
 from eagle_data.types import Completion, FatalError
@@ -162,3 +164,32 @@ def test_the_thread_count_is_the_setting_or_the_meters(smollm2: Path):
     _together((ruled, 0))
     meter = _batcher()._meter
     assert ruled.stats()["torch_threads"] == meter.threads <= len(meter.cpus) and meter.others_busy is not None
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7], ids=["greedy", "sampled"])
+def test_asked_the_local_engine_reports_its_tokens_log_probabilities_from_the_logits_it_sampled(
+    demo_model: Path, temperature: float
+):
+    """`[defaults.on_policy] sampled_logprobs` on: each reply's figures are its own tokens' log-probabilities and
+    ranks under the model at T = 1 (one forward pass over prompt and reply agrees), read while generating; the
+    ids and the resume key are those of the same run without the setting."""
+    k = 3
+    generation = Generation(temperature=temperature, **SHORT)
+    asking_spec = spec_for_tests(generation=generation, on_policy=OnPolicy(sampled_logprobs=True, top_logprobs=k))
+    plain_spec = spec_for_tests(generation=generation)
+    settings = EngineSettings(kind="local", model=str(demo_model), threads=1)
+    asking, plain = build_engine(settings, asking_spec), build_engine(settings, plain_spec)
+    assert resume_key(asking.config(), asking_spec) == resume_key(plain.config(), plain_spec)
+    asked, made = _together(*((asking, i) for i in range(4))), _together(*((plain, i) for i in range(4)))
+    assert [done.output_ids for done in asked] == [done.output_ids for done in made]
+    assert {done.sampled_logprobs is None for done in made} == {True}
+    for done in asked:
+        ids = [*done.prompt_ids, *done.output_ids]
+        expected = model_logprobs.logprobs(str(demo_model), ids)
+        reply = range(len(done.prompt_ids), len(ids))
+        ranks = [min(model_logprobs.rank(expected[t], ids[t]) - 1, k - 1) for t in reply]
+        figures = done.sampled_logprobs
+        assert figures is not None and figures["tokens"] == len(done.output_ids)
+        assert figures["logprob"] == pytest.approx(sum(float(expected[t, ids[t]]) for t in reply), abs=1e-3)
+        assert figures["ranks"] == sampled.figures([0.0] * len(ranks), ranks, k)["ranks"]
+        assert temperature or figures["ranks"] == [len(done.output_ids), 0, 0]  # greedy: always the top token
