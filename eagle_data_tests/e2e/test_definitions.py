@@ -24,7 +24,7 @@ from eagle_data.stage_table import DATASET_STAGES, asset_of
 from eagle_data.standins.openai_fake import FakeOpenAI, Faults
 from eagle_data.storage import ShardStore
 from eagle_data_tests.e2e.test_demo_output import BUDGET
-from eagle_data_tests.fixtures_demo import DemoRun
+from eagle_data_tests.fixtures_demo import DEMO_RUN_TIMEOUT_S, DemoRun
 from eagle_data_tests.fixtures_stages import standin_demo
 
 GENERATION_COLUMNS = {
@@ -32,6 +32,8 @@ GENERATION_COLUMNS = {
     "content", "output_ids", "prompt_tokens", "completion_tokens", "reasoning_tokens", "cost_usd", "latency_s",
     "attempts", "error", "finished_at",
 }
+# The first test to ask for the shared demo run waits for it: pytest-timeout's 1500 s ended it at load 10.
+pytestmark = pytest.mark.timeout(DEMO_RUN_TIMEOUT_S + 600)
 VALIDATED_COLUMNS = {"prompt_id", "input_ids", "loss_mask", "num_tokens", "loss_tokens", "verdict"}
 PROMPTS_COLUMNS = {"prompt_id", "dataset", "shard", "messages", "source_id", "source_row"}
 

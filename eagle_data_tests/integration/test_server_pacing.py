@@ -66,7 +66,8 @@ def serve(smollm2: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[t
 
 
 def test_transformers_serve_is_seen_answering_one_at_a_time_and_is_then_sent_one_at_a_time(serve: tuple[str, str]):
-    engine = _openai(*serve, timeout_s=20.0, max_tokens=16)  # judged from a second on (a twentieth of 20 s)
+    engine = _openai(*serve, timeout_s=40.0, max_tokens=16)  # judged from 2 s on (a twentieth of 40 s): the fourth
+    # answer, one after another, came back past a 20-s timeout at load 10
     first = asyncio.run(_ask(engine, QUESTIONS))
     assert all(isinstance(done, Completion) and done.completion_tokens for done in first)
     assert engine.pacing.serial and "the server answers one request at a time" in engine.stats_line()
