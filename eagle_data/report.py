@@ -219,11 +219,14 @@ def _stored(store: ShardStore, dataset: str, key: str) -> ShardRecord | None:
     """The record with the outcomes of the checks judged after validation joined in (each its own object)."""
     path = layout.quality_record(dataset, key)
     record = ShardRecord.from_json(store.read_bytes(path)) if store.exists(path) else None
-    if record is None:
-        return None
-    judged = [JUDGED.validate_json(store.read_bytes(k)) for k in store.list(layout.judged_prefix(dataset, key))
-              if (parsed := layout.parse(k)) is not None and parsed.kind == "judged"]  # fmt: skip
-    return replace(record, judged_after=tuple(sorted(judged, key=lambda j: j.check)))
+    return replace(record, judged_after=judged_outcomes(store, dataset, key)) if record else None
+
+
+def judged_outcomes(store: ShardStore, dataset: str, key: str) -> tuple[Judged, ...]:
+    """The stored outcomes of the checks judged after validation on a shard, by check name (whichever bytes
+    each judged: the admission and the page compare digests)."""
+    keys = [k for k in store.list(layout.judged_prefix(dataset, key)) if (p := layout.parse(k)) and p.kind == "judged"]
+    return tuple(sorted((JUDGED.validate_json(store.read_bytes(k)) for k in keys), key=lambda j: j.check))
 
 
 def validated_bytes(store: ShardStore, dataset: str, key: str) -> bytes:
@@ -272,7 +275,7 @@ def read_record(spec: DatasetSpec, store: ShardStore, key: str, log: Log = print
     run = run_id or (record.run_id if record else "")
     fresh = shard_record(key, frame, inputs_for(spec, previous))
     rebuilt = replace(fresh, shard_sha256=digest(data), shard_size=len(data), run_id=run,
-                      judged_after=record.judged_after if record else ())  # fmt: skip
+                      judged_after=judged_outcomes(store, spec.name, key))  # fmt: skip
     write_shard_report(spec, store, rebuilt)
     return rebuilt
 

@@ -130,8 +130,8 @@ def validate(
         data = parquet_bytes(rows)
         done.shards.add(record.partition, data)
         record = replace(record, shard_sha256=digest(data), shard_size=len(data), run_id=run_id)
-        earlier = report.stored_record(spec, store, record.partition)  # its page shows what still holds
-        record = replace(record, judged_after=earlier.judged_after if earlier else ())
+        # its page shows the outcomes judged after validation that still hold for these bytes
+        record = replace(record, judged_after=report.judged_outcomes(store, spec.name, record.partition))
         report.write_shard_report(spec, store, record)
         done.records[record.partition] = record
 
