@@ -193,3 +193,27 @@ def test_asked_the_local_engine_reports_its_tokens_log_probabilities_from_the_lo
         assert figures["logprob"] == pytest.approx(sum(float(expected[t, ids[t]]) for t in reply), abs=1e-3)
         assert figures["ranks"] == sampled.figures([0.0] * len(ranks), ranks, k)["ranks"]
         assert temperature or figures["ranks"] == [len(done.output_ids), 0, 0]  # greedy: always the top token
+
+
+@pytest.mark.parametrize("top_k", [50, 0])
+def test_a_sampled_step_leaves_the_token_transformers_warpers_and_multinomial_draw_with_the_same_seed(top_k: int):
+    """The batched sampler cuts top-p over top-k's survivors and draws only their exponentials: on Qwen3's
+    vocabulary size, 100 steps leave the same token standing, and the generator in the same state, as
+    transformers' warpers and torch.multinomial over the whole vocabulary (top_k 0: top-p over all of it)."""
+    import torch
+    from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    from eagle_data.engines.batched import Row, _RowSampler
+
+    vocab, ids = 151_936, torch.zeros((1, 4), dtype=torch.long)
+    reference = LogitsProcessorList(
+        [TemperatureLogitsWarper(0.7), *([TopKLogitsWarper(top_k)] if top_k else []), TopPLogitsWarper(0.95)]
+    )
+    for seed in range(100):
+        scores = torch.randn((1, vocab), generator=torch.Generator().manual_seed(10_000 + seed)) * 4
+        ours, theirs = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed)
+        row = Row(prompt=[0] * 4, max_tokens=8, min_tokens=0, temperature=0.7, top_p=0.95, generator=ours)
+        kept = _RowSampler([row], start=4, ends=[1], top_k=top_k)(ids, scores.clone())
+        drawn = torch.multinomial(torch.softmax(reference(ids, scores.clone()), dim=-1), 1, generator=theirs)
+        assert torch.isfinite(kept[0]).nonzero().flatten().tolist() == [drawn.item()]
+        assert torch.equal(ours.get_state(), theirs.get_state())
