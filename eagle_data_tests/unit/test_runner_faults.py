@@ -47,13 +47,18 @@ def test_burst_plus_5xx_and_resets_every_prompt_ends_ok_nothing_lost_or_duplicat
                               "p_finish_error": 0.01})  # fmt: skip
     shards = prompt_shards(3, 2000)
     lines: list[str] = []
-    reports = _run(server, tmp_path, shards, RunnerSettings(max_in_flight=2000, **FAST_RETRY), lines)
+    # 12% of attempts fail here: at the default 6 attempts, 6,000 prompts lose one with odds 6,000 x 0.12^6 = 1.8%
+    # a run (more where a loaded machine adds timeouts); at 10, 6,000 x 0.12^10 = 4e-6. This test is about
+    # bursts and resets being ridden out; the next test spends the attempt budget.
+    settings = RunnerSettings(max_in_flight=2000, max_attempts=10, **FAST_RETRY)
+    reports = _run(server, tmp_path, shards, settings, lines)
 
     store = ShardStore(str(tmp_path))
     out = pl.concat([store.read_shard("b7_sharegpt", "b7_sharegpt", p) for p in shards])
     assert out.height == 6000 and out["prompt_id"].n_unique() == 6000  # 0 lost, 0 duplicated rows
     assert set(out["prompt_id"]) == {pid for f in shards.values() for pid in f["prompt_id"]}
-    assert set(out["status"]) == {"ok"}
+    failed = out.filter(pl.col("status") != "ok")
+    assert failed.height == 0, failed.select("prompt_id", "status", "error").head(5).to_dicts()
     assert max(server.answered.values()) == 1  # no prompt was answered (paid for) twice
     errors = sum((r.figures.counts.errors for r in reports.values()), Counter())
     assert {"http_429", "reset", "body_error", "finish_error"} <= set(errors) and any(
