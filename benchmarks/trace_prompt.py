@@ -96,8 +96,8 @@ def child(checkout: Path, mode: str, work: Path) -> dict[str, Any]:
     source = work / "source.jsonl"
     source.write_text(json.dumps(CONVERSATION) + "\n")
     spec = load_catalog(profile="demo")["b7_sharegpt"].model_copy(
-        update={"source": str(source), "max_prompts": 1, "shard_size": 1, "canary_prompts": 1}
-    )
+        update={"source": str(source), "max_prompts": 1, "shard_size": 1, "canary_prompts": 1, "regenerate": "all"}
+    )  # both user turns answered (the demo profile answers only the first)
     storage, engine = StorageResource(root=str(work / "out")), EngineResource(kind="local")
     tracer = Tracer(checkout / "eagle_data")
     if mode == "dagster":
