@@ -130,7 +130,6 @@ class _RowSampler:
         self.logprobs: list[list[Any]] = [[] for _ in rows]  # per row, per step: a 0-d tensor (asking rows only)
         self.ranks: list[list[Any]] = [[] for _ in rows]
         top_k = TOP_K if top_k is None else top_k
-        self.top_k = top_k
         self.warpers = [
             LogitsProcessorList(
                 ([TemperatureLogitsWarper(row.temperature)] if row.temperature != 1.0 else [])
@@ -157,9 +156,7 @@ class _RowSampler:
                 scores[i, self.ends] = -float("inf")
             if (warpers := self.warpers[i]) is not None:
                 warped = warpers(input_ids[i : i + 1], scores[i : i + 1])
-                if (nucleus := self.nucleus[i]) is not None:
-                    warped = self._top_p(nucleus, input_ids[i : i + 1], warped)
-                token = _draw(torch, warped[0], row.generator)
+                token = _draw(torch, input_ids[i : i + 1], warped, self.nucleus[i], row.generator)
                 scores[i] = -float("inf")
                 scores[i, token] = 0.0
             elif raw is not None:
@@ -168,20 +165,6 @@ class _RowSampler:
                 self.logprobs[i].append(raw[token] - torch.logsumexp(raw, dim=-1))
                 self.ranks[i].append((raw > raw[token]).sum())
         return scores
-
-    def _top_p(self, nucleus: Any, input_ids: Any, scores: Any) -> Any:
-        """transformers' top-p warper over the tokens top-k left standing, not the whole vocabulary: the others
-        are -inf, sort first in its ascending sort and add nothing to its cumulative sums, so the cut is the
-        same, for a sort of k values instead of the vocabulary's (that sort was most of a sampled step's cost:
-        3.6 ms of SmolLM2's 49k, 12 ms of Qwen3's 152k, per row and token). With top-k off, the whole row."""
-        import torch
-
-        if not self.top_k:
-            return nucleus(input_ids, scores)
-        kept = torch.isfinite(scores[0]).nonzero().squeeze(1)
-        cut = torch.full_like(scores, -float("inf"))
-        cut[:, kept] = nucleus(input_ids, scores[:, kept])
-        return cut
 
     def figures(self, i: int, tokens: int) -> SampledLogprobs:
         """Row i's figures over its reply's `tokens` tokens (through its end id or max_tokens; at least one)."""
@@ -192,17 +175,27 @@ class _RowSampler:
         return sampled.figures(torch.stack(self.logprobs[i][:tokens]).tolist(), ranks, k)
 
 
-def _draw(torch: Any, warped: Any, generator: Any) -> Any:
-    """`torch.multinomial(softmax(warped), 1, generator)`'s own draw, with its random numbers made but only the
-    kept tokens' turned into exponentials: torch 2.13's CPU multinomial of one sample is the argmax of p / q,
-    q ~ Exp(1) one per vocabulary entry, each -log1p(-u) of a double u from the generator
-    (aten/native/Distributions.cpp, core/TransformationHelper.h). Drawing the u (0.9 ms for 152k entries)
-    and not their logarithms (3.3 ms) leaves the generator where multinomial leaves it and picks the same
-    token; the tokens top-k and top-p cut have p = 0 and never win. The local engine's tests hold every
-    sampled reply to one seeded `generate`'s."""
-    probs = torch.softmax(warped, dim=-1)
+def _draw(torch: Any, input_ids: Any, warped: Any, nucleus: Any, generator: Any) -> Any:
+    """One row's token, as transformers' top-p warper (`nucleus`, None: no top-p) and `torch.multinomial` over
+    the whole vocabulary would give it, with the work spent on the tokens still standing only.
+    - Top-p runs over the tokens top-k left: the others are -inf, sort first in its ascending sort and add
+      nothing to its cumulative sums, so the cut is the same, for a sort of k values instead of the
+      vocabulary's (3.6 ms of SmolLM2's 49k, 12 ms of Qwen3's 152k, per row and token).
+    - torch 2.13's CPU multinomial of one sample is the argmax of p / q, q ~ Exp(1) one per vocabulary entry,
+      each -log1p(-u) of a double u from the generator (aten/native/Distributions.cpp,
+      core/TransformationHelper.h). Drawing every u (0.9 ms for 152k entries) but taking the logarithms of
+      the kept tokens' only (all of them: 3.3 ms) leaves the generator where multinomial leaves it and picks
+      the same token: a token cut has p = 0 and never wins.
+    p is the softmax of the whole row, as multinomial's. The local engine's tests hold a step to transformers'
+    warpers and multinomial, and every sampled reply to one seeded `generate`'s."""
+    kept = torch.isfinite(warped[0]).nonzero().squeeze(1)
+    if nucleus is not None:
+        cut = nucleus(input_ids, warped[:, kept])
+        warped = torch.full_like(warped, -float("inf"))
+        warped[:, kept] = cut
+        kept = kept[torch.isfinite(cut[0])]
+    probs = torch.softmax(warped[0], dim=-1)
     u = torch.empty(warped.shape[-1], dtype=torch.float64).uniform_(generator=generator)
-    kept = torch.isfinite(warped).nonzero().squeeze(1)
     return kept[torch.argmax(probs[kept] / (-torch.log1p(-u[kept])).float())]
 
 
