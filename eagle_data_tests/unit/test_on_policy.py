@@ -33,6 +33,7 @@ from eagle_data.engines.scoring import (
     TargetIds,
     TransformersScorer,
     VLLMScorer,
+    head_figures,
     score_rows,
 )
 from eagle_data.quality import on_policy as op
@@ -78,6 +79,28 @@ def sets(smol: smol_rows.Smol) -> dict[str, list[Row]]:
 
 def verdict(rows: list[Row], smol: smol_rows.Smol) -> op.Verdict:
     return op.judge(op.totals(score_rows(rows, TransformersScorer(smol.folder), smol.ids, 20)), LIMITS)
+
+
+@pytest.mark.parametrize("point", [GREEDY, SAMPLED, op.SamplingPoint(0.7, 1.0, 0, 50)])
+def test_head_figures_in_blocks_equal_one_pass_over_the_whole_vocabulary(point: op.SamplingPoint) -> None:
+    """The scorer's vocabulary-wide work goes a block of positions at a time; each position's figures are the
+    ones one pass over every position gives, bit for bit (Qwen3's vocabulary, 37 supervised positions)."""
+    torch.manual_seed(0)
+    length, vocab = 40, 151_936
+    hidden, head = torch.randn(length, 32), torch.nn.Linear(32, vocab, bias=False)
+    row = Row(torch.randint(vocab, (length,)).tolist(), [0, 0] + [1] * (length - 2), point)
+    with torch.inference_mode():
+        got = head_figures(torch, hidden, head, row, 20)
+        positions = torch.arange(2, length)
+        logp = torch.log_softmax(head(hidden[positions - 1]), dim=-1)
+    top = torch.topk(logp, max(20, point.top_k + 1), dim=-1)
+    ids = torch.tensor(row.input_ids[2:])
+    assert np.array_equal(got.tokens, ids) and np.array_equal(got.token_logp, logp.gather(1, ids[:, None])[:, 0])
+    assert np.array_equal(got.top_ids, top.indices) and np.array_equal(got.top_logp, top.values)
+    if point.temperature > 0:
+        assert np.array_equal(got.log_z, torch.logsumexp(logp / point.temperature, dim=-1))
+    else:
+        assert got.log_z is None
 
 
 def test_the_models_own_greedy_rows_pass_with_agreement_at_least_095(sets: dict, smol: smol_rows.Smol) -> None:
