@@ -52,8 +52,7 @@ from eagle_data.types import UserError
 
 TIMEOUT_S = 120.0
 BATCH_TOKENS = 8192  # padded tokens per forward pass of the in-process scorer
-POSITION_BLOCK = 16  # positions per block of the vocabulary-wide work after the LM head: on Qwen3's 151,936-token
-# vocabulary, 20 rows of 280 scored positions took 5.9-6.8 CPU-s in blocks against 11.2-11.3 in one pass
+POSITION_BLOCK = 16  # positions per block after the LM head: Qwen3's vocabulary, 20 rows: 5.9-6.8 CPU-s, not 11.2
 
 
 class ScorerError(UserError, ValueError):
@@ -86,40 +85,26 @@ class Scorer(Protocol):
 
 def supervised(row: Row) -> np.ndarray:
     """The positions whose tokens are supervised (the first token never is: nothing predicts it)."""
-    mask = np.array(row.loss_mask, dtype=bool)
-    mask[:1] = False
-    return np.flatnonzero(mask)
+    return np.flatnonzero(np.asarray(row.loss_mask, dtype=bool)[1:]) + 1
 
 
 def head_figures(torch: Any, hidden: Any, head: Any, row: Row, top_k: int) -> Scored:
-    """One row's figures from its final hidden states [len, H] (after the final norm) and the LM head: the
-    head runs on the positions that predict supervised tokens only, and the vocabulary-wide work after it on
-    POSITION_BLOCK positions at a time (each position's figures are its own row's: the same values)."""
+    """One row's figures from its final hidden states [len, H] (after the final norm) and the LM head, on the
+    positions predicting supervised tokens only; after the head, POSITION_BLOCK positions at a time (same values)."""
     positions = supervised(row)
     ids = torch.as_tensor(np.asarray(row.input_ids, dtype=np.int64)[positions])
     logits = head(hidden[torch.as_tensor(positions - 1, device=hidden.device)]).float().cpu()
     # every token a top_k cut keeps, and one more for an end of turn min_tokens takes out (on_policy.without_token)
-    k = min(max(top_k, row.point.top_k + 1), logits.shape[-1])
-    blocks = zip(logits.split(POSITION_BLOCK), ids.split(POSITION_BLOCK), strict=True)
-    parts = [_vocab_figures(torch, block, block_ids, k, row.point.temperature) for block, block_ids in blocks]
-    token_logp, top_ids, top_logp, log_z = ([part[i] for part in parts] for i in range(4))
-    return Scored(
-        ids.numpy(), np.concatenate(token_logp), np.concatenate(top_ids), np.concatenate(top_logp),
-        np.concatenate(log_z) if row.point.temperature > 0 else None,
-    )  # fmt: skip
-
-
-def _vocab_figures(torch: Any, logits: Any, ids: Any, k: int, temperature: float) -> tuple[np.ndarray, ...]:
-    """A block of positions' token log-probability, top k, and logsumexp(log p / T) (`torch.logsumexp`'s own
-    steps, done in place: no second vocabulary-wide copy; empty when greedy)."""
-    logp = torch.log_softmax(logits, dim=-1)
-    top = torch.topk(logp, k, dim=-1)
-    log_z = np.empty(0, dtype=np.float32)
-    if temperature > 0:
-        scaled = logp / temperature
-        peak = scaled.amax(dim=-1, keepdim=True)
-        log_z = scaled.sub_(peak).exp_().sum(dim=-1).log_().add_(peak.squeeze(-1)).numpy()
-    return logp.gather(1, ids[:, None])[:, 0].numpy(), top.indices.numpy(), top.values.numpy(), log_z
+    k, temperature, parts = min(max(top_k, row.point.top_k + 1), logits.shape[-1]), row.point.temperature, []
+    for block, block_ids in zip(logits.split(POSITION_BLOCK), ids.split(POSITION_BLOCK), strict=True):
+        logp = torch.log_softmax(block, dim=-1)
+        top, log_z = torch.topk(logp, k, dim=-1), torch.zeros(len(block))  # log_z: unread when greedy
+        if temperature > 0:
+            peak = (scaled := logp / temperature).amax(dim=-1, keepdim=True)  # torch.logsumexp's steps, in place
+            log_z = scaled.sub_(peak).exp_().sum(dim=-1).log_().add_(peak.squeeze(-1))
+        parts.append((logp.gather(1, block_ids[:, None])[:, 0], top.indices, top.values, log_z))
+    token_logp, top_ids, top_logp, log_z = (torch.cat(column).numpy() for column in zip(*parts, strict=True))
+    return Scored(ids.numpy(), token_logp, top_ids, top_logp, log_z if temperature > 0 else None)
 
 
 def batches(lengths: Sequence[int], batch_tokens: int) -> list[list[int]]:
@@ -194,9 +179,8 @@ class TransformersScorer:
 
 
 def _post(url: str, body: dict[str, Any], what: str) -> dict[str, Any]:
-    request = urllib.request.Request(
-        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}, method="POST"
-    )
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})  # fmt: skip
     try:
         with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:
             answer = json.loads(response.read())
