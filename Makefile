@@ -29,10 +29,9 @@ demo: setup
 
 test: setup
 	$(VENV)/bin/ruff check eagle_data eagle_data_tests benchmarks
-	# Three workers on two cores: a worker waiting on a server, a UI or a subprocess leaves its core to the
-	# third (docs/running.md). The 15 slowest are listed.
+	# Two workers on two cores: the suite is CPU-bound (a third worker made it slower). The 15 slowest are listed.
 	# Files go out in collection order, long ones first (conftest.py); xdist would sort them by test count.
-	$(VENV)/bin/pytest -q -n 3 --dist loadfile --no-loadscope-reorder --durations=15
+	$(VENV)/bin/pytest -q -n auto --maxprocesses 4 --dist loadfile --no-loadscope-reorder --durations=15
 
 lint: setup
 	$(VENV)/bin/ruff check eagle_data eagle_data_tests benchmarks
