@@ -84,7 +84,7 @@ def verdict(rows: list[Row], smol: smol_rows.Smol) -> op.Verdict:
 @pytest.mark.parametrize("point", [GREEDY, SAMPLED, op.SamplingPoint(0.7, 1.0, 0, 50)])
 def test_head_figures_in_blocks_equal_one_pass_over_the_whole_vocabulary(point: op.SamplingPoint) -> None:
     """The scorer's vocabulary-wide work goes a block of positions at a time; each position's figures are the
-    ones one pass over every position gives, bit for bit (Qwen3's vocabulary, 37 supervised positions)."""
+    ones one pass over every position gives, bit for bit (Qwen3's vocabulary, 38 supervised positions)."""
     torch.manual_seed(0)
     length, vocab = 40, 151_936
     hidden, head = torch.randn(length, 32), torch.nn.Linear(32, vocab, bias=False)
