@@ -1,6 +1,7 @@
 """The whole catalog on the demo profile: `catalog_order` walks every dataset and every dataset's run is
-green (one shard each, the demo model), then the training mix and drafter inputs are built from them.
-The demo's text is word salad; its data must still pass the gates. Every metadata name the runs emit is
+green (one shard each, on the random-weight stand-in: the `demo_model` fixture, not the demo's SmolLM2), then
+the training mix and drafter inputs are built from them. The stand-in's text is word salad; its data must still
+pass the gates. Every metadata name the runs emit is
 described in docs/figures.md."""
 
 from __future__ import annotations
