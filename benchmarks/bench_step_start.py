@@ -1,9 +1,9 @@
 """What importing dagster-aws and boto3 costs a step process started from the preloaded forkserver.
 
 Step processes fork from a forkserver that imported STEP_PRELOAD (eagle_data/defs/pools.py) once per run;
-it names eagle_data.defs' modules, and defs/resources.py imports dagster-aws, so the shipped preload holds
-it. Each variant starts a forkserver of its own with a preload, either the shipped one or the same less
-eagle_data.defs (so without dagster-aws), forks `--repeats` children from it one after another, and times
+it names dagster_aws.s3, which defs/resources.py imports only when it builds a client. Each variant starts
+a forkserver of its own with a preload, either the shipped one or the same less eagle_data.defs and
+dagster-aws, forks `--repeats` children from it one after another, and times
 what each child does before its first line of work: the imports, and an S3 client built the way the
 storage resource builds it (dagster-aws's S3Resource). Wall and CPU seconds are the child's own
 (perf_counter, getrusage); the forkserver's start (once per run, not per step) is timed separately; the
@@ -25,7 +25,7 @@ from typing import Any
 
 from eagle_data.defs.pools import STEP_PRELOAD
 
-WITHOUT_AWS = tuple(m for m in STEP_PRELOAD if not m.startswith("eagle_data.defs."))
+WITHOUT_AWS = tuple(m for m in STEP_PRELOAD if not m.startswith(("eagle_data.defs.", "dagster_aws")))
 VARIANTS = {  # name: (preload, what the child imports, whether it builds a client)
     "nothing (baseline)": (WITHOUT_AWS, (), False),
     "boto3": (WITHOUT_AWS, ("boto3",), False),

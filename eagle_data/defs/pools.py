@@ -154,6 +154,7 @@ class PoolWatchExecutor(dg.Executor):
 STEP_PRELOAD = (
     "dagster._cli.api",  # the step's entry point in Dagster's child process
     "upath.implementations.local",  # the instance's defs-state storage
+    "dagster_aws.s3",  # an S3 root's client (defs/resources.py imports it only when it builds one)
     *(f"eagle_data.defs.{module.name}" for module in pkgutil.iter_modules(eagle_data.defs.__path__)),
     *engines.BUILTIN_MODULES,
 )

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from typing import Any, get_type_hints
 
 import dagster as dg
-from dagster_aws.s3 import S3Resource
 from pydantic import Field, create_model
 
 from eagle_data import settings
@@ -37,8 +36,9 @@ NO_ENGINE_POOL = "generation"  # the pool while no engine is chosen (a run then 
 class S3ClientResource(dg.ConfigurableResource):
     """S3 client settings: the non-secret fields of dagster-aws's S3Resource, which builds the client.
     Credentials come from the AWS_* environment only (S3Resource's key fields would put them in run config).
-    dagster-aws is imported with this module, once per run in the forkserver that starts steps
-    (STEP_PRELOAD), so a step pays only for its client (docs/facts.md, "What dagster-aws and boto3 cost")."""
+    dagster-aws is imported when a client is built, not with this module: a process on a local root (a CLI
+    run, a code server) never pays for it; the forkserver that starts steps preloads it (STEP_PRELOAD), so a
+    step pays only for its client (docs/facts.md, "What dagster-aws and boto3 cost")."""
 
     endpoint_url: str | None = Field(None, description="A custom endpoint (MinIO, moto); empty: AWS's.")
     region_name: str | None = Field(None, description="The region; empty: the AWS_* environment's.")
@@ -50,6 +50,8 @@ class S3ClientResource(dg.ConfigurableResource):
 
     def get_client(self, endpoint_url: str | None = None) -> Any:
         """The client; `endpoint_url` replaces the configured one (the address presigned links name)."""
+        from dagster_aws.s3 import S3Resource
+
         fields = self.model_dump()
         return S3Resource(**{**fields, "endpoint_url": endpoint_url or fields["endpoint_url"]}).get_client()
 
