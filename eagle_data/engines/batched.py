@@ -39,9 +39,14 @@ def end_ids(model: Any, tokenizer: Any) -> list[int]:
 
 
 def generate_rows(model: Any, tokenizer: Any, rows: list[Row]) -> list[tuple[list[int], SampledLogprobs | None]]:
-    """One left-padded `generate` over every row; each row's output ids, through its first end id (kept)
-    or its own max_tokens, with their figures where the row asks (else None). Decoding is greedy: a sampled
-    row's token is drawn by `_RowSampler`, which leaves only that token standing."""
+    """Left-padded `generate` over every row; each row's output ids, through its first end id (kept) or its own
+    max_tokens, with their figures where the row asks (else None). Decoding is greedy: a sampled row's token
+    is drawn by `_RowSampler`, which leaves only that token standing.
+
+    Once half the rows in a call have ended, the call stops and the rest go on without them (`_RowLengths`):
+    the cache keeps only their rows, and the next call starts from it, one token in. `generate` would compute
+    a finished row until the batch's longest reply ended (the demo's batches ran on for 250 steps after most
+    of their replies had ended, for the 2 or 3 that looped to the token cap)."""
     import torch
     from transformers import LogitsProcessorList, StoppingCriteriaList
 
@@ -54,19 +59,32 @@ def generate_rows(model: Any, tokenizer: Any, rows: list[Row]) -> list[tuple[lis
     config = copy.deepcopy(model.generation_config)  # its other settings (a repetition penalty) apply as before
     config.do_sample, config.temperature, config.top_p, config.top_k = False, None, None, None  # `_RowSampler`'s
     config.min_new_tokens = None  # each row's own, in `_RowSampler`
-    config.max_new_tokens, config.pad_token_id, config.eos_token_id = max(r.max_tokens for r in rows), pad, ends
+    config.pad_token_id, config.eos_token_id = pad, ends
     sampler = _RowSampler(rows, width, ends, model.generation_config.top_k)
+    cache = _cache(model, width + max(r.max_tokens for r in rows))
+    outputs: list[list[int]] = [[] for _ in rows]
     with torch.no_grad():
-        out = model.generate(
-            input_ids=input_ids,
-            attention_mask=mask,
-            generation_config=config,
-            cache=_cache(model, width + config.max_new_tokens),
-            logits_processor=LogitsProcessorList([sampler]),
-            stopping_criteria=StoppingCriteriaList([_RowLengths(rows, width)]),
-        )
+        while sampler.alive:
+            config.max_new_tokens = max(rows[i].max_tokens for i in sampler.alive) - (input_ids.shape[1] - width)
+            lengths = _RowLengths([rows[i] for i in sampler.alive], width, ends)
+            out = model.generate(
+                input_ids=input_ids,
+                attention_mask=mask,
+                generation_config=config,
+                cache=cache,
+                logits_processor=LogitsProcessorList([sampler]),
+                stopping_criteria=StoppingCriteriaList([lengths]),
+            )
+            going = [at for at, ended in enumerate(lengths.ended.tolist()) if not ended]
+            for at, i in enumerate(sampler.alive):
+                outputs[i] = out[at, width:].tolist()
+            if going:
+                cache.batch_select_indices(torch.tensor(going, device=device))
+                grown = out.shape[1] - mask.shape[1]
+                input_ids, mask = out[going], torch.cat([mask[going], mask.new_ones(len(going), grown)], dim=1)
+            sampler.alive = [sampler.alive[at] for at in going]
     replies = []
-    for i, (row, ids) in enumerate(zip(rows, out[:, width:].tolist(), strict=True)):
+    for i, (row, ids) in enumerate(zip(rows, outputs, strict=True)):
         ids = ids[: row.max_tokens]
         end = next((at for at, token in enumerate(ids) if token in ends), None)
         ids = ids if end is None else ids[: end + 1]
@@ -78,8 +96,8 @@ def _cache(model: Any, length: int) -> Any:
     """transformers' own dynamic cache, each full-attention layer writing its keys and values into one buffer
     of the batch's final `length`: the default layer concatenates them per token, copying the whole cache
     each time (53 of 242 profiled seconds of SmolLM2 answering 16 of the demo's prompts). The layer
-    returns the same values in the same shapes, as views of its buffer; `generate_rows` neither crops nor
-    reorders the cache, and sliding-window and other layers stay as they are."""
+    returns the same values in the same shapes, as views of its buffer, and keeps only the rows
+    `generate_rows` goes on with; it never crops, and sliding-window and other layers stay as they are."""
     from transformers import DynamicCache
     from transformers.cache_utils import DynamicLayer
 
@@ -97,6 +115,15 @@ def _cache(model: Any, length: int) -> Any:
                 buffer[..., start:end, :] = states
             self.keys, self.values = (buffer[..., :end, :] for buffer in self.buffers)
             return self.keys, self.values
+
+        def batch_select_indices(self, indices: Any) -> None:
+            if self.is_initialized:
+                end = self.get_seq_length()
+                kept = [buffer.new_empty(len(indices), *buffer.shape[1:]) for buffer in self.buffers]
+                for new, buffer in zip(kept, self.buffers, strict=True):
+                    new[..., :end, :] = buffer[indices, ..., :end, :]
+                self.buffers = kept
+                self.keys, self.values = (buffer[..., :end, :] for buffer in self.buffers)
 
     cache = DynamicCache(config=model.config)
     cache.layers = [BufferedLayer() if type(layer) is DynamicLayer else layer for layer in cache.layers]
@@ -126,6 +153,7 @@ class _RowSampler:
         from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
         self.rows, self.start, self.ends = rows, start, ends
+        self.alive = list(range(len(rows)))  # the row at each place of the batch `generate` is given now
         self.done = [False] * len(rows)  # ended or at its max_tokens: what it draws now is cut off anyway
         self.logprobs: list[list[Any]] = [[] for _ in rows]  # per row, per step: a 0-d tensor (asking rows only)
         self.ranks: list[list[Any]] = [[] for _ in rows]
@@ -147,20 +175,21 @@ class _RowSampler:
 
         step = input_ids.shape[1] - self.start
         last = input_ids[:, -1].tolist() if step else []
-        for i, row in enumerate(self.rows):
-            self.done[i] = self.done[i] or step >= row.max_tokens or (step > 0 and last[i] in self.ends)
+        for at, i in enumerate(self.alive):
+            row = self.rows[i]
+            self.done[i] = self.done[i] or step >= row.max_tokens or (step > 0 and last[at] in self.ends)
             if self.done[i]:  # a finished row's draws never reach its reply: skip the vocabulary-wide sampling
                 continue
-            raw = scores[i].clone() if row.top_logprobs else None  # barring and the draw below write into scores
+            raw = scores[at].clone() if row.top_logprobs else None  # barring and the draw below write into scores
             if step < row.min_tokens:
-                scores[i, self.ends] = -float("inf")
+                scores[at, self.ends] = -float("inf")
             if (warpers := self.warpers[i]) is not None:
-                warped = warpers(input_ids[i : i + 1], scores[i : i + 1])
-                token = _draw(torch, input_ids[i : i + 1], warped, self.nucleus[i], row.generator)
-                scores[i] = -float("inf")
-                scores[i, token] = 0.0
+                warped = warpers(input_ids[at : at + 1], scores[at : at + 1])
+                token = _draw(torch, input_ids[at : at + 1], warped, self.nucleus[i], row.generator)
+                scores[at] = -float("inf")
+                scores[at, token] = 0.0
             elif raw is not None:
-                token = scores[i].argmax()  # the pick `generate` makes of this row
+                token = scores[at].argmax()  # the pick `generate` makes of this row
             if raw is not None:
                 self.logprobs[i].append(raw[token] - torch.logsumexp(raw, dim=-1))
                 self.ranks[i].append((raw > raw[token]).sum())
@@ -200,13 +229,20 @@ def _draw(torch: Any, input_ids: Any, warped: Any, nucleus: Any, generator: Any)
 
 
 class _RowLengths:
-    """Stops each row at its own max_tokens (transformers pads it from there until the batch is done)."""
+    """Stops each row at its own max_tokens (transformers pads an ended row from there), and the whole call once
+    half its rows have ended or reached theirs: `ended` then tells `generate_rows` which to go on with."""
 
-    def __init__(self, rows: list[Row], start: int) -> None:
-        self.limits, self.start = [row.max_tokens for row in rows], start
+    def __init__(self, rows: list[Row], start: int, ends: list[int]) -> None:
+        import torch
+
+        self.limits, self.start, self.ends = torch.tensor([row.max_tokens for row in rows]), start, torch.tensor(ends)
+        self.ended = torch.zeros(len(rows), dtype=torch.bool)
 
     def __call__(self, input_ids: Any, scores: Any, **_: Any) -> Any:
         import torch
 
-        done = input_ids.shape[1] - self.start
-        return torch.tensor([done >= limit for limit in self.limits], device=input_ids.device)
+        at_limit = (input_ids.shape[1] - self.start) >= self.limits
+        self.ended |= at_limit | torch.isin(input_ids[:, -1].cpu(), self.ends)
+        if 2 * int(self.ended.sum()) >= len(self.ended):
+            return torch.ones_like(at_limit, device=input_ids.device)
+        return at_limit.to(input_ids.device)

@@ -154,6 +154,24 @@ def test_each_row_of_a_batch_keeps_its_own_lengths_sampling_and_finish_reason(sm
     assert done[1].output_ids != done[0].output_ids
 
 
+def test_rows_that_have_ended_leave_the_batch_and_the_rest_keep_their_ids(smollm2: Path):
+    """Once half a batch has reached its end, the model computes only the rows still going: `generate` alone
+    would compute all four until the longest ended. The two long rows get the ids they get in a batch of
+    their own."""
+    short = LocalEngine(smollm2, Generation(temperature=0.0, **{**SHORT, "max_tokens": 5}), threads=1)
+    long = LocalEngine(smollm2, Generation(temperature=0.7, **{**SHORT, "min_tokens": 20, "max_tokens": 30}), threads=1)
+    _, model = short._load()
+    sizes: list[int] = []
+    hook = model.register_forward_pre_hook(lambda _, args, kw: sizes.append(kw["input_ids"].shape[0]), with_kwargs=True)
+    try:
+        done = _together((short, 0), (long, 0), (short, 4), (long, 4))
+    finally:
+        hook.remove()
+    assert sizes.count(4) == 5 and set(sizes[5:]) == {2}  # the short rows' 5 tokens, then the long rows alone
+    assert len(sizes) == 5 + max(done[1].completion_tokens, done[3].completion_tokens) - 5
+    assert [reply.output_ids for reply in _together((long, 0), (long, 4))] == [done[1].output_ids, done[3].output_ids]
+
+
 def test_the_thread_count_is_the_setting_or_the_meters(smollm2: Path):
     from eagle_data.engines.local import _batcher
 
