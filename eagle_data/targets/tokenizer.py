@@ -74,18 +74,24 @@ def _from_tiktoken(profile: Profile, folder: Path) -> Tokenizer:
 
 
 def text_encoder(tokenizer: Tokenizer) -> Tokenizer:
-    """A copy that encodes every added-token string as plain text (a user typing `<|im_end|>` stays text).
+    """A tokenizer that encodes every added-token string as plain text (a user typing `<|im_end|>` stays text).
 
-    `encode_special_tokens` only covers tokens flagged special; Qwen3's tokenizer.json leaves `<think>`
-    unflagged, so every added token is flagged first.
+    `encode_special_tokens` only covers tokens flagged special, and Qwen3's tokenizer.json leaves `<think>`
+    unflagged, so every added token is re-added as special. The encoder shares the original's model and pipeline
+    (never changed after loading) rather than copying them: milliseconds for Qwen3's 151k vocabulary, where a
+    serialized copy costs 0.8-1.6 CPU-s. Re-adding in id order numbers the tokens as loading a
+    tokenizer.json does (it adds them in order too), so every id stays the original's.
     """
-    if all(t.special for t in tokenizer.get_added_tokens_decoder().values()):
-        encoder = Tokenizer.from_str(tokenizer.to_str())  # a private copy: the builtins are shared
-    else:
-        spec = json.loads(tokenizer.to_str())
-        for token in spec["added_tokens"]:
-            token["special"] = True
-        encoder = Tokenizer.from_str(json.dumps(spec))
+    added = sorted(tokenizer.get_added_tokens_decoder().items())
+    encoder = Tokenizer(tokenizer.model)
+    for part in ("normalizer", "pre_tokenizer", "post_processor", "decoder"):
+        if (component := getattr(tokenizer, part)) is not None:
+            setattr(encoder, part, component)
+    if tokenizer.truncation is not None:
+        encoder.enable_truncation(**tokenizer.truncation)
+    if tokenizer.padding is not None:
+        encoder.enable_padding(**tokenizer.padding)
+    encoder.add_special_tokens([token for _, token in added])  # flags each one special
     encoder.encode_special_tokens = True
     return encoder
 
