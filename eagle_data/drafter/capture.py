@@ -36,6 +36,7 @@ from eagle_data.drafter.layers import LayerPlan
 from eagle_data.drafter.scores import ShardScores, forward
 from eagle_data.drafter.settings import CaptureSettings
 from eagle_data.engines import scoring
+from eagle_data.engines.cpus import torch_threads
 from eagle_data.engines.scoring import batches  # one batching for the capture and the scorer
 from eagle_data.quality import on_policy
 from eagle_data.quality.on_policy import Scored
@@ -116,7 +117,7 @@ class TransformersBackend:
         pre_norm: list[Any] = []  # the last decoder layer's output: hidden_states[-1] is after the norm
         hook = self.model.norm.register_forward_pre_hook(lambda _module, args: pre_norm.append(args[0]))
         try:
-            with torch.inference_mode():
+            with torch.inference_mode(), torch_threads():  # a busy core's second thread spins: engines/cpus.py
                 out = self.model(
                     input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
                     output_hidden_states=True, use_cache=False,
@@ -135,7 +136,7 @@ class TransformersBackend:
             torch.stack([p[b, :n] for p in picked], dim=1, out=packed[start : start + n])
             start += n
         packed = packed.to("cpu")
-        with torch.inference_mode():
+        with torch.inference_mode(), torch_threads():
             scored = {
                 b: scoring.head_figures(torch, out.hidden_states[-1][b, : lengths[b]], self.head, row, top_k)
                 for b, row in score.items()

@@ -4,14 +4,19 @@ A torch (OpenMP) thread whose core is taken by another process spins at its barr
 it: on a busy 2-core machine two threads made a quarter of one thread's tokens per CPU-second
 (docs/engines.md, "The local engine"). So the count is the CPUs this process may run on (its affinity) less
 what other processes keep busy on them, measured from /proc/stat over the last window with this process's own
-CPU time taken out, and never below 1. Where /proc/stat cannot be read (not Linux) it is 1.
+CPU time taken out, and never below 1. Where /proc/stat cannot be read (not Linux) it is 1. Every forward
+pass this process runs on the CPU takes its count so (`torch_threads`): the embedded engine's batches, the
+on-policy scorer's and the hidden-state capture's.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,3 +89,31 @@ class ThreadMeter:
         self.others_busy = max(0.0, others / (now.wall - last.wall))
         self.threads = thread_count(len(self.cpus), self.others_busy)
         return self.threads
+
+
+_METER: tuple[int, ThreadMeter] | None = None
+_METER_LOCK = threading.Lock()
+
+
+def process_meter() -> ThreadMeter:
+    """This process's meter (a forked child starts its own: the parent's window is not its own)."""
+    global _METER
+    if _METER is None or _METER[0] != os.getpid():
+        _METER = (os.getpid(), ThreadMeter())
+    return _METER[1]
+
+
+@contextmanager
+def torch_threads(count: int | None = None) -> Iterator[int]:
+    """torch's intra-op thread count for this block: `count`, or (None) the process meter's; restored after."""
+    import torch
+
+    if not count:
+        with _METER_LOCK:
+            count = process_meter().count()
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield count
+    finally:
+        torch.set_num_threads(before)

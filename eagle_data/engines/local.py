@@ -19,8 +19,6 @@ import functools
 import hashlib
 import os
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from eagle_data.catalog import Generation
 from eagle_data.engines import EngineKind, EngineSettings, register
 from eagle_data.engines.batched import Row, checkpoint_top_k, generate_rows
-from eagle_data.engines.cpus import ThreadMeter
+from eagle_data.engines.cpus import torch_threads
 from eagle_data.engines.replies import completion_from_ids
 from eagle_data.quality.sampled import asked_top_logprobs
 from eagle_data.targets.reasoning import THINK_TAGS, ReasoningMarkers, reasoning_markers
@@ -175,7 +173,6 @@ class _Batcher:
     def __init__(self) -> None:
         self._waiting: list[_Ask] = []
         self._arrived = threading.Condition()
-        self._meter = ThreadMeter()
         threading.Thread(target=self._serve, name="local-engine", daemon=True).start()
 
     def submit(self, engine: LocalEngine, messages: list[Message], prompt_id: str) -> concurrent.futures.Future:
@@ -218,8 +215,7 @@ class _Batcher:
         engine = rows[0][0].engine
         try:
             tokenizer, model = engine._load()
-            threads = engine.threads or self._meter.count()
-            with _GENERATING, _torch_threads(threads):
+            with _GENERATING, torch_threads(engine.threads) as threads:
                 outputs = generate_rows(model, tokenizer, [row for _, row in rows])
         except Exception as exc:
             if len(rows) > 1:
@@ -270,19 +266,6 @@ def _checkpoint(path: Path, device: str, fingerprint: tuple[tuple[str, int, int]
 
 def _fingerprint(path: Path) -> tuple[tuple[str, int, int], ...]:
     return tuple(sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in path.iterdir() if f.is_file()))
-
-
-@contextmanager
-def _torch_threads(count: int) -> Iterator[None]:
-    """torch's intra-op thread count set to `count` for this block, then restored."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def make_local(

@@ -30,6 +30,7 @@ import numpy as np
 import polars as pl
 
 from eagle_data.catalog import OnPolicy
+from eagle_data.engines.cpus import torch_threads
 from eagle_data.quality.canary import rank
 from eagle_data.quality.on_policy import (
     COLUMN,
@@ -171,7 +172,7 @@ class TransformersScorer:
         base, head = model.get_decoder(), model.get_output_embeddings()
         out: list[Scored | None] = [None] * len(rows)
         for group, ids, mask in padded_batches(rows):
-            with torch.inference_mode():
+            with torch.inference_mode(), torch_threads():  # a busy core's second thread spins: engines/cpus.py
                 hidden = base(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)).last_hidden_state
                 for b, i in enumerate(group):
                     out[i] = head_figures(torch, hidden[b], head, rows[i], top_k)
@@ -179,8 +180,7 @@ class TransformersScorer:
 
 
 def _post(url: str, body: dict[str, Any], what: str) -> dict[str, Any]:
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})  # fmt: skip
+    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})  # a POST
     try:
         with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:
             answer = json.loads(response.read())

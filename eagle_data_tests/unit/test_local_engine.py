@@ -173,14 +173,14 @@ def test_rows_that_have_ended_leave_the_batch_and_the_rest_keep_their_ids(smollm
 
 
 def test_the_thread_count_is_the_setting_or_the_meters(smollm2: Path):
-    from eagle_data.engines.local import _batcher
+    from eagle_data.engines.cpus import process_meter
 
     given = LocalEngine(smollm2, Generation(temperature=0.0, **{**SHORT, "max_tokens": 2}), threads=3)
     _together((given, 0))
     assert given.stats()["torch_threads"] == 3
     ruled = LocalEngine(smollm2, Generation(temperature=0.0, **{**SHORT, "max_tokens": 2}))
     _together((ruled, 0))
-    meter = _batcher()._meter
+    meter = process_meter()
     assert ruled.stats()["torch_threads"] == meter.threads <= len(meter.cpus) and meter.others_busy is not None
 
 
