@@ -47,3 +47,28 @@ def test_a_busy_process_on_our_cpus_is_counted_and_takes_its_thread():
     assert meter.count() == threads  # within a window: the last count, no new look
     assert busy_cpu_seconds(frozenset({max(usable_cpus()) + 4096})) == 0.0
     assert WINDOW_S <= 1.0  # the first count of a process costs at most this wait
+
+
+def test_the_scorers_forward_pass_runs_at_the_meters_count_not_torchs_default(demo_model: Path):
+    """The on-policy scorer (and the capture, through the same `torch_threads`) ran at whatever torch's count
+    was, every core by default, which spins on a busy machine; the count in its forward pass is the meter's,
+    and the caller's count is back afterwards."""
+    import torch
+
+    from eagle_data.engines.cpus import process_meter
+    from eagle_data.engines.scoring import Row, TransformersScorer
+    from eagle_data.quality.on_policy import SamplingPoint
+
+    scorer = TransformersScorer(demo_model)
+    _, model = scorer._load()
+    seen: list[int] = []
+    hook = model.get_decoder().register_forward_pre_hook(lambda *_: seen.append(torch.get_num_threads()))
+    before = torch.get_num_threads()
+    torch.set_num_threads(len(usable_cpus()) + 1)  # more than the meter ever gives
+    try:
+        scorer.score([Row(list(range(100, 120)), [0] * 10 + [1] * 10, SamplingPoint(0.0))], top_k=5)
+        assert torch.get_num_threads() == len(usable_cpus()) + 1
+    finally:
+        hook.remove()
+        torch.set_num_threads(before)
+    assert seen == [process_meter().threads] and 1 <= seen[0] <= len(usable_cpus())
