@@ -105,7 +105,7 @@ def main() -> None:
     scorer, model = TransformersScorer(smol.folder), smol.model
 
     def forward_loop() -> None:
-        for _, ids, mask in padded_batches(rows):  # the scorer's own batches, padded alike
+        for _, ids, mask in padded_batches(rows, scorer.batch_tokens):  # the scorer's own batches, padded alike
             with torch.inference_mode():
                 model(input_ids=ids, attention_mask=mask)
 

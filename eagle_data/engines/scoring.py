@@ -2,7 +2,7 @@
 `eagle_data/quality/on_policy.py`), from the cheapest place that has the target.
 
 - `TransformersScorer`: a checkpoint in this process (the embedded engine's model): one forward pass of the
-  base model per batch, then the LM head on the supervised positions only.
+  base model per batch (a row on the CPU), then the LM head on the supervised positions only.
 - `SGLangScorer`: an SGLang server's `/generate` with `return_logprob`, `logprob_start_len` and
   `top_logprobs_num`: the input tokens' log-probabilities in one prefill request per row.
 - `VLLMScorer`: a vLLM server's `/v1/completions` with `prompt_logprobs`.
@@ -52,7 +52,7 @@ from eagle_data.targets.target import Target
 from eagle_data.types import UserError
 
 TIMEOUT_S = 120.0
-BATCH_TOKENS = 8192  # padded tokens per forward pass of the in-process scorer
+BATCH_TOKENS = 8192  # padded tokens per forward pass of the in-process scorer on a GPU (a CPU: one row, no padding)
 POSITION_BLOCK = 16  # positions per block after the LM head: Qwen3's vocabulary, 20 rows: 5.9-6.8 CPU-s, not 11.2
 
 
@@ -148,7 +148,7 @@ class TransformersScorer:
                 f"on-policy scorer: no checkpoint at {self.checkpoint}; set [defaults.on_policy] checkpoint to the "
                 'target\'s transformers folder, or scorer = "none"'
             )
-        self.device = device
+        self.device, self.batch_tokens = device, 1 if device == "cpu" else BATCH_TOKENS  # demo shard: 14 CPU-s, not 25
 
     def _load(self) -> tuple[Any, Any]:
         from eagle_data.engines.local import _checkpoint, _fingerprint
@@ -171,7 +171,7 @@ class TransformersScorer:
         _, model = self._load()
         base, head = model.get_decoder(), model.get_output_embeddings()
         out: list[Scored | None] = [None] * len(rows)
-        for group, ids, mask in padded_batches(rows):
+        for group, ids, mask in padded_batches(rows, self.batch_tokens):
             with torch.inference_mode(), torch_threads():  # a busy core's second thread spins: engines/cpus.py
                 hidden = base(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)).last_hidden_state
                 for b, i in enumerate(group):
