@@ -72,3 +72,23 @@ def test_the_scorers_forward_pass_runs_at_the_meters_count_not_torchs_default(de
         hook.remove()
         torch.set_num_threads(before)
     assert seen == [process_meter().threads] and 1 <= seen[0] <= len(usable_cpus())
+
+
+def test_the_cpu_scorer_runs_each_row_alone_so_no_padding_is_computed(demo_model: Path):
+    """Padded together, a shard's rows cost the longest row's length each (the demo's 10 rows: 6,850 tokens
+    computed for 4,094); on the CPU each row is its own forward pass, of exactly its tokens."""
+    from eagle_data.engines.scoring import Row, TransformersScorer
+    from eagle_data.quality.on_policy import SamplingPoint
+
+    scorer = TransformersScorer(demo_model)
+    _, model = scorer._load()
+    shapes: list[tuple[int, ...]] = []
+    hook = model.get_decoder().register_forward_pre_hook(
+        lambda _, args, kw: shapes.append(tuple(kw["input_ids"].shape)), with_kwargs=True
+    )
+    rows = [Row(list(range(100, 100 + n)), [0] * 4 + [1] * (n - 4), SamplingPoint(0.0)) for n in (30, 12, 20)]
+    try:
+        scorer.score(rows, top_k=5)
+    finally:
+        hook.remove()
+    assert sorted(shapes) == [(1, 12), (1, 20), (1, 30)]
