@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,9 @@ def end_ids(model: Any, tokenizer: Any) -> list[int]:
     return [ends] if isinstance(ends, int) else list(ends)
 
 
-def generate_rows(model: Any, tokenizer: Any, rows: list[Row]) -> list[tuple[list[int], SampledLogprobs | None]]:
+def generate_rows(
+    model: Any, tokenizer: Any, rows: list[Row], each_step: Callable[[], None] | None = None
+) -> list[tuple[list[int], SampledLogprobs | None]]:
     """Left-padded `generate` over every row; each row's output ids, through its first end id (kept) or its own
     max_tokens, with their figures where the row asks (else None). Decoding is greedy: a sampled row's token
     is drawn by `_RowSampler`, which leaves only that token standing.
@@ -46,7 +49,8 @@ def generate_rows(model: Any, tokenizer: Any, rows: list[Row]) -> list[tuple[lis
     Once half the rows in a call have ended, the call stops and the rest go on without them (`_RowLengths`):
     the cache keeps only their rows, and the next call starts from it, one token in. `generate` would compute
     a finished row until the batch's longest reply ended (the demo's batches ran on for 250 steps after most
-    of their replies had ended, for the 2 or 3 that looped to the token cap)."""
+    of their replies had ended, for the 2 or 3 that looped to the token cap). `each_step` runs before every
+    step after the first (the engine's thread count follows the machine's load)."""
     import torch
     from transformers import LogitsProcessorList, StoppingCriteriaList
 
@@ -66,7 +70,7 @@ def generate_rows(model: Any, tokenizer: Any, rows: list[Row]) -> list[tuple[lis
     with torch.no_grad():
         while sampler.alive:
             config.max_new_tokens = max(rows[i].max_tokens for i in sampler.alive) - (input_ids.shape[1] - width)
-            lengths = _RowLengths([rows[i] for i in sampler.alive], width, ends)
+            lengths = _RowLengths([rows[i] for i in sampler.alive], width, ends, each_step)
             out = model.generate(
                 input_ids=input_ids,
                 attention_mask=mask,
@@ -232,14 +236,17 @@ class _RowLengths:
     """Stops each row at its own max_tokens (transformers pads an ended row from there), and the whole call once
     half its rows have ended or reached theirs: `ended` then tells `generate_rows` which to go on with."""
 
-    def __init__(self, rows: list[Row], start: int, ends: list[int]) -> None:
+    def __init__(self, rows: list[Row], start: int, ends: list[int], each_step: Callable[[], None] | None) -> None:
         import torch
 
         self.limits, self.start, self.ends = torch.tensor([row.max_tokens for row in rows]), start, torch.tensor(ends)
-        self.ended = torch.zeros(len(rows), dtype=torch.bool)
+        self.ended, self.each_step = torch.zeros(len(rows), dtype=torch.bool), each_step
 
     def __call__(self, input_ids: Any, scores: Any, **_: Any) -> Any:
         import torch
+
+        if self.each_step is not None:
+            self.each_step()
 
         at_limit = (input_ids.shape[1] - self.start) >= self.limits
         self.ended |= at_limit | torch.isin(input_ids[:, -1].cpu(), self.ends)

@@ -103,14 +103,27 @@ def process_meter() -> ThreadMeter:
     return _METER[1]
 
 
+def metered_count() -> int:
+    """The process meter's count (its threads: the engine's worker, a step's main thread)."""
+    with _METER_LOCK:
+        return process_meter().count()
+
+
+def retune() -> None:
+    """Inside `torch_threads()` with no count given: the meter's count for what this thread computes next (a new
+    look once a window has passed), so a long batch follows the machine's load, not only its load at the start."""
+    import torch
+
+    if (count := metered_count()) != torch.get_num_threads():
+        torch.set_num_threads(count)
+
+
 @contextmanager
 def torch_threads(count: int | None = None) -> Iterator[int]:
     """torch's intra-op thread count for this block: `count`, or (None) the process meter's; restored after."""
     import torch
 
-    if not count:
-        with _METER_LOCK:
-            count = process_meter().count()
+    count = count or metered_count()
     before = torch.get_num_threads()
     torch.set_num_threads(count)
     try:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from eagle_data.catalog import Generation
 from eagle_data.engines import EngineKind, EngineSettings, register
 from eagle_data.engines.batched import Row, checkpoint_top_k, generate_rows
-from eagle_data.engines.cpus import torch_threads
+from eagle_data.engines.cpus import retune, torch_threads
 from eagle_data.engines.replies import completion_from_ids
 from eagle_data.quality.sampled import asked_top_logprobs
 from eagle_data.targets.reasoning import THINK_TAGS, ReasoningMarkers, reasoning_markers
@@ -216,7 +216,7 @@ class _Batcher:
         try:
             tokenizer, model = engine._load()
             with _GENERATING, torch_threads(engine.threads) as threads:
-                outputs = generate_rows(model, tokenizer, [row for _, row in rows])
+                outputs = generate_rows(model, tokenizer, [row for _, row in rows], None if engine.threads else retune)
         except Exception as exc:
             if len(rows) > 1:
                 for one in rows:

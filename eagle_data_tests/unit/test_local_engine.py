@@ -172,6 +172,20 @@ def test_rows_that_have_ended_leave_the_batch_and_the_rest_keep_their_ids(smollm
     assert [reply.output_ids for reply in _together((long, 0), (long, 4))] == [done[1].output_ids, done[3].output_ids]
 
 
+def test_each_step_of_a_batch_takes_the_thread_count_anew(smollm2: Path):
+    """A batch runs for minutes; the count it started with must not hold while the machine's load changes: the
+    engine's per-step callback runs once per generated token, through the batch's shrinking calls too."""
+    from eagle_data.engines.batched import Row, generate_rows
+
+    engine = LocalEngine(smollm2, Generation(temperature=0.0, **SHORT))
+    tokenizer, model = engine._load()
+    rows = [Row(engine._request([{"role": "user", "content": q}], "p").prompt, n, n, 0.0, 1.0, None)
+            for q, n in ((QUESTIONS[0], 3), (QUESTIONS[1], 9))]  # fmt: skip
+    steps: list[int] = []
+    (short, _), (long, _) = generate_rows(model, tokenizer, rows, lambda: steps.append(1))
+    assert (len(short), len(long)) == (3, 9) and len(steps) == 9  # 3 steps of both rows, then 6 of the long one
+
+
 def test_the_thread_count_is_the_setting_or_the_meters(smollm2: Path):
     from eagle_data.engines.cpus import process_meter
 
