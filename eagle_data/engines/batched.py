@@ -71,6 +71,7 @@ def generate_rows(
         while sampler.alive:
             config.max_new_tokens = max(rows[i].max_tokens for i in sampler.alive) - (input_ids.shape[1] - width)
             lengths = _RowLengths([rows[i] for i in sampler.alive], width, ends, each_step)
+            sampler.ended = lengths.ended
             out = model.generate(
                 input_ids=input_ids,
                 attention_mask=mask,
@@ -79,9 +80,11 @@ def generate_rows(
                 logits_processor=LogitsProcessorList([sampler]),
                 stopping_criteria=StoppingCriteriaList([lengths]),
             )
-            going = [at for at, ended in enumerate(lengths.ended.tolist()) if not ended]
+            ended = lengths.ended.tolist()
             for at, i in enumerate(sampler.alive):
-                outputs[i] = out[at, width:].tolist()
+                if ended[at]:  # every row ends in some call: the loop stops when none is going
+                    outputs[i] = out[at, width:].tolist()
+            going = [at for at, done in enumerate(ended) if not done]
             if going:
                 cache.batch_select_indices(torch.tensor(going, device=device))
                 grown = out.shape[1] - mask.shape[1]
@@ -158,7 +161,7 @@ class _RowSampler:
 
         self.rows, self.start, self.ends = rows, start, ends
         self.alive = list(range(len(rows)))  # the row at each place of the batch `generate` is given now
-        self.done = [False] * len(rows)  # ended or at its max_tokens: what it draws now is cut off anyway
+        self.ended: Any = None  # per place, ended or at its max_tokens (this call's `_RowLengths`)
         self.logprobs: list[list[Any]] = [[] for _ in rows]  # per row, per step: a 0-d tensor (asking rows only)
         self.ranks: list[list[Any]] = [[] for _ in rows]
         top_k = TOP_K if top_k is None else top_k
@@ -178,11 +181,9 @@ class _RowSampler:
         import torch
 
         step = input_ids.shape[1] - self.start
-        last = input_ids[:, -1].tolist() if step else []
         for at, i in enumerate(self.alive):
             row = self.rows[i]
-            self.done[i] = self.done[i] or step >= row.max_tokens or (step > 0 and last[at] in self.ends)
-            if self.done[i]:  # a finished row's draws never reach its reply: skip the vocabulary-wide sampling
+            if self.ended is not None and self.ended[at]:  # its draws never reach its reply: no sampling work
                 continue
             raw = scores[at].clone() if row.top_logprobs else None  # barring and the draw below write into scores
             if step < row.min_tokens:
