@@ -21,9 +21,9 @@ from eagle_data.defs.catalog_order import ORDER_TAG
 pytestmark = pytest.mark.e2e
 GLOSSARY = Path(__file__).resolve().parents[2] / "docs" / "figures.md"
 LINK = "_link"  # with the files server, every path figure has a link twin
-# Prompts per dataset: the demo's shards hold 10, the canary 8; six go through every stage and gate with
+# Prompts per dataset: the demo's shards hold 10, the canary 8; four go through every stage and gate with
 # fewer demo-model generations, which are this test's cost.
-PROMPTS = 6
+PROMPTS = 4
 
 
 def glossary() -> list[re.Pattern[str]]:

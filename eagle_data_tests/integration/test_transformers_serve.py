@@ -4,7 +4,7 @@ transformers 5.24's server parses a Qwen reply with a response template that end
 `<|endoftext|>`, while its usage counts every generated token: a model that writes `<|endoftext|>` (not its
 end-of-turn token, so generation goes on) gets back a fragment or nothing for a full bill. The lossy model
 is the demo checkpoint with that token's logit raised above its end-of-turn one; the healthy one is the demo
-checkpoint as it is. Both are served at once, and a dataset goes through each with the openai engine kind:
+checkpoint as it is. One server serves both (and SmolLM2), and a dataset goes through each with the openai engine kind:
 the canary must name lost text for the first and must not for the second.
 """
 
@@ -76,19 +76,22 @@ def _wait(proc: subprocess.Popen, url: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def servers(demo_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tuple[str, Path]]]:
-    """{"lossy" | "healthy": (base URL, model folder)}: two servers, started together."""
-    root = tmp_path_factory.mktemp("transformers-serve")
-    models = {"lossy": _lossy_copy(demo_model, root / "lossy"), "healthy": demo_model}
-    started = {name: _serve(root / f"home-{name}") for name in models}
+def serve_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One `transformers serve` for every model of this file (it loads the one a request names): its base URL."""
+    proc, url = _serve(tmp_path_factory.mktemp("transformers-serve"))
     try:
-        for proc, url in started.values():
-            _wait(proc, url)
-        yield {name: (f"{url}/v1", models[name]) for name, (_, url) in started.items()}
+        _wait(proc, url)
+        yield f"{url}/v1"
     finally:
-        for proc, _ in started.values():
-            proc.kill()
-            proc.wait(timeout=10)
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def servers(serve_url: str, demo_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, Path]]:
+    """{"lossy" | "healthy": (base URL, model folder)}, both on the one server."""
+    lossy = _lossy_copy(demo_model, tmp_path_factory.mktemp("transformers-serve-lossy") / "lossy")
+    return {"lossy": (serve_url, lossy), "healthy": (serve_url, demo_model)}
 
 
 def _estimate(
@@ -159,31 +162,27 @@ def test_the_canary_names_lost_text_exactly_when_transformers_serve_loses_it(
 
 
 @pytest.fixture(scope="module")
-def smollm2_server(smollm2: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """`transformers serve` with SmolLM2-135M-Instruct, a real instruct model whose template adds a system turn."""
-    proc, url = _serve(tmp_path_factory.mktemp("transformers-serve-smollm2"))
-    try:
-        _wait(proc, url)
-        yield f"{url}/v1"
-    finally:
-        proc.kill()
-        proc.wait(timeout=10)
+def smollm2_url(serve_url: str, smollm2: Path) -> str:
+    """The server with SmolLM2-135M-Instruct loaded by one request (a real instruct model whose template adds a
+    system turn): it lists the models it has loaded, and the engine refuses a server that lists others only."""
+    _ask(serve_url, smollm2, "Hello.")
+    return serve_url
 
 
 def test_transformers_serve_counts_each_prompt_as_the_target_derived_from_its_checkpoint_renders_it(
-    smollm2_server: str, smollm2: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    smollm2_url: str, smollm2: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    canary = _canary(_estimate(smollm2_server, smollm2, tmp_path, monkeypatch))
+    canary = _canary(_estimate(smollm2_url, smollm2, tmp_path, monkeypatch))
     assert "prompt_count_mismatch" not in (canary.description or "")
     assert canary.metadata.get("canary_share_prompt_count_mismatch") is None
 
 
 def test_another_vocabularys_profile_on_transformers_serve_fails_the_canary_in_one_line(
-    smollm2_server: str, smollm2: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    smollm2_url: str, smollm2: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Qwen ids for a SmolLM2 target: every structure flag would pass (the text round-trips); only the server's own
     prompt counts tell, and the canary names them before the run pays for the rest."""
-    canary = _canary(_estimate(smollm2_server, smollm2, tmp_path, monkeypatch, target="qwen3-test"))
+    canary = _canary(_estimate(smollm2_url, smollm2, tmp_path, monkeypatch, target="qwen3-test"))
     description = canary.description or ""
     assert not canary.passed and "\n" not in description
     assert "prompt_count_mismatch" in description and "target qwen3-test renders" in description, description
