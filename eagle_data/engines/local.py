@@ -37,7 +37,8 @@ if TYPE_CHECKING:
 
 DEMO_NOTE = "the demo model"
 BATCH_SIZE = 16  # prompts generated together: SmolLM2-135M on one thread, 8: 51 tokens/s, 16: 70, 32: 83
-GATHER_S = 0.05  # a batch waits for more requests while they keep arriving at most this far apart
+GATHER_S = 0.5  # a batch waits for more requests while they keep arriving at most this far apart: at 0.05 s a
+# busy machine's stalls split the demo's 12 prompts into batches of 7 and 5, one batch's steps twice over
 # One generation at a time in this process, whichever engine asks: engines share a loaded checkpoint and
 # torch's thread count is the process's.
 _GENERATING = threading.Lock()

@@ -119,6 +119,22 @@ def test_requests_in_flight_go_in_one_batch_and_each_gets_the_ids_it_gets_alone(
     assert batched[3].output_ids == _bare_generate(engine, 3)  # what one seeded `generate` of it makes
 
 
+def test_requests_arriving_a_fifth_of_a_second_apart_still_go_in_one_batch(smollm2: Path):
+    """Regression: a busy machine stalls the runner between its requests, and a batch that waited 50 ms for the
+    next one split the demo's 12 prompts into batches of 7 and 5 (as many steps again)."""
+    engine = LocalEngine(smollm2, Generation(temperature=0.0, **SHORT), batch_size=4, threads=1)
+
+    async def staggered() -> list[Completion]:
+        async def ask(i: int) -> Completion:
+            await asyncio.sleep(0.2 * i)
+            return await engine.complete([{"role": "user", "content": QUESTIONS[i]}], prompt_id=f"q{i}")
+
+        return await asyncio.gather(*(ask(i) for i in range(4)))
+
+    assert len(asyncio.run(staggered())) == 4
+    assert engine.stats() == {"batches": 1, "rows_per_batch": 4, "torch_threads": 1}
+
+
 def _bare_generate(engine: LocalEngine, question: int) -> list[int]:
     """One `model.generate` of one question, sampling (if at all) from torch's generator seeded as the engine
     seeds that prompt: the ids through the end of the turn."""

@@ -385,10 +385,10 @@ def test_a_capture_records_the_figures_from_its_own_forward_passes(
 def test_validation_scores_the_embedded_engines_rows_and_a_wrong_scorer_is_one_line(
     demo_model: Path, smol: smol_rows.Smol, tmp_path: Path
 ) -> None:
-    """The demo profile's own run on the random-weight model (its sampling settings): validation scores a
-    sample of its rows with the checkpoint that generated them and the shard passes; told to score with
+    """The demo profile's own run on the random-weight model (its sampling settings, 4 prompts): validation scores
+    a sample of its rows with the checkpoint that generated them and the shard passes; told to score with
     another model's checkpoint, validation stops in one line before any forward pass."""
-    spec = load_catalog(profile="demo")["b3_magicoder"].model_copy(deep=True)
+    spec = load_catalog(profile="demo")["b3_magicoder"].model_copy(deep=True, update={"max_prompts": 4})
     store, parts = ShardStore(str(tmp_path)), ["00000"]
     write_prompts(spec, store, parts)
     generate(spec, store, parts, make_engine("local", model=str(demo_model), **spec.generation.model_dump()))
