@@ -154,7 +154,7 @@ def smollm2() -> Path:
 
 
 # Whole CLI, browser and Postgres runs, longest first: run in parallel (make test: pytest-xdist, by file, in
-# collection order: --no-loadscope-reorder), they start first, so the short tests fill the other worker
+# collection order: --no-loadscope-reorder), they start first, so the short tests fill the other workers
 # instead of one long test ending the run alone. (xdist's default order, most tests first, put these last.)
 LONG_FILES = (
     "test_definitions.py",  # the shared demo run: about 5 minutes, the longest

@@ -4,8 +4,8 @@ transformers 5.24's server parses a Qwen reply with a response template that end
 `<|endoftext|>`, while its usage counts every generated token: a model that writes `<|endoftext|>` (not its
 end-of-turn token, so generation goes on) gets back a fragment or nothing for a full bill. The lossy model
 is the demo checkpoint with that token's logit raised above its end-of-turn one; the healthy one is the demo
-checkpoint as it is. One server serves both (and SmolLM2), and a dataset goes through each with the openai engine kind:
-the canary must name lost text for the first and must not for the second.
+checkpoint as it is. One server serves both (and SmolLM2), and a dataset goes through each with the openai
+engine kind: the canary must name lost text for the first and must not for the second.
 """
 
 from __future__ import annotations
