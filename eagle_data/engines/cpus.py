@@ -119,14 +119,13 @@ def retune() -> None:
 
 
 @contextmanager
-def torch_threads(count: int | None = None) -> Iterator[int]:
+def torch_threads(count: int | None = None) -> Iterator[None]:
     """torch's intra-op thread count for this block: `count`, or (None) the process meter's; restored after."""
     import torch
 
-    count = count or metered_count()
     before = torch.get_num_threads()
-    torch.set_num_threads(count)
+    torch.set_num_threads(count or metered_count())
     try:
-        yield count
+        yield
     finally:
         torch.set_num_threads(before)

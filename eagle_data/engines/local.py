@@ -213,11 +213,14 @@ class _Batcher:
 
     def _answer(self, rows: list[tuple[_Ask, Row]]) -> None:
         """Generate the batch; when it fails, each row alone, so one bad prompt fails only itself."""
+        import torch
+
         engine = rows[0][0].engine
         try:
             tokenizer, model = engine._load()
-            with _GENERATING, torch_threads(engine.threads) as threads:
+            with _GENERATING, torch_threads(engine.threads):
                 outputs = generate_rows(model, tokenizer, [row for _, row in rows], None if engine.threads else retune)
+                threads = torch.get_num_threads()  # the count it ended on: `retune` may change it at every step
         except Exception as exc:
             if len(rows) > 1:
                 for one in rows:

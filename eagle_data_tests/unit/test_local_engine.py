@@ -188,9 +188,11 @@ def test_rows_that_have_ended_leave_the_batch_and_the_rest_keep_their_ids(smollm
     assert [reply.output_ids for reply in _together((long, 0), (long, 4))] == [done[1].output_ids, done[3].output_ids]
 
 
-def test_each_step_of_a_batch_takes_the_thread_count_anew(smollm2: Path):
-    """A batch runs for minutes; the count it started with must not hold while the machine's load changes: the
-    engine's per-step callback runs once per generated token, through the batch's shrinking calls too."""
+def test_each_step_of_a_batch_takes_the_thread_count_anew(smollm2: Path, monkeypatch: pytest.MonkeyPatch):
+    """A batch runs for minutes; the count it started with must not hold while the machine's load changes: an
+    engine without `threads` asks the meter again (`cpus.retune`, still run) at every generated token, through
+    the batch's shrinking calls too; one with `threads` set never does."""
+    from eagle_data.engines import local
     from eagle_data.engines.batched import Row, generate_rows
 
     engine = LocalEngine(smollm2, Generation(temperature=0.0, **SHORT))
@@ -200,6 +202,15 @@ def test_each_step_of_a_batch_takes_the_thread_count_anew(smollm2: Path):
     steps: list[int] = []
     (short, _), (long, _) = generate_rows(model, tokenizer, rows, lambda: steps.append(1))
     assert (len(short), len(long)) == (3, 9) and len(steps) == 9  # 3 steps of both rows, then 6 of the long one
+
+    looks: list[int] = []
+    retune = local.retune
+    monkeypatch.setattr(local, "retune", lambda: (looks.append(1), retune())[1])
+    six = {**SHORT, "max_tokens": 6, "min_tokens": 6}
+    (metered,) = _together((LocalEngine(smollm2, Generation(temperature=0.0, **six)), 0))
+    assert len(looks) == metered.completion_tokens == 6
+    _together((LocalEngine(smollm2, Generation(temperature=0.0, **six), threads=1), 0))
+    assert len(looks) == 6
 
 
 def test_the_thread_count_is_the_setting_or_the_meters(smollm2: Path):
