@@ -157,7 +157,7 @@ def smollm2() -> Path:
 # collection order: --no-loadscope-reorder), they start first, so the short tests fill the other workers
 # instead of one long test ending the run alone. (xdist's default order, most tests first, put these last.)
 LONG_FILES = (
-    "test_definitions.py",  # the shared demo run: about 5 minutes, the longest
+    "test_definitions.py",  # the shared demo run: the longest
     "test_ui_browser.py",
     "test_ui_bad_server.py",
     "test_pools.py",

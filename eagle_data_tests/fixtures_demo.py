@@ -1,7 +1,12 @@
 """One shared demo run per test session: `eagle-data demo` as a newcomer runs it (every shard of b7_sharegpt's
-prompts, generation and validated, a process per step, the repository's dagster.yaml), then `training_mix`,
-once. Every test that only reads what a demo run leaves (its shards, its export, its summary, its instance)
-reads this run instead of running the demo again.
+prompts, estimate, generation and validated, a process per step, the repository's dagster.yaml), then
+`training_mix`, once. Every test that only reads what a demo run leaves (its shards, its export, its summary, its
+instance) reads this run instead of running the demo again.
+
+It runs on a user catalog ($EAGLE_DATA_CATALOG, as a team keeps its own settings) that trims the dataset to half
+the demo's prompts and canary, still over two shards: its real model is the suite's largest cost, and the same
+stages and gates run on 10 prompts as on 20 (the whole demo took 271 of the suite's 1,170 CPU-seconds on 2 cores,
+the trimmed one 140). `DemoRun.spec` is the dataset as the run saw it.
 
 The model it runs is one setting: `EAGLE_TEST_DEMO_RUN_MODEL` (a transformers folder), by default the demo's own
 model, SmolLM2-135M-Instruct (the `smollm2` fixture): the demo profile's gates are set for a real instruct model's
@@ -18,10 +23,13 @@ from pathlib import Path
 
 import pytest
 
+from eagle_data.catalog import USER_CATALOG_ENV, DatasetSpec, load_catalog
+
 DEMO_RUN_MODEL_ENV = "EAGLE_TEST_DEMO_RUN_MODEL"
 DEMO_DATASET = "b7_sharegpt"
-# The run's bound: 4 1/2 minutes idle on 2 cores, over 25 at load 10 (SmolLM2 generating on what the busy
-# machine leaves it); the tests that read it carry the same bound (test_definitions.py).
+TRIMMED = {"max_prompts": 10, "shard_size": 5, "canary_prompts": 4}  # the demo profile's: 20, 10 and 8
+# The run's bound: it took 2 1/3 minutes alone on an idle 2-core machine, and (untrimmed) 22 at load 10 (SmolLM2
+# generating on what the busy machine leaves it); the tests that read it carry the same bound (test_definitions.py).
 DEMO_RUN_TIMEOUT_S = 3600
 
 
@@ -37,6 +45,13 @@ class DemoRun:
     env: dict[str, str]
     model: Path
 
+    @property
+    def spec(self) -> DatasetSpec:
+        """The demo dataset as the run read it: the demo profile under the run's user catalog."""
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv(USER_CATALOG_ENV, self.env[USER_CATALOG_ENV])
+            return load_catalog(profile="demo")[DEMO_DATASET]
+
 
 @pytest.fixture(scope="session")
 def demo_run_model(request: pytest.FixtureRequest) -> Path:
@@ -50,10 +65,11 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory, demo_run_model: Path) -> 
     from eagle_data_tests.conftest import materialize_cli
 
     base = tmp_path_factory.mktemp("demo-run")
-    home, root = base / "home", base / "out"
+    home, root, trim = base / "home", base / "out", base / "catalog.toml"
+    trim.write_text(f"[datasets.{DEMO_DATASET}]\n" + "".join(f"{key} = {value}\n" for key, value in TRIMMED.items()))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("EAGLE_DATA_", "DAGSTER_"))}
     env.update(DAGSTER_HOME=str(home), EAGLE_DATA_PROFILE="demo", EAGLE_DATA_ROOT=str(root),
-               EAGLE_DATA_DEMO_MODEL=str(demo_run_model))  # fmt: skip
+               EAGLE_DATA_DEMO_MODEL=str(demo_run_model), **{USER_CATALOG_ENV: str(trim)})  # fmt: skip
     demo = subprocess.run([sys.executable, "-c", "from eagle_data.cli import main; raise SystemExit(main(['demo']))"],
                           env=env, capture_output=True, text=True, timeout=DEMO_RUN_TIMEOUT_S, cwd=base)  # fmt: skip
     if demo.returncode == 0:

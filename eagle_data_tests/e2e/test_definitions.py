@@ -14,7 +14,7 @@ import polars as pl
 import pytest
 from dagster_aws.s3 import S3Resource
 
-from eagle_data.catalog import catalog, load_catalog
+from eagle_data.catalog import catalog
 from eagle_data.cli import MAX_NOTES, RunView
 from eagle_data.defs.assets import build_dataset_assets
 from eagle_data.defs.io_managers import shard_resources
@@ -75,7 +75,7 @@ def test_cli_lists_the_dataset_assets_the_mix_and_the_drafter_inputs(demo_env: d
 def test_the_demo_run_writes_the_design_columns_and_exports_every_passing_row(demo_run: DemoRun):
     assert demo_run.code == 0, demo_run.printed[-3000:]
     root = demo_run.root / "b7_sharegpt"
-    keys = load_catalog(profile="demo")["b7_sharegpt"].partition_keys
+    keys = demo_run.spec.partition_keys
     passing, heights = [], []
     for key in keys:
         prompts = pl.read_parquet(root / "b7_sharegpt_prompts" / f"{key}.parquet")
@@ -90,7 +90,7 @@ def test_the_demo_run_writes_the_design_columns_and_exports_every_passing_row(de
         assert validated.schema["input_ids"] == pl.List(pl.Int32)
         assert validated.schema["loss_mask"] == pl.List(pl.UInt8)
         passing.append(validated.filter(pl.col("verdict").is_in(list(KEPT))))
-    shard_size = load_catalog(profile="demo")["b7_sharegpt"].shard_size
+    shard_size = demo_run.spec.shard_size
     assert len(heights) == len(keys) and all(0 < height <= shard_size for height in heights)
     train = pl.read_parquet(root / "export" / "train.parquet")
     lines = (root / "export" / "prompts.jsonl").read_text().splitlines()  # the default trainer file
@@ -102,7 +102,7 @@ def test_the_demo_run_writes_the_design_columns_and_exports_every_passing_row(de
 
 def test_the_demo_materializes_its_partition_range_in_one_run(demo_run: DemoRun, monkeypatch: pytest.MonkeyPatch):
     assert demo_run.code == 0, demo_run.printed[-3000:]
-    keys = load_catalog(profile="demo")["b7_sharegpt"].partition_keys
+    keys = demo_run.spec.partition_keys
     monkeypatch.setenv("DAGSTER_HOME", str(demo_run.home))
     with dg.DagsterInstance.get() as instance:
         (run,) = [r for r in instance.get_runs() if dg.AssetKey("training_mix") not in (r.asset_selection or ())]
