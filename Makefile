@@ -1,7 +1,8 @@
 # Two commands for a newcomer: `make demo` (set up + main job) and `make test`.
 VENV ?= .venv
 PY := $(VENV)/bin/python
-WORKERS ?= $(shell n=$$(nproc); echo $$(( 3 * n < 6 ? 3 * n : 6 )))
+# As many test workers as the machine's load calls for (pytest_xdist_auto_num_workers, eagle_data_tests/conftest.py).
+WORKERS ?= auto
 # Dagster reads $DAGSTER_HOME/dagster.yaml only: the home is this folder, where dagster.yaml is.
 export DAGSTER_HOME ?= $(CURDIR)
 # Python writes each module's bytecode the first time a process imports it, and every later process reads it: the
@@ -35,11 +36,9 @@ demo: setup
 
 test: setup
 	$(VENV)/bin/ruff check eagle_data eagle_data_tests benchmarks
-	# Three workers a core (at most 6): a worker waiting on a server, a timer or a subprocess leaves its core to the
-	# others (two workers on two cores left it idle 12% of the time), and on a machine shared with other work each
-	# runnable process gets an equal slice (three workers had 3/11 of two cores at load 10; six have 6/14). Torch
-	# work of test processes outside the metered forward passes (engines/cpus.py) takes one thread: a second one on
-	# a busy core spins.
+	# More workers than cores (conftest.py says how many: more on a machine other work keeps busy): a worker waiting
+	# on a server, a timer or a subprocess leaves its core to the others. Torch work of test processes outside the
+	# metered forward passes (engines/cpus.py) takes one thread: a second one on a busy core spins.
 	# Files go out in collection order, long ones first (conftest.py); xdist would sort them by test count.
 	# The 15 slowest are listed.
 	OMP_NUM_THREADS=1 $(VENV)/bin/pytest -q -n $(WORKERS) --dist loadfile --no-loadscope-reorder --durations=15

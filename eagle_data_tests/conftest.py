@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -175,6 +176,24 @@ LONG_FILES = (
 # without Dagster; integration tests run Dagster in process; end-to-end tests run the CLIs, a UI, a browser or the
 # session's shared demo run (fixtures_demo.py).
 LAYERS = ("unit", "integration", "e2e")
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto` (make test): one worker more than the cores (at most 4) on a free machine, so that a worker
+    waiting on a server, a timer or a subprocess leaves its core to the others (two workers on two cores left it
+    idle 12% of the time); three a core (at most 6) where other work keeps half the cores busy or more, since
+    each runnable process gets an equal slice of a busy machine (at load 10 three workers had 3/11 of two cores
+    and the suite took 35 minutes; six have 6/14). The load is what the engine's meter sees other processes do
+    over a second (engines/cpus.py)."""
+    from eagle_data.engines.cpus import ThreadMeter
+
+    meter = ThreadMeter()
+    time.sleep(1.0)
+    meter.count()
+    cores = len(meter.cpus)
+    if (meter.others_busy or 0.0) >= cores / 2:
+        return min(3 * cores, 6)
+    return min(cores + 1, 4)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -132,7 +132,9 @@ def _ask(base_url: str, model: Path, text: str) -> dict[str, Any]:
             "chat_template_kwargs": {"enable_thinking": False}}  # fmt: skip
     request = urllib.request.Request(f"{base_url}/chat/completions", data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})  # fmt: skip
-    with urllib.request.urlopen(request, timeout=60) as resp:
+    # The server loads a model at its first request and answers one request at a time: on a machine at load 16
+    # a first request's answer took over 60 s. The bound is for a server that never answers.
+    with urllib.request.urlopen(request, timeout=600) as resp:
         return json.loads(resp.read())
 
 
