@@ -181,10 +181,10 @@ LAYERS = ("unit", "integration", "e2e")
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """`-n auto` (make test): one worker more than the cores (at most 4) on a free machine, so that a worker
     waiting on a server, a timer or a subprocess leaves its core to the others (two workers on two cores left it
-    idle 12% of the time); three a core (at most 6) where other work keeps half the cores busy or more, since
-    each runnable process gets an equal slice of a busy machine (at load 10 three workers had 3/11 of two cores
-    and the suite took 35 minutes; six have 6/14). The load is what the engine's meter sees other processes do
-    over a second (engines/cpus.py)."""
+    idle 12% of the time); four a core (at most 8) where other work keeps half the cores busy or more, since
+    each runnable process gets an equal slice of a busy machine (beside 8 busy loops on two cores, three workers
+    had 3/11 of the machine and the suite took 2,133 s; six had 6/14, 1,339 s). The load is what the engine's
+    meter sees other processes do over a second (engines/cpus.py)."""
     from eagle_data.engines.cpus import ThreadMeter
 
     meter = ThreadMeter()
@@ -192,7 +192,7 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     meter.count()
     cores = len(meter.cpus)
     if (meter.others_busy or 0.0) >= cores / 2:
-        return min(3 * cores, 6)
+        return min(4 * cores, 8)
     return min(cores + 1, 4)
 
 
