@@ -183,7 +183,7 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     waiting on a server, a timer or a subprocess leaves its core to the others (two workers on two cores left it
     idle 12% of the time); four a core (at most 8) where other work keeps half the cores busy or more, since
     each runnable process gets an equal slice of a busy machine (beside 8 busy loops on two cores, three workers
-    had 3/11 of the machine and the suite took 2,133 s; six had 6/14, 1,339 s). The load is what the engine's
+    had 3/11 of the machine and pytest took 2,133 s; six 1,339 s; eight 1,185 s). The load is what the engine's
     meter sees other processes do over a second (engines/cpus.py)."""
     from eagle_data.engines.cpus import ThreadMeter
 

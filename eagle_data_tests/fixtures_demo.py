@@ -6,7 +6,7 @@ instance) reads this run instead of running the demo again.
 It runs on a user catalog ($EAGLE_DATA_CATALOG, as a team keeps its own settings) that trims the dataset to half
 the demo's prompts and canary, still over two shards: its real model is the suite's largest cost, and the same
 stages and gates run on 10 prompts as on 20 (the whole demo took 271 of the suite's 1,170 CPU-seconds on 2 cores,
-the trimmed one 140). `DemoRun.spec` is the dataset as the run saw it.
+the trimmed one 138 alone). `DemoRun.spec` is the dataset as the run saw it.
 
 The model it runs is one setting: `EAGLE_TEST_DEMO_RUN_MODEL` (a transformers folder), by default the demo's own
 model, SmolLM2-135M-Instruct (the `smollm2` fixture): the demo profile's gates are set for a real instruct model's
@@ -28,8 +28,9 @@ from eagle_data.catalog import USER_CATALOG_ENV, DatasetSpec, load_catalog
 DEMO_RUN_MODEL_ENV = "EAGLE_TEST_DEMO_RUN_MODEL"
 DEMO_DATASET = "b7_sharegpt"
 TRIMMED = {"max_prompts": 10, "shard_size": 5, "canary_prompts": 4}  # the demo profile's: 20, 10 and 8
-# The run's bound: it took 2 1/3 minutes alone on an idle 2-core machine, and (untrimmed) 22 at load 10 (SmolLM2
-# generating on what the busy machine leaves it); the tests that read it carry the same bound (test_definitions.py).
+# The run's bound: it took 133 s alone on an idle 2-core machine at one thread, and 339 s beside 8 busy loops and
+# the suite's 7 other workers (untrimmed and at the others' priority, 22 minutes); the tests that read it carry
+# the same bound (test_definitions.py).
 DEMO_RUN_TIMEOUT_S = 3600
 # The run is one chain (canary, generation, validation; a reply one token at a time) while the other workers run
 # many short files beside it: it ends last unless it goes ahead of them. Its process and every step it starts take
