@@ -182,9 +182,9 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """`-n auto` (make test): one worker more than the cores (at most 4) on a free machine, so that a worker
     waiting on a server, a timer or a subprocess leaves its core to the others (two workers on two cores left it
     idle 12% of the time); four a core (at most 8) where other work keeps half the cores busy or more, since
-    each runnable process gets an equal slice of a busy machine (beside 8 busy loops on two cores, three workers
-    had 3/11 of the machine and pytest took 2,133 s; six 1,339 s; eight 1,185 s). The load is what the engine's
-    meter sees other processes do over a second (engines/cpus.py)."""
+    each runnable process gets an equal slice of a busy machine: beside 8 busy loops on two cores three workers
+    had 3/11 of it (pytest took 2,133 s, with the untrimmed demo run; trimmed, six workers took 1,339 s and eight
+    1,185 s). The load is what the engine's meter sees other processes do over a second (engines/cpus.py)."""
     from eagle_data.engines.cpus import ThreadMeter
 
     meter = ThreadMeter()
